@@ -1,0 +1,134 @@
+# cogpu build. `make` builds into build/; `make SAN=asan` and `make SAN=tsan`
+# build sanitizer variants into build-asan/ and build-tsan/. `make check`
+# runs the test suite of one build; `make check-all` runs it in the plain,
+# ASan+UBSan and TSan builds (the README's test command). `make install`
+# honours PREFIX and DESTDIR.
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+LIBDIR ?= $(PREFIX)/lib
+BINDIR ?= $(PREFIX)/bin
+INCDIR ?= $(PREFIX)/include
+PCDIR ?= $(LIBDIR)/pkgconfig
+
+CC ?= cc
+SAN ?=
+ifeq ($(SAN),)
+B ?= build
+SANFLAGS :=
+else ifeq ($(SAN),asan)
+B ?= build-asan
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+else ifeq ($(SAN),tsan)
+B ?= build-tsan
+SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
+else
+$(error SAN must be empty, asan or tsan)
+endif
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+        -Wmissing-prototypes -Wmissing-declarations -Wformat=2
+BASEFLAGS := -std=gnu11 -O2 -g -fPIC -fvisibility=hidden $(WARN) \
+             -Iinclude -Isrc/common -Isrc -D_GNU_SOURCE
+ALLCFLAGS := $(BASEFLAGS) $(SANFLAGS) $(CFLAGS)
+LDLIBS := -ldl -lpthread
+VERSION := 0.1.0
+
+LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/ledger/*.c))
+CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
+TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c \
+               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c))
+BENCH_SRCS := $(sort $(wildcard bench/bench-*.c))
+FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
+
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
+TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o)
+BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
+
+.PHONY: all lib cli tests check check-all bench install uninstall clean \
+        format format-check
+
+all: lib cli tests $(B)/cogpu.pc
+
+lib: $(B)/libcogpu.a $(B)/libcogpu.so
+cli: $(B)/cogpu
+tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "CC $<"
+	@$(CC) $(ALLCFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/libcogpu.a: $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(B)/libcogpu.so: $(LIB_OBJS)
+	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,libcogpu.so.0 -o $@ $^ $(LDLIBS)
+
+$(B)/cogpu: $(CLI_OBJS) $(B)/libcogpu.a
+	$(CC) $(ALLCFLAGS) -o $@ $(CLI_OBJS) $(B)/libcogpu.a $(LDLIBS)
+
+# Test doubles are built without sanitizers: they stand in for vendor
+# libraries, which are not instrumented either.
+$(B)/tests/fakes/libnvidia-ml.so.1: $(FAKE_NVML_SRCS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $^ $(LDLIBS)
+
+$(B)/tests/run-tests: $(TEST_OBJS) $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a $(LDLIBS)
+
+$(TEST_OBJS): ALLCFLAGS += -Itests/harness
+
+$(B)/bench/%: bench/%.c bench/bench.h $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/libcogpu.a $(LDLIBS)
+
+$(B)/cogpu.pc: cogpu.pc.in
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
+	    -e 's|@INCDIR@|$(INCDIR)|' -e 's|@VERSION@|$(VERSION)|' $< > $@
+
+# TSan needs ASLR-compatible mappings on recent kernels; setarch -R turns
+# randomisation off for the test process when that is allowed.
+TEST_WRAP := $(if $(filter tsan,$(SAN)),$(shell setarch -R true 2>/dev/null && echo setarch -R),)
+TEST_MULT := $(if $(SAN),4,1)
+
+check: all
+	COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) $(TEST_WRAP) $(B)/tests/run-tests $(T)
+
+check-all:
+	$(MAKE) check
+	$(MAKE) SAN=asan check
+	$(MAKE) SAN=tsan check
+
+bench: lib $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1
+	B=$(B) bench/run.sh
+
+install: lib cli $(B)/cogpu.pc
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
+	install -m 0755 $(B)/cogpu $(DESTDIR)$(BINDIR)/cogpu
+	install -m 0644 $(B)/libcogpu.a $(DESTDIR)$(LIBDIR)/libcogpu.a
+	install -m 0755 $(B)/libcogpu.so $(DESTDIR)$(LIBDIR)/libcogpu.so.$(VERSION)
+	ln -sf libcogpu.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcogpu.so.0
+	ln -sf libcogpu.so.0 $(DESTDIR)$(LIBDIR)/libcogpu.so
+	install -m 0644 include/cogpu.h include/schedgpu.h $(DESTDIR)$(INCDIR)/
+	install -m 0644 $(B)/cogpu.pc $(DESTDIR)$(PCDIR)/cogpu.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/cogpu $(DESTDIR)$(LIBDIR)/libcogpu.* \
+	      $(DESTDIR)$(INCDIR)/cogpu.h $(DESTDIR)$(INCDIR)/schedgpu.h \
+	      $(DESTDIR)$(PCDIR)/cogpu.pc
+
+FORMAT_FILES = $(shell git ls-files '*.c' '*.h')
+format:
+	clang-format -i $(FORMAT_FILES)
+format-check:
+	clang-format --dry-run -Werror $(FORMAT_FILES)
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_OBJS:.o=.d)

@@ -1,0 +1,197 @@
+/*
+ * cogpu.h: the public C API of cogpu, a memory-safe GPU co-scheduler.
+ *
+ * A process attaches to its node's ledger, reserves GPU memory before it
+ * allocates it, and releases it afterwards. A reservation that does not fit
+ * waits in the GPU's queue (per the node's policy) instead of failing, or
+ * fails at once when asked not to wait. Reservations of a process that dies,
+ * even by SIGKILL, return to the pool automatically.
+ *
+ * Errors: every fallible function returns 0 or a negative error code: a
+ * negated errno (-EINVAL, -EAGAIN, -ETIMEDOUT, ...) or one of the COGPU_E*
+ * codes below. cogpu_strerror() names any code; cogpu_last_error() returns a
+ * message for the calling thread's last failure, with details (which key,
+ * which file, what to do).
+ *
+ * Thread safety: a handle may be used by many threads at once. Fork: a child
+ * does not inherit its parent's attachment; it must attach on its own (the
+ * parent's handle is unusable in the child and must not be detached there).
+ */
+#ifndef COGPU_H
+#define COGPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COGPU_API __attribute__((visibility("default")))
+
+#define COGPU_VERSION_MAJOR 0
+#define COGPU_VERSION_MINOR 1
+#define COGPU_VERSION_PATCH 0
+#define COGPU_VERSION_STRING "0.1.0"
+
+/* Error codes that have no errno equivalent (XX(name, value, message)). */
+#define COGPU_ERRNO_MAP(XX)                                                    \
+  XX(ESTATE, -4001, "node state is corrupt or from an incompatible version")  \
+  XX(ENVML, -4002, "NVML (libnvidia-ml.so.1) is unavailable")                  \
+  XX(ENOGPU, -4003, "no GPU on this node")                                     \
+  XX(ECONFIG, -4004, "invalid configuration")                                  \
+  XX(EDEADLOCK, -4005, "request would deadlock")
+
+typedef enum {
+#define COGPU_ERR_ENUM_(name, val, msg) COGPU_##name = (val),
+  COGPU_ERRNO_MAP(COGPU_ERR_ENUM_)
+#undef COGPU_ERR_ENUM_
+} cogpu_errno_t;
+
+/* Short symbolic name of an error code ("ETIMEDOUT", "ESTATE"). */
+COGPU_API const char *cogpu_err_name(int rc);
+/* Human-readable description of an error code. Never NULL. */
+COGPU_API const char *cogpu_strerror(int rc);
+/* Message describing the calling thread's last failed cogpu call (empty
+ * string when none). Valid until the thread's next cogpu call. */
+COGPU_API const char *cogpu_last_error(void);
+
+/* --- Attaching ------------------------------------------------------- */
+
+typedef struct cogpu_s cogpu_t;
+
+typedef struct cogpu_attach_opts_s {
+  int priority;        /* default priority of requests; higher is served first
+                          by the priority-* policies; 0 is normal */
+  const char *job_id;  /* shown in status (e.g. a Slurm job id); may be NULL */
+  const char *command; /* shown in status; NULL reads /proc/self/cmdline */
+} cogpu_attach_opts_t;
+
+/*
+ * Attach the calling process to the node ledger, creating the node state on
+ * first use (GPUs are discovered through NVML, without a CUDA context).
+ * `opts` may be NULL for defaults. On success stores a handle in *out.
+ * Errors: -EINVAL, -ENOMEM, -EACCES/-EPERM (state owner or mode refused),
+ * COGPU_ESTATE (state unreadable and in use; run `cogpu doctor`),
+ * COGPU_ENVML, COGPU_ENOGPU, COGPU_ECONFIG, -ENOSPC (no free client slot).
+ */
+COGPU_API int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out);
+
+/* Release everything the handle holds, leave any queue, free the handle.
+ * Also happens implicitly when the process exits or dies. */
+COGPU_API int cogpu_detach(cogpu_t *h);
+
+/* --- Reserving --------------------------------------------------------- */
+
+#define COGPU_GPU_AUTO (-1)         /* the GPU with most free capacity that fits */
+#define COGPU_WAIT_FOREVER (-1)     /* timeout_ms: wait without bound */
+#define COGPU_NOWAIT 0              /* timeout_ms: fail with -EAGAIN at once */
+#define COGPU_PRIORITY_DEFAULT INT32_MIN /* use the handle's priority */
+#define COGPU_ALL UINT64_MAX        /* cogpu_release: everything on the GPU */
+
+#define COGPU_REQ_EXCLUSIVE 0x1u /* the whole GPU: nobody else may reserve */
+
+typedef struct cogpu_request_s {
+  int gpu;            /* GPU index (as NVML numbers them) or COGPU_GPU_AUTO */
+  uint64_t bytes;     /* bytes to add to this process's reservation on the GPU;
+                         ignored with COGPU_REQ_EXCLUSIVE */
+  int priority;       /* or COGPU_PRIORITY_DEFAULT */
+  int64_t timeout_ms; /* COGPU_NOWAIT, a bound in ms, or COGPU_WAIT_FOREVER */
+  unsigned flags;     /* COGPU_REQ_* */
+} cogpu_request_t;
+
+/*
+ * Reserve req->bytes more on a GPU, growing this process's reservation
+ * there. If it does not fit now, wait in the GPU's queue (without polling
+ * and without signals) until the node's policy serves it or the timeout
+ * passes. On success the chosen GPU index is stored in *gpu_out (may be NULL).
+ * Errors: -EINVAL (bad argument), -ENODEV (no such GPU), -E2BIG (larger than
+ * the GPU's capacity: it could never fit), -EAGAIN (COGPU_NOWAIT and it does
+ * not fit now), -ETIMEDOUT, -EBUSY (GPU's client limit reached with
+ * COGPU_NOWAIT), COGPU_ESTATE.
+ */
+COGPU_API int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req,
+                            int *gpu_out);
+
+/* Give back `bytes` of this process's reservation on `gpu` (COGPU_ALL for
+ * all of it, which also ends exclusive use), waking waiters that now fit.
+ * Errors: -EINVAL (more than held), -ENODEV. */
+COGPU_API int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes);
+
+/* Bytes this process holds on `gpu`. */
+COGPU_API int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes);
+
+/* Resolve "0", "GPU-8f3c..." (a UUID or a unique prefix of one) to an
+ * index. Errors: -ENODEV. */
+COGPU_API int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu);
+
+/* Number of GPUs in the node state. */
+COGPU_API int cogpu_gpu_count(cogpu_t *h);
+
+/* --- Status ---------------------------------------------------------- */
+
+typedef struct cogpu_client_info_s {
+  int pid;
+  unsigned uid;
+  char user[32];
+  char command[128];
+  char job_id[64];
+  int priority;
+  uint64_t reserved_bytes; /* on this GPU */
+  bool exclusive;
+  bool own; /* the handle given to cogpu_status */
+} cogpu_client_info_t;
+
+typedef struct cogpu_waiter_info_s {
+  int pid;
+  unsigned uid;
+  char user[32];
+  char command[128];
+  char job_id[64];
+  int gpu; /* the GPU asked for, or COGPU_GPU_AUTO */
+  uint64_t requested_bytes;
+  int priority;
+  bool exclusive;
+  double waiting_seconds;
+  int position; /* 1-based place in service order on this GPU */
+  bool own;     /* the handle given to cogpu_status */
+} cogpu_waiter_info_t;
+
+typedef struct cogpu_gpu_info_s {
+  int index;
+  char uuid[96];
+  char name[96];
+  uint64_t total_bytes;
+  uint64_t margin_bytes;
+  uint64_t foreign_bytes;   /* held by processes cogpu does not know */
+  uint64_t capacity_bytes;  /* total - margin - foreign */
+  uint64_t reserved_bytes;  /* sum of clients' reservations */
+  int max_clients;          /* 0: unlimited */
+  bool exclusive;           /* held exclusively by one client */
+  size_t nclients;
+  cogpu_client_info_t *clients;
+  size_t nwaiting;
+  cogpu_waiter_info_t *waiting; /* in service order */
+} cogpu_gpu_info_t;
+
+typedef struct cogpu_status_s {
+  char policy[16];
+  char state_path[512];
+  unsigned layout_version;
+  size_t ngpus;
+  cogpu_gpu_info_t *gpus;
+} cogpu_status_t;
+
+/* A consistent snapshot of the node (h may be NULL: attaches briefly as an
+ * observer). Reclaims dead clients first. Free with cogpu_status_free(). */
+COGPU_API int cogpu_status(cogpu_t *h, cogpu_status_t **out);
+COGPU_API void cogpu_status_free(cogpu_status_t *st);
+
+/* Name of the policy in force on the node ("fifo", "mmu", ...). */
+COGPU_API const char *cogpu_policy_name(int policy);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COGPU_H */

@@ -1,0 +1,89 @@
+/*
+ * err.c: error codes and messages. Names and descriptions for the COGPU_E*
+ * codes come from COGPU_ERRNO_MAP in cogpu.h; negated errnos are named by
+ * glibc. Each thread keeps the message of its last failure, set by
+ * cogpu__seterr, so a return code can be explained without a handle.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Long enough for a file path, a key and the accepted form of a value. */
+#define ERR_MSG_MAX 1024
+
+/* initial-exec: the library may be loaded inside an interposed process, and
+ * the general-dynamic model can call malloc on first access. */
+static __thread char err_msg[ERR_MSG_MAX]
+    __attribute__((tls_model("initial-exec")));
+
+COGPU_API const char *cogpu_err_name(int rc) {
+  if (rc == 0)
+    return "OK";
+  switch (rc) {
+#define ERR_NAME_CASE(name, val, msg)                                          \
+  case COGPU_##name:                                                           \
+    return #name;
+    COGPU_ERRNO_MAP(ERR_NAME_CASE)
+#undef ERR_NAME_CASE
+  default:
+    break;
+  }
+  /* Positive values are not cogpu return codes; they are refused rather than
+   * read as errnos so that a forgotten minus sign shows up. */
+  if (rc < 0 && rc > -4096) {
+    const char *n = strerrorname_np(-rc);
+    if (n)
+      return n;
+  }
+  return "EUNKNOWN";
+}
+
+COGPU_API const char *cogpu_strerror(int rc) {
+  if (rc == 0)
+    return "success";
+  switch (rc) {
+#define ERR_MSG_CASE(name, val, msg)                                           \
+  case COGPU_##name:                                                           \
+    return msg;
+    COGPU_ERRNO_MAP(ERR_MSG_CASE)
+#undef ERR_MSG_CASE
+  default:
+    break;
+  }
+  /* strerrordesc_np returns a constant string (no locale, no buffer), so it
+   * is thread-safe, unlike strerror. */
+  if (rc < 0 && rc > -4096) {
+    const char *d = strerrordesc_np(-rc);
+    if (d)
+      return d;
+  }
+  return "unknown error";
+}
+
+COGPU_API const char *cogpu_last_error(void) {
+  return err_msg;
+}
+
+int cogpu__seterr(int rc, const char *fmt, ...) {
+  /* Format into a local buffer first: callers may pass cogpu_last_error()
+   * as an argument to wrap an inner message, and the destination must not
+   * overlap a source. */
+  char tmp[ERR_MSG_MAX];
+  int saved = errno;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (n < 0)
+    tmp[0] = 0;
+  memcpy(err_msg, tmp, sizeof err_msg);
+  errno = saved;
+  return rc;
+}
+
+void cogpu__clearerr(void) {
+  err_msg[0] = 0;
+}

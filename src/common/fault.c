@@ -1,0 +1,132 @@
+/*
+ * fault.c: fault points for crash tests (sqlite's sqlite3FaultSim). Code
+ * calls cogpu__fault(COGPU_FP_X) at places where a crash must be survivable;
+ * COGPU_FAULT="NAME[:count[:stall]]" makes the process SIGKILL itself at the
+ * count-th pass of point NAME (default 1), or sleep 2 s there with "stall"
+ * so that a test can catch a slow holder. The configuration is read once and
+ * the call costs one relaxed load and a branch when COGPU_FAULT is unset.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define FAULT_UNREAD (-1LL)
+#define FAULT_OFF 0LL
+#define FAULT_STALL_MS 2000
+
+/* Point names as COGPU_FAULT spells them, indexed by enum
+ * cogpu__fault_point. */
+static const char *const fault_names[COGPU_FP__COUNT] = {
+    [COGPU_FP_NONE] = "none",
+    [COGPU_FP_LOCK_HELD] = "lock_held",
+    [COGPU_FP_TX_MIDDLE] = "tx_middle",
+    [COGPU_FP_BEFORE_UNLOCK] = "before_unlock",
+    [COGPU_FP_WAITING] = "waiting",
+    [COGPU_FP_GRANTED] = "granted",
+    [COGPU_FP_ATTACH] = "attach",
+    [COGPU_FP_CREATE] = "create",
+};
+
+/* The whole configuration in one word, so that it is published atomically
+ * without a lock: bits 0-7 the point, bit 8 stall, bits 16- the count. */
+static atomic_llong fault_conf = FAULT_UNREAD;
+static atomic_llong fault_passes;
+
+static long long fault_pack(int point, bool stall, long count) {
+  return (long long)point | (stall ? 1LL << 8 : 0) | ((long long)count << 16);
+}
+
+static int fault_point_by_name(const char *s, size_t len) {
+  for (int i = COGPU_FP_NONE + 1; i < COGPU_FP__COUNT; i++)
+    if (strlen(fault_names[i]) == len &&
+        strncasecmp(s, fault_names[i], len) == 0)
+      return i;
+  return -1;
+}
+
+/* Parses "NAME[:count[:stall|kill]]"; returns the packed form or -1. */
+static long long fault_parse(const char *s) {
+  size_t nlen = strcspn(s, ":");
+  int point = fault_point_by_name(s, nlen);
+  if (point < 0)
+    return -1;
+  long count = 1;
+  bool stall = false;
+  const char *p = s + nlen;
+  if (*p == ':') {
+    char *end;
+    errno = 0;
+    count = strtol(p + 1, &end, 10);
+    if (end == p + 1 || errno || count < 1 || count > INT32_MAX)
+      return -1;
+    p = end;
+  }
+  if (*p == ':') {
+    if (strcasecmp(p + 1, "stall") == 0)
+      stall = true;
+    else if (strcasecmp(p + 1, "kill") != 0)
+      return -1;
+    p += strlen(p);
+  }
+  return *p ? -1 : fault_pack(point, stall, count);
+}
+
+static long long fault_init(void) {
+  const char *s = secure_getenv("COGPU_FAULT");
+  long long conf = FAULT_OFF;
+  if (s && *s) {
+    conf = fault_parse(s);
+    if (conf < 0) {
+      cogpu__log(COGPU_LOG_ERROR,
+                 "invalid COGPU_FAULT '%.64s' (ignored); expected "
+                 "POINT[:COUNT[:stall]] with POINT one of lock_held, "
+                 "tx_middle, before_unlock, waiting, granted, attach, create",
+                 s);
+      conf = FAULT_OFF;
+    }
+  }
+  long long expected = FAULT_UNREAD;
+  if (!atomic_compare_exchange_strong(&fault_conf, &expected, conf))
+    return expected; /* another thread published first: same result */
+  return conf;
+}
+
+static void fault_stall(void) {
+  struct timespec ts = {FAULT_STALL_MS / 1000, 0};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* Out of line, so that cogpu__fault itself stays a load and a branch. */
+static __attribute__((noinline)) void fault_hit(int point, long long conf) {
+  if (conf == FAULT_UNREAD)
+    conf = fault_init();
+  if (conf == FAULT_OFF || (conf & 0xff) != point)
+    return;
+  long long n = atomic_fetch_add(&fault_passes, 1) + 1;
+  if (n != conf >> 16)
+    return;
+  int saved = errno;
+  if (conf & (1LL << 8)) {
+    cogpu__log(COGPU_LOG_INFO, "fault point %s: stalling %d ms",
+               fault_names[point], FAULT_STALL_MS);
+    fault_stall();
+  } else {
+    kill(getpid(), SIGKILL);
+  }
+  errno = saved;
+}
+
+void cogpu__fault(int point) {
+  long long conf = atomic_load_explicit(&fault_conf, memory_order_relaxed);
+  if (__builtin_expect(conf == FAULT_OFF, 1))
+    return;
+  fault_hit(point, conf);
+}

@@ -1,0 +1,151 @@
+/*
+ * internal.h: declarations shared by every cogpu component (cogpu__ prefix):
+ * logging, error messages, option table and parsers. Nothing here is part of
+ * the public API.
+ */
+#ifndef COGPU_INTERNAL_H
+#define COGPU_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cogpu.h"
+
+#define COGPU_HIDDEN __attribute__((visibility("hidden")))
+#define COGPU_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define COGPU_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* --- Logging (log.c) --------------------------------------------------
+ * One write(2) per line to stderr, "cogpu[pid]: level: message". No malloc,
+ * no stdio: safe inside interposed calls and after fork. The level comes from
+ * COGPU_LOG, read on first use (cogpu__log_set_level overrides). */
+enum cogpu__log_level {
+  COGPU_LOG_OFF = 0,
+  COGPU_LOG_ERROR,
+  COGPU_LOG_WARN,
+  COGPU_LOG_INFO,
+  COGPU_LOG_DEBUG
+};
+void cogpu__log(int level, const char *fmt, ...) COGPU_PRINTF(2, 3);
+void cogpu__log_set_level(int level);
+int cogpu__log_level(void);
+
+/* --- Errors (err.c) ---------------------------------------------------
+ * cogpu__seterr formats the thread's last-error message and returns rc, so
+ * callers write `return cogpu__seterr(-EINVAL, "bad size '%s'", s);`. */
+int cogpu__seterr(int rc, const char *fmt, ...) COGPU_PRINTF(2, 3);
+void cogpu__clearerr(void);
+
+/* --- Parsers (parse.c) -------------------------------------------------
+ * All return 0 or -EINVAL (with a message via cogpu__seterr naming `what`).
+ * Sizes: "4096", "512K", "512M", "12G", "1T", "12GiB", "12gib", "12GB"
+ * (binary: K=1024); no fractions, no negatives, overflow refused.
+ * Durations: "0", "250ms", "30s", "5m", "2h", "1d", a bare number means
+ * seconds; "inf"/"infinity"/"forever" gives -1. Result in milliseconds.
+ * Booleans: 1/true/yes/on and 0/false/no/off. Ints: decimal, range-checked. */
+int cogpu__parse_size(const char *what, const char *s, uint64_t *out);
+int cogpu__parse_duration_ms(const char *what, const char *s, int64_t *out);
+int cogpu__parse_bool(const char *what, const char *s, bool *out);
+int cogpu__parse_int(const char *what, const char *s, long min, long max,
+                     long *out);
+/* Formats a byte count as "12.0 GiB" into buf; returns buf. */
+char *cogpu__fmt_size(uint64_t bytes, char *buf, size_t len);
+
+/* --- Options (options.c, table in options.def) ------------------------ */
+enum cogpu__opt_id {
+#define XX(NAME, key, type, def, form, help) COGPU_OPT_##NAME,
+#include "options.def"
+#undef XX
+  COGPU_OPT__COUNT
+};
+
+enum cogpu__opt_type {
+  COGPU_OPT_TYPE_STRING,
+  COGPU_OPT_TYPE_ENUM,
+  COGPU_OPT_TYPE_SIZE,
+  COGPU_OPT_TYPE_SIZE_OR_PCT,
+  COGPU_OPT_TYPE_DURATION,
+  COGPU_OPT_TYPE_INT,
+  COGPU_OPT_TYPE_BOOL,
+  COGPU_OPT_TYPE_MODE
+};
+
+enum cogpu__opt_source {
+  COGPU_SRC_DEFAULT = 0,
+  COGPU_SRC_FILE,
+  COGPU_SRC_ENV,
+  COGPU_SRC_CLI /* set by cogpu__config_set, e.g. a command-line flag */
+};
+
+typedef struct cogpu__opt_desc_s {
+  const char *name; /* "STATE_DIR": env var is COGPU_STATE_DIR */
+  const char *key;  /* "state_dir": config-file key */
+  int type;         /* enum cogpu__opt_type */
+  const char *def;  /* default, as text */
+  const char *form; /* accepted form, for messages and docs */
+  const char *help;
+} cogpu__opt_desc_t;
+
+/* The descriptor table, indexed by enum cogpu__opt_id. */
+extern const cogpu__opt_desc_t cogpu__opt_table[COGPU_OPT__COUNT];
+
+/* A parsed value. ENUM: i = index into the '|'-separated form. SIZE: u.
+ * SIZE_OR_PCT: pct = true and i = percent (0..100), or pct = false and u =
+ * bytes. DURATION: i = ms (-1 = inf). INT: i. BOOL: i = 0/1. MODE: i = mode
+ * bits. STRING: s. Every value also keeps its text and its source. */
+typedef struct cogpu__optval_s {
+  int64_t i;
+  uint64_t u;
+  bool pct;
+  int source; /* enum cogpu__opt_source */
+  char s[256];
+  char where[300]; /* "default", "/etc/cogpu.conf:12", "env COGPU_POLICY" */
+} cogpu__optval_t;
+
+typedef struct cogpu__config_s {
+  cogpu__optval_t v[COGPU_OPT__COUNT];
+} cogpu__config_t;
+
+/* Fill cfg from defaults, then the config file ($COGPU_CONFIG, default
+ * /etc/cogpu.conf; a missing default file is fine, a missing file named by
+ * COGPU_CONFIG is an error), then COGPU_* environment variables (read with
+ * secure_getenv). File format: `key = value` lines, '#' comments, blank
+ * lines; unknown keys and bad values are errors naming file:line, the key
+ * and the accepted form. Returns 0 or COGPU_ECONFIG (message set). */
+int cogpu__config_load(cogpu__config_t *cfg);
+/* Set one option from text (source COGPU_SRC_CLI), validating it. */
+int cogpu__config_set(cogpu__config_t *cfg, int id, const char *text);
+/* Index of the option whose key or NAME is `name`, or -1. */
+int cogpu__opt_find(const char *name);
+/* Policy names, in the order of the POLICY enum form. */
+enum cogpu__policy {
+  COGPU_POLICY_FIFO = 0,
+  COGPU_POLICY_MMU,
+  COGPU_POLICY_PRIO_FIFO,
+  COGPU_POLICY_PRIO_MMU,
+  COGPU_POLICY__COUNT
+};
+
+/* --- Fault points (fault.c) --------------------------------------------
+ * Named points where tests can make the process die (SIGKILL itself) or
+ * stall. Driven by COGPU_FAULT="NAME[:count]" (die at the count-th pass,
+ * default 1) read once; costs one predictable branch when unset. IDs are
+ * stable and never reused. */
+enum cogpu__fault_point {
+  COGPU_FP_NONE = 0,
+  COGPU_FP_LOCK_HELD,     /* just after taking the ledger lock */
+  COGPU_FP_TX_MIDDLE,     /* between two stores of one transaction */
+  COGPU_FP_BEFORE_UNLOCK, /* transaction committed, lock still held */
+  COGPU_FP_WAITING,       /* enqueued, lock released, before sleeping */
+  COGPU_FP_GRANTED,       /* woken with a grant, before returning */
+  COGPU_FP_ATTACH,        /* slot claimed, not yet initialised */
+  COGPU_FP_CREATE,        /* state file half written */
+  COGPU_FP__COUNT
+};
+void cogpu__fault(int point);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t cogpu__now_ns(void);
+
+#endif /* COGPU_INTERNAL_H */

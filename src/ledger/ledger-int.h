@@ -1,0 +1,200 @@
+/*
+ * ledger-int.h: the node state's shared-memory layout and the ledger's
+ * internal interfaces.
+ *
+ * The state is one file, state_dir/state, mapped by every attached process.
+ * Consistency rests on three mechanisms:
+ *  - Liveness without PIDs: each client holds an OFD write lock on one byte
+ *    of the file (LEDGER_LOCK_BASE + slot). The kernel drops it when the
+ *    process dies, whatever its PID namespace and however its PID is reused.
+ *  - A lock that cannot be abandoned: a futex word naming its owner's
+ *    (slot, generation). A waiter that finds the owner dead takes it over.
+ *  - An undo log: every store under the lock is logged first, so a takeover
+ *    rolls a dead holder's half-done transaction back.
+ * The layout is versioned; a file that is not exactly this version is never
+ * read beyond its header.
+ */
+#ifndef COGPU_LEDGER_INT_H
+#define COGPU_LEDGER_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cogpu.h"
+#include "internal.h"
+#include "nvml/nvml.h"
+
+#define LEDGER_MAGIC "COGPUST\0"
+#define LEDGER_VERSION 1u
+#define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
+#define LEDGER_MAX_SLOTS 1024u
+#define LEDGER_MAX_WAITERS 1024u
+#define LEDGER_TX_MAX 32u
+/* Liveness lock bytes live far past the end of the data, at an offset that
+ * every layout version keeps, so a newer or older cogpu can still tell
+ * whether a state file is in use before refusing it. */
+#define LEDGER_LOCK_BASE ((off_t)1 << 40)
+#define LEDGER_LOCK_MASTER (LEDGER_LOCK_BASE - 1) /* held during creation */
+
+/* Lock word: bits 0-10 slot+1, bit 11 contended, bits 12-31 generation. */
+#define LOCKW_SLOT_MASK 0x7ffu
+#define LOCKW_CONTENDED 0x800u
+#define LOCKW_GEN_SHIFT 12
+#define LOCKW_GEN_MASK 0xfffffu
+
+enum slot_state { SLOT_FREE = 0, SLOT_ACTIVE = 1 };
+enum waiter_state { W_FREE = 0, W_WAITING = 1, W_GRANTED = 2 };
+
+typedef struct ledger_gpu_s {
+  /* Set at creation, covered by the header checksum. */
+  char uuid[96];
+  char name[96];
+  uint32_t index;
+  uint32_t pad0;
+  uint64_t total;
+  uint64_t margin;
+  /* Updated under the lock. */
+  uint64_t foreign;
+  uint64_t reserved;  /* derived: sum of slots' held[g] */
+  uint64_t nclients;  /* derived: slots with held[g] > 0 or exclusive */
+  uint64_t excl_slot; /* slot+1 of the exclusive holder, 0 if none */
+} ledger_gpu_t;
+
+typedef struct ledger_slot_s {
+  _Atomic uint32_t gen; /* bumped when claimed; names the owner in the lock */
+  uint32_t pad0;
+  uint64_t state; /* enum slot_state */
+  int32_t pid;    /* in the PID namespace of /proc (host PID when visible) */
+  uint32_t uid;
+  int32_t priority;
+  uint32_t pad1;
+  uint64_t attached_ns; /* CLOCK_REALTIME, for status */
+  char command[128];
+  char job_id[64];
+  uint64_t held[LEDGER_MAX_GPUS];
+} ledger_slot_t;
+
+typedef struct ledger_waiter_s {
+  _Atomic uint32_t futex; /* 0 while waiting; set to 1 to wake */
+  uint32_t pad0;
+  uint64_t state; /* enum waiter_state */
+  uint64_t slot;  /* owning slot */
+  uint64_t gen;   /* owning slot's generation when enqueued */
+  int64_t gpu;    /* asked for, or COGPU_GPU_AUTO */
+  uint64_t bytes;
+  int64_t priority;
+  uint64_t ticket; /* arrival order */
+  uint64_t since_ns;
+  uint64_t exclusive;
+  int64_t granted_gpu;
+} ledger_waiter_t;
+
+typedef struct ledger_txent_s {
+  uint64_t off; /* byte offset in the state of the 8-byte field */
+  uint64_t old;
+} ledger_txent_t;
+
+typedef struct ledger_hdr_s {
+  char magic[8];
+  uint32_t version;
+  uint32_t hdr_size;
+  uint64_t file_size;
+  uint32_t slot_size;
+  uint32_t waiter_size;
+  uint32_t max_slots;
+  uint32_t max_waiters;
+  uint32_t ngpus;
+  uint32_t policy; /* enum cogpu__policy */
+  uint64_t created_ns;
+  uint64_t max_clients;
+  uint64_t mmu_max_age_ms;
+  uint64_t foreign_refresh_ms;
+  uint64_t sweep_interval_ms;
+  uint64_t checksum; /* over the header's fixed part and the GPU descriptors */
+  /* Mutable part. */
+  _Atomic uint32_t lock;
+  uint32_t pad0;
+  _Atomic uint64_t tx_n;
+  ledger_txent_t tx[LEDGER_TX_MAX];
+  uint64_t next_ticket;
+  uint64_t nwaiting; /* derived: waiters in W_WAITING */
+  _Atomic uint64_t foreign_at_ns; /* last NVML refresh (monotonic) */
+  _Atomic uint64_t repairs;       /* times a dead holder was recovered */
+  ledger_gpu_t gpus[LEDGER_MAX_GPUS];
+} ledger_hdr_t;
+
+typedef struct ledger_state_s {
+  ledger_hdr_t hdr;
+  ledger_slot_t slots[LEDGER_MAX_SLOTS];
+  ledger_waiter_t waiters[LEDGER_MAX_WAITERS];
+} ledger_state_t;
+
+/* A process's attachment (the public cogpu_t). */
+struct cogpu_s {
+  ledger_state_t *st;
+  int fd;
+  uint32_t slot;
+  uint32_t gen;
+  int priority;
+  bool forked; /* set in a fork child: the handle is the parent's */
+  char path[512];
+  cogpu__config_t cfg;
+  struct cogpu_s *next; /* list of live handles, for the fork handler */
+};
+
+/* --- shm.c: the state file ---------------------------------------------- */
+/* Open (creating if needed) and map the node state per cfg; claims a slot
+ * for h (h->st, h->fd, h->slot, h->gen set). */
+int ledger_shm_open(struct cogpu_s *h);
+void ledger_shm_close(struct cogpu_s *h);
+uint64_t ledger_checksum(const ledger_hdr_t *hdr);
+/* Is any client slot of the file behind fd locked by a live process? */
+int ledger_shm_in_use(int fd, bool *in_use);
+
+/* --- lock.c: lock, undo log, liveness, repair ------------------------------ */
+void ledger_lock(struct cogpu_s *h);
+void ledger_unlock(struct cogpu_s *h);
+bool ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen);
+void ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value);
+void ledger_tx_commit(struct cogpu_s *h);
+/* Roll back a dead holder's transaction and recompute derived counters. */
+void ledger_repair(struct cogpu_s *h);
+/* Free one slot: its reservations, exclusivity and waiters. */
+void ledger_slot_free(struct cogpu_s *h, uint32_t s);
+/* Free the slots of dead clients (and their waiters); returns how many. */
+int ledger_sweep(struct cogpu_s *h);
+
+/* --- policy.c: who is served ---------------------------------------------- */
+uint64_t ledger_capacity(const ledger_gpu_t *g);
+/* Can `bytes` (or exclusive use) be granted on GPU gi to slot now? */
+bool ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+                 uint64_t bytes, bool exclusive);
+/* Grant to `slot` on GPU gi (transactional; no commit). */
+void ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+                  uint64_t bytes, bool exclusive);
+/* Serve every waiter the node's policy allows now, waking each. */
+void ledger_serve(struct cogpu_s *h);
+/* Service order of the waiting waiters (indices), per policy; returns n. */
+size_t ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
+
+/* --- ledger.c ---------------------------------------------------------- */
+/* Attach; an observer claims a slot (to take the lock) but is not listed as
+ * a client. */
+int ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
+                  struct cogpu_s **out);
+
+/* --- wait.c: sleeping and waking ----------------------------------------- */
+/* Sleep until *word != val or timeout_ms passes (-1 = no bound). */
+void ledger_futex_wait(_Atomic uint32_t *word, uint32_t val, int64_t timeout_ms);
+void ledger_futex_wake(_Atomic uint32_t *word, int n);
+
+/* --- foreign.c: memory held by processes cogpu does not know --------------- */
+/* Refresh every GPU's foreign bytes from NVML if older than the node's
+ * interval (or always when force); takes and releases the lock itself. */
+void ledger_foreign_refresh(struct cogpu_s *h, bool force);
+
+#define LEDGER_OFF(h, ptr) ((uint64_t)((char *)(ptr) - (char *)(h)->st))
+
+#endif /* COGPU_LEDGER_INT_H */

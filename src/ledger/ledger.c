@@ -1,0 +1,295 @@
+/*
+ * ledger.c: the public C API over the node state: attach, reserve (with
+ * waiting), release, detach. The fast path (nobody waiting, the request
+ * fits) is one uncontended lock, a few stores and an unlock: no system
+ * call. Everything slow (liveness checks, NVML) happens only when a request
+ * does not fit, on a waiter's housekeeping tick, or at attach.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ledger-int.h"
+
+static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cogpu_s *handles;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void) { pthread_mutex_lock(&handles_mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&handles_mu); }
+
+/* The child must not keep its parent's liveness lock alive: closing its
+ * copy of the descriptor does not release the lock (the parent's copy holds
+ * it), and marks the handles as the parent's. */
+static void fork_child(void) {
+  for (struct cogpu_s *h = handles; h; h = h->next) {
+    if (!h->forked && h->fd >= 0)
+      close(h->fd);
+    h->fd = -1;
+    h->forked = true;
+  }
+  pthread_mutex_unlock(&handles_mu);
+}
+
+static void fork_setup(void) {
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static void handles_add(struct cogpu_s *h) {
+  pthread_mutex_lock(&handles_mu);
+  h->next = handles;
+  handles = h;
+  pthread_mutex_unlock(&handles_mu);
+}
+
+static void handles_remove(struct cogpu_s *h) {
+  pthread_mutex_lock(&handles_mu);
+  for (struct cogpu_s **p = &handles; *p; p = &(*p)->next)
+    if (*p == h) {
+      *p = h->next;
+      break;
+    }
+  pthread_mutex_unlock(&handles_mu);
+}
+
+/* The PID as the outermost visible PID namespace numbers it (NSpid's first
+ * field), which is what NVML and other processes on the host see. */
+static int self_host_pid(void) {
+  FILE *f = fopen("/proc/self/status", "re");
+  char line[256];
+  int pid = getpid();
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, "NSpid:", 6) == 0) {
+      pid = atoi(line + 6);
+      break;
+    }
+  if (f)
+    fclose(f);
+  return pid > 0 ? pid : getpid();
+}
+
+static void self_cmdline(char *buf, size_t len) {
+  FILE *f = fopen("/proc/self/cmdline", "re");
+  size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+  if (f)
+    fclose(f);
+  buf[n] = 0;
+  for (size_t i = 0; n && i < n - 1; i++)
+    if (buf[i] == 0)
+      buf[i] = ' ';
+}
+
+static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
+  ledger_slot_t *s = &h->st->slots[h->slot];
+  s->pid = self_host_pid();
+  s->uid = (uint32_t)geteuid();
+  s->priority = o ? o->priority : 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  s->attached_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  if (o && o->command)
+    snprintf(s->command, sizeof s->command, "%s", o->command);
+  else
+    self_cmdline(s->command, sizeof s->command);
+  snprintf(s->job_id, sizeof s->job_id, "%s", o && o->job_id ? o->job_id : "");
+  memset(s->held, 0, sizeof s->held);
+}
+
+/* Settings that are the node's, fixed when the state was created: say so
+ * when this process was configured otherwise, instead of silently
+ * ignoring it. */
+static void warn_node_settings(struct cogpu_s *h) {
+  const cogpu__optval_t *p = &h->cfg.v[COGPU_OPT_POLICY];
+  if (p->source != COGPU_SRC_DEFAULT && (uint32_t)p->i != h->st->hdr.policy)
+    cogpu__log(COGPU_LOG_WARN,
+               "policy %s (%s) ignored: the node's state uses %s; an admin "
+               "applies a new policy with `cogpu reset`",
+               p->s, p->where, cogpu_policy_name((int)h->st->hdr.policy));
+}
+
+int ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
+                  struct cogpu_s **out) {
+  cogpu__clearerr();
+  if (!out)
+    return cogpu__seterr(-EINVAL, "cogpu_attach: out is NULL");
+  pthread_once(&fork_once, fork_setup);
+  struct cogpu_s *h = calloc(1, sizeof *h);
+  if (!h)
+    return cogpu__seterr(-ENOMEM, "out of memory");
+  h->fd = -1;
+  int rc = cogpu__config_load(&h->cfg);
+  if (rc == 0)
+    rc = ledger_shm_open(h);
+  if (rc != 0) {
+    free(h);
+    return rc;
+  }
+  cogpu__fault(COGPU_FP_ATTACH);
+  h->priority = opts ? opts->priority : 0;
+  ledger_lock(h);
+  if (h->st->slots[h->slot].state == SLOT_ACTIVE)
+    ledger_slot_free(h, h->slot); /* left by a dead previous owner */
+  ledger_sweep(h);
+  if (!observer) {
+    slot_fill(h, opts);
+    ledger_tx_set(h, &h->st->slots[h->slot].state, SLOT_ACTIVE);
+    ledger_tx_commit(h);
+  }
+  ledger_serve(h);
+  ledger_unlock(h);
+  if (!observer)
+    warn_node_settings(h);
+  handles_add(h);
+  *out = h;
+  return 0;
+}
+
+int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out) {
+  return ledger_attach(opts, false, out);
+}
+
+static int check_handle(cogpu_t *h) {
+  if (!h || !h->st)
+    return cogpu__seterr(-EINVAL, "invalid cogpu handle");
+  if (h->forked)
+    return cogpu__seterr(-EINVAL, "this handle belongs to the parent process "
+                                  "(fork): attach again in the child");
+  return 0;
+}
+
+int cogpu_detach(cogpu_t *h) {
+  cogpu__clearerr();
+  if (!h)
+    return cogpu__seterr(-EINVAL, "invalid cogpu handle");
+  handles_remove(h);
+  if (!h->forked && h->st) {
+    ledger_lock(h);
+    ledger_slot_free(h, h->slot);
+    ledger_serve(h);
+    ledger_unlock(h);
+  }
+  ledger_shm_close(h);
+  free(h);
+  return 0;
+}
+
+int cogpu_gpu_count(cogpu_t *h) {
+  int rc = check_handle(h);
+  return rc ? rc : (int)h->st->hdr.ngpus;
+}
+
+static int check_gpu(cogpu_t *h, int gpu) {
+  if (gpu < 0 || (uint32_t)gpu >= h->st->hdr.ngpus)
+    return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)", gpu,
+                         h->st->hdr.ngpus);
+  return 0;
+}
+
+int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu) {
+  int rc = check_handle(h);
+  if (rc)
+    return rc;
+  if (!spec || !*spec || !gpu)
+    return cogpu__seterr(-EINVAL, "empty GPU name");
+  ledger_hdr_t *hd = &h->st->hdr;
+  char *end;
+  long v = strtol(spec, &end, 10);
+  if (*end == 0) {
+    rc = check_gpu(h, (int)v);
+    if (rc == 0)
+      *gpu = (int)v;
+    return rc;
+  }
+  int found = -1;
+  size_t len = strlen(spec);
+  for (uint32_t g = 0; g < hd->ngpus; g++)
+    if (strncmp(hd->gpus[g].uuid, spec, len) == 0) {
+      if (found >= 0)
+        return cogpu__seterr(-ENODEV, "'%s' matches more than one GPU", spec);
+      found = (int)g;
+    }
+  if (found < 0)
+    return cogpu__seterr(-ENODEV, "no GPU matches '%s'", spec);
+  *gpu = found;
+  return 0;
+}
+
+int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes) {
+  int rc = check_handle(h);
+  if (rc == 0)
+    rc = check_gpu(h, gpu);
+  if (rc == 0 && !bytes)
+    rc = cogpu__seterr(-EINVAL, "bytes is NULL");
+  if (rc == 0)
+    *bytes = __atomic_load_n(&h->st->slots[h->slot].held[gpu],
+                             __ATOMIC_RELAXED);
+  return rc;
+}
+
+int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
+  cogpu__clearerr();
+  int rc = check_handle(h);
+  if (rc == 0)
+    rc = check_gpu(h, gpu);
+  if (rc)
+    return rc;
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_gpu_t *g = &hd->gpus[gpu];
+  ledger_slot_t *s = &h->st->slots[h->slot];
+  ledger_lock(h);
+  uint64_t held = s->held[gpu];
+  bool all = bytes == COGPU_ALL;
+  bool excl = g->excl_slot == h->slot + 1;
+  if (all)
+    bytes = held;
+  if (bytes > held) {
+    ledger_unlock(h);
+    return cogpu__seterr(-EINVAL,
+                         "cannot release %llu bytes on GPU %d: %llu held",
+                         (unsigned long long)bytes, gpu,
+                         (unsigned long long)held);
+  }
+  bool ends_excl = all && excl;
+  if (bytes) {
+    ledger_tx_set(h, &s->held[gpu], held - bytes);
+    ledger_tx_set(h, &g->reserved, g->reserved - bytes);
+  }
+  if (ends_excl)
+    ledger_tx_set(h, &g->excl_slot, 0);
+  bool was_client = held > 0 || excl;
+  bool is_client = held > bytes || (excl && !ends_excl);
+  if (was_client && !is_client)
+    ledger_tx_set(h, &g->nclients, g->nclients - 1);
+  ledger_tx_commit(h);
+  ledger_serve(h);
+  ledger_unlock(h);
+  return 0;
+}
+
+/* Detach what is still attached at exit, so waiters are served now rather
+ * than at their next housekeeping tick. (A process killed outright is
+ * reclaimed by the others through its liveness lock.) */
+__attribute__((destructor)) static void ledger_at_exit(void) {
+  pthread_mutex_lock(&handles_mu);
+  for (struct cogpu_s *h = handles; h; h = h->next) {
+    if (h->forked || !h->st)
+      continue;
+    ledger_lock(h);
+    ledger_slot_free(h, h->slot);
+    ledger_serve(h);
+    ledger_unlock(h);
+  }
+  pthread_mutex_unlock(&handles_mu);
+}
+
+const char *cogpu_policy_name(int policy) {
+  static const char *names[] = {"fifo", "mmu", "priority-fifo",
+                                "priority-mmu"};
+  if (policy < 0 || policy >= (int)COGPU_ARRAY_SIZE(names))
+    return "unknown";
+  return names[policy];
+}

@@ -1,0 +1,245 @@
+/*
+ * lock.c: the ledger lock, its undo log, client liveness and repair.
+ *
+ * The lock is a futex word holding its owner's (slot, generation). It is
+ * never abandoned: a waiter that sleeps longer than LOCK_CHECK_MS checks the
+ * owner's liveness (the kernel-held OFD lock on the owner's slot byte) and,
+ * if the owner died, takes the lock over and repairs the state: the dead
+ * holder's transaction is rolled back from the undo log, so the state is as
+ * it was before that transaction began.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ledger-int.h"
+
+#define LOCK_CHECK_MS 50
+
+static uint32_t lockw_make(uint32_t slot, uint32_t gen) {
+  return (slot + 1) | ((gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
+}
+
+bool ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen) {
+  if (slot >= LEDGER_MAX_SLOTS)
+    return false;
+  ledger_slot_t *s = &h->st->slots[slot];
+  uint32_t cur = atomic_load_explicit(&s->gen, memory_order_acquire);
+  if ((cur & LOCKW_GEN_MASK) != (gen & LOCKW_GEN_MASK))
+    return false;
+  /* Our own OFD lock does not conflict with our own probe. */
+  if (slot == h->slot)
+    return true;
+  struct flock fl = {.l_type = F_WRLCK,
+                     .l_whence = SEEK_SET,
+                     .l_start = LEDGER_LOCK_BASE + slot,
+                     .l_len = 1};
+  if (fcntl(h->fd, F_OFD_GETLK, &fl) != 0)
+    return true; /* cannot tell: never reclaim on doubt */
+  return fl.l_type != F_UNLCK;
+}
+
+/* Owner of a held lock word is dead: the slot's lock is free or the slot
+ * was claimed again (generation moved on). */
+static bool lock_owner_dead(struct cogpu_s *h, uint32_t w) {
+  uint32_t slot1 = w & LOCKW_SLOT_MASK;
+  if (slot1 == 0)
+    return false;
+  return !ledger_slot_alive(h, slot1 - 1, w >> LOCKW_GEN_SHIFT);
+}
+
+void ledger_lock(struct cogpu_s *h) {
+  _Atomic uint32_t *lk = &h->st->hdr.lock;
+  uint32_t me = lockw_make(h->slot, h->gen);
+  uint32_t cur = 0;
+  if (atomic_compare_exchange_strong_explicit(lk, &cur, me,
+                                              memory_order_acquire,
+                                              memory_order_relaxed))
+    goto locked;
+  uint64_t since = cogpu__now_ns();
+  for (;;) {
+    cur = atomic_load_explicit(lk, memory_order_relaxed);
+    if (cur == 0) {
+      /* Others may be asleep: keep the contended mark so unlock wakes one. */
+      if (atomic_compare_exchange_strong_explicit(
+              lk, &cur, me | LOCKW_CONTENDED, memory_order_acquire,
+              memory_order_relaxed))
+        goto locked;
+      continue;
+    }
+    if (!(cur & LOCKW_CONTENDED)) {
+      uint32_t want = cur | LOCKW_CONTENDED;
+      if (!atomic_compare_exchange_strong_explicit(
+              lk, &cur, want, memory_order_relaxed, memory_order_relaxed))
+        continue;
+      cur = want;
+    }
+    ledger_futex_wait(lk, cur, LOCK_CHECK_MS);
+    if (cogpu__now_ns() - since < (uint64_t)LOCK_CHECK_MS * 1000000u)
+      continue;
+    uint32_t w = atomic_load_explicit(lk, memory_order_relaxed);
+    if (w != 0 && lock_owner_dead(h, w) &&
+        atomic_compare_exchange_strong_explicit(lk, &w, me | LOCKW_CONTENDED,
+                                                memory_order_acquire,
+                                                memory_order_relaxed)) {
+      cogpu__log(COGPU_LOG_WARN,
+                 "ledger lock held by a dead client (slot %u): recovered",
+                 (w & LOCKW_SLOT_MASK) - 1);
+      atomic_fetch_add(&h->st->hdr.repairs, 1);
+      ledger_repair(h);
+      goto locked;
+    }
+    since = cogpu__now_ns();
+  }
+locked:
+  cogpu__fault(COGPU_FP_LOCK_HELD);
+}
+
+void ledger_unlock(struct cogpu_s *h) {
+  cogpu__fault(COGPU_FP_BEFORE_UNLOCK);
+  uint32_t old = atomic_exchange_explicit(&h->st->hdr.lock, 0,
+                                          memory_order_release);
+  if (old & LOCKW_CONTENDED)
+    ledger_futex_wake(&h->st->hdr.lock, 1);
+}
+
+/* Undo log: record the old value, publish the entry, then store. A holder
+ * killed anywhere in between leaves either an entry whose store did not
+ * happen (rolling it back rewrites the same value) or no entry and no
+ * store. */
+void ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  uint64_t n = atomic_load_explicit(&hd->tx_n, memory_order_relaxed);
+  if (n >= LEDGER_TX_MAX) {
+    /* Programming error; commit what we have rather than overflow. */
+    cogpu__log(COGPU_LOG_ERROR, "ledger transaction too long");
+    ledger_tx_commit(h);
+    n = 0;
+  }
+  hd->tx[n].off = LEDGER_OFF(h, field);
+  hd->tx[n].old = *field;
+  atomic_store_explicit(&hd->tx_n, n + 1, memory_order_release);
+  atomic_signal_fence(memory_order_seq_cst);
+  *(volatile uint64_t *)field = value;
+  if (n == 1)
+    cogpu__fault(COGPU_FP_TX_MIDDLE);
+}
+
+void ledger_tx_commit(struct cogpu_s *h) {
+  atomic_signal_fence(memory_order_seq_cst);
+  atomic_store_explicit(&h->st->hdr.tx_n, 0, memory_order_release);
+}
+
+static void repair_rollback(struct cogpu_s *h) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  uint64_t n = atomic_load(&hd->tx_n);
+  if (n > LEDGER_TX_MAX)
+    n = LEDGER_TX_MAX; /* a corrupt count: roll back what can be read */
+  for (uint64_t i = n; i-- > 0;) {
+    uint64_t off = hd->tx[i].off;
+    if (off % 8 || off + 8 > sizeof(ledger_state_t))
+      continue;
+    *(uint64_t *)((char *)h->st + off) = hd->tx[i].old;
+  }
+  if (n)
+    cogpu__log(COGPU_LOG_INFO, "rolled back %u stores of a dead client",
+               (unsigned)n);
+  atomic_store(&hd->tx_n, 0);
+}
+
+/* Recompute what is derived from the slots and waiters, and drop entries
+ * that cannot be valid (e.g. written by a corrupting bug). Runs under the
+ * lock, outside any transaction: each store here is idempotent. */
+static void repair_recount(struct cogpu_s *h) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  uint64_t reserved[LEDGER_MAX_GPUS] = {0}, nclients[LEDGER_MAX_GPUS] = {0};
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    ledger_slot_t *sl = &h->st->slots[s];
+    if (sl->state != SLOT_ACTIVE)
+      continue;
+    for (uint32_t g = 0; g < hd->ngpus; g++) {
+      if (sl->held[g] > hd->gpus[g].total)
+        sl->held[g] = 0;
+      reserved[g] += sl->held[g];
+      nclients[g] += sl->held[g] > 0 || hd->gpus[g].excl_slot == s + 1;
+    }
+  }
+  uint64_t nw = 0;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state == W_FREE)
+      continue;
+    bool ok = wt->slot < LEDGER_MAX_SLOTS &&
+              h->st->slots[wt->slot].state == SLOT_ACTIVE &&
+              (wt->gpu == COGPU_GPU_AUTO ||
+               (wt->gpu >= 0 && (uint64_t)wt->gpu < hd->ngpus));
+    if (!ok)
+      wt->state = W_FREE;
+    else if (wt->state == W_WAITING)
+      nw++;
+  }
+  for (uint32_t g = 0; g < hd->ngpus; g++) {
+    ledger_gpu_t *gp = &hd->gpus[g];
+    if (gp->reserved != reserved[g] || gp->nclients != nclients[g])
+      cogpu__log(COGPU_LOG_WARN, "GPU %u: recounted reservations", g);
+    gp->reserved = reserved[g];
+    gp->nclients = nclients[g];
+    uint64_t ex = gp->excl_slot;
+    if (ex && (ex > LEDGER_MAX_SLOTS ||
+               h->st->slots[ex - 1].state != SLOT_ACTIVE))
+      gp->excl_slot = 0;
+  }
+  hd->nwaiting = nw;
+}
+
+void ledger_repair(struct cogpu_s *h) {
+  repair_rollback(h);
+  repair_recount(h);
+}
+
+/* Frees one dead slot: its reservations, exclusivity and waiters. */
+void ledger_slot_free(struct cogpu_s *h, uint32_t s) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_slot_t *sl = &h->st->slots[s];
+  for (uint32_t g = 0; g < hd->ngpus; g++) {
+    ledger_gpu_t *gp = &hd->gpus[g];
+    if (sl->held[g]) {
+      ledger_tx_set(h, &gp->reserved, gp->reserved - sl->held[g]);
+      ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+      ledger_tx_set(h, &sl->held[g], 0);
+    } else if (gp->excl_slot == s + 1) {
+      ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+    }
+    if (gp->excl_slot == s + 1)
+      ledger_tx_set(h, &gp->excl_slot, 0);
+    ledger_tx_commit(h);
+  }
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state == W_FREE || wt->slot != s)
+      continue;
+    if (wt->state == W_WAITING)
+      ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+    ledger_tx_set(h, &wt->state, W_FREE);
+    ledger_tx_commit(h);
+  }
+  ledger_tx_set(h, &sl->state, SLOT_FREE);
+  ledger_tx_commit(h);
+}
+
+int ledger_sweep(struct cogpu_s *h) {
+  int n = 0;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    ledger_slot_t *sl = &h->st->slots[s];
+    if (sl->state != SLOT_ACTIVE || s == h->slot)
+      continue;
+    if (ledger_slot_alive(h, s, atomic_load(&sl->gen)))
+      continue;
+    cogpu__log(COGPU_LOG_INFO, "reclaiming dead client pid %d (slot %u)",
+               sl->pid, s);
+    ledger_slot_free(h, s);
+    n++;
+  }
+  return n;
+}

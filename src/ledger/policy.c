@@ -1,0 +1,182 @@
+/*
+ * policy.c: which waiters are served, in which order, on which GPU.
+ *
+ * fifo: the first waiter in arrival order is served first; while it does
+ * not fit, the waiters behind it on the same GPU wait too.
+ * mmu (maximum memory utilisation): every waiter that fits is served, in
+ * arrival order. To keep large requests from starving, a waiter older than
+ * the node's mmu_max_age is served as under fifo: memory is held back for
+ * it until it fits.
+ * priority-fifo, priority-mmu: the same, ordered by priority (higher first),
+ * then by arrival.
+ */
+#include <string.h>
+
+#include "ledger-int.h"
+
+uint64_t ledger_capacity(const ledger_gpu_t *g) {
+  uint64_t off = g->margin + g->foreign;
+  return g->total > off ? g->total - off : 0;
+}
+
+static uint64_t gpu_free(const ledger_gpu_t *g) {
+  uint64_t cap = ledger_capacity(g);
+  return cap > g->reserved ? cap - g->reserved : 0;
+}
+
+bool ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+                 uint64_t bytes, bool exclusive) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_gpu_t *g = &hd->gpus[gi];
+  uint64_t held = h->st->slots[slot].held[gi];
+  if (g->excl_slot && g->excl_slot != slot + 1)
+    return false;
+  if (exclusive)
+    return g->nclients == (held > 0 || g->excl_slot == slot + 1);
+  if (held == 0 && hd->max_clients && g->nclients >= hd->max_clients)
+    return false;
+  return bytes <= gpu_free(g);
+}
+
+void ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+                  uint64_t bytes, bool exclusive) {
+  ledger_gpu_t *g = &h->st->hdr.gpus[gi];
+  ledger_slot_t *s = &h->st->slots[slot];
+  bool was_client = s->held[gi] > 0 || g->excl_slot == slot + 1;
+  if (exclusive)
+    ledger_tx_set(h, &g->excl_slot, slot + 1);
+  if (bytes) {
+    ledger_tx_set(h, &s->held[gi], s->held[gi] + bytes);
+    ledger_tx_set(h, &g->reserved, g->reserved + bytes);
+  }
+  if (!was_client)
+    ledger_tx_set(h, &g->nclients, g->nclients + 1);
+}
+
+static bool policy_by_priority(uint32_t p) {
+  return p == COGPU_POLICY_PRIO_FIFO || p == COGPU_POLICY_PRIO_MMU;
+}
+
+static bool policy_first_fit(uint32_t p) {
+  return p == COGPU_POLICY_MMU || p == COGPU_POLICY_PRIO_MMU;
+}
+
+/* a is served before b. */
+static bool queue_before(const ledger_waiter_t *a, const ledger_waiter_t *b,
+                         bool by_prio) {
+  if (by_prio && a->priority != b->priority)
+    return a->priority > b->priority;
+  return a->ticket < b->ticket;
+}
+
+size_t ledger_queue_order(struct cogpu_s *h, uint32_t *idx) {
+  bool by_prio = policy_by_priority(h->st->hdr.policy);
+  size_t n = 0;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state != W_WAITING)
+      continue;
+    size_t k = n++;
+    while (k > 0 && queue_before(wt, &h->st->waiters[idx[k - 1]], by_prio)) {
+      idx[k] = idx[k - 1];
+      k--;
+    }
+    idx[k] = w;
+  }
+  return n;
+}
+
+/* The waiter that has waited longest, if past the mmu guard age. */
+static int64_t starving_waiter(struct cogpu_s *h, const uint32_t *order,
+                               size_t n) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  if (!policy_first_fit(hd->policy) || n == 0)
+    return -1;
+  uint64_t now = cogpu__now_ns(), oldest = UINT64_MAX;
+  int64_t who = -1;
+  for (size_t i = 0; i < n; i++) {
+    const ledger_waiter_t *wt = &h->st->waiters[order[i]];
+    if (wt->since_ns < oldest) {
+      oldest = wt->since_ns;
+      who = order[i];
+    }
+  }
+  if (now - oldest < hd->mmu_max_age_ms * 1000000u)
+    return -1;
+  return who;
+}
+
+/* GPUs the waiter may be served on, most free first. */
+static size_t waiter_gpus(struct cogpu_s *h, const ledger_waiter_t *wt,
+                          uint32_t *gpus) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  if (wt->gpu != COGPU_GPU_AUTO) {
+    gpus[0] = (uint32_t)wt->gpu;
+    return 1;
+  }
+  size_t n = 0;
+  for (uint32_t g = 0; g < hd->ngpus; g++) {
+    size_t k = n++;
+    while (k > 0 && gpu_free(&hd->gpus[g]) > gpu_free(&hd->gpus[gpus[k - 1]])) {
+      gpus[k] = gpus[k - 1];
+      k--;
+    }
+    gpus[k] = g;
+  }
+  return n;
+}
+
+static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
+  ledger_waiter_t *wt = &h->st->waiters[w];
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_grant(h, g, (uint32_t)wt->slot, wt->bytes, wt->exclusive);
+  ledger_tx_set(h, (uint64_t *)&wt->granted_gpu, g);
+  ledger_tx_set(h, &wt->state, W_GRANTED);
+  ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+  ledger_tx_commit(h);
+  atomic_store_explicit(&wt->futex, 1, memory_order_release);
+  ledger_futex_wake(&wt->futex, 1);
+}
+
+/* Could the waiter ever fit on g, were everybody else gone? */
+static bool could_fit(struct cogpu_s *h, const ledger_waiter_t *wt,
+                      uint32_t g) {
+  return wt->exclusive || wt->bytes <= ledger_capacity(&h->st->hdr.gpus[g]);
+}
+
+void ledger_serve(struct cogpu_s *h) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  if (hd->nwaiting == 0)
+    return;
+  uint32_t order[LEDGER_MAX_WAITERS], gpus[LEDGER_MAX_GPUS];
+  size_t n = ledger_queue_order(h, order);
+  int64_t starving = starving_waiter(h, order, n);
+  if (starving >= 0) {
+    /* Move it to the front: it is served first, as under fifo. */
+    size_t i = 0;
+    while (order[i] != (uint32_t)starving)
+      i++;
+    memmove(order + 1, order, i * sizeof order[0]);
+    order[0] = (uint32_t)starving;
+  }
+  bool blocked[LEDGER_MAX_GPUS] = {false};
+  bool first_fit = policy_first_fit(hd->policy);
+  for (size_t i = 0; i < n; i++) {
+    ledger_waiter_t *wt = &h->st->waiters[order[i]];
+    size_t ng = waiter_gpus(h, wt, gpus);
+    bool served = false;
+    for (size_t k = 0; k < ng && !served; k++) {
+      uint32_t g = gpus[k];
+      if (!blocked[g] && ledger_fits(h, g, (uint32_t)wt->slot, wt->bytes,
+                                     wt->exclusive)) {
+        serve_one(h, order[i], g);
+        served = true;
+      }
+    }
+    if (served || (first_fit && (int64_t)order[i] != starving))
+      continue;
+    for (size_t k = 0; k < ng; k++)
+      if (could_fit(h, wt, gpus[k]))
+        blocked[gpus[k]] = true;
+  }
+}

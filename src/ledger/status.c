@@ -1,0 +1,162 @@
+/*
+ * status.c: a consistent snapshot of the node for `cogpu status` and
+ * monitoring: per GPU its figures, clients and waiters in service order.
+ * Dead clients are reclaimed and foreign memory refreshed first, so the
+ * snapshot never shows what is already gone.
+ */
+#include <errno.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger-int.h"
+
+static void user_name(uint32_t uid, char *buf, size_t len) {
+  struct passwd pw, *res = NULL;
+  char tmp[1024];
+  if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
+    snprintf(buf, len, "%s", res->pw_name);
+  else
+    snprintf(buf, len, "%u", uid);
+}
+
+static void status_clients(struct cogpu_s *h, uint32_t g,
+                           cogpu_gpu_info_t *gi) {
+  ledger_gpu_t *gp = &h->st->hdr.gpus[g];
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    ledger_slot_t *sl = &h->st->slots[s];
+    bool excl = gp->excl_slot == s + 1;
+    if (sl->state != SLOT_ACTIVE || (sl->held[g] == 0 && !excl))
+      continue;
+    cogpu_client_info_t *c = &gi->clients[gi->nclients++];
+    c->pid = sl->pid;
+    c->uid = sl->uid;
+    snprintf(c->command, sizeof c->command, "%s", sl->command);
+    snprintf(c->job_id, sizeof c->job_id, "%s", sl->job_id);
+    c->priority = sl->priority;
+    c->reserved_bytes = sl->held[g];
+    c->exclusive = excl;
+    c->own = s == h->slot;
+  }
+}
+
+static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
+                           size_t n, cogpu_gpu_info_t *gi) {
+  uint64_t now = cogpu__now_ns();
+  for (size_t i = 0; i < n; i++) {
+    ledger_waiter_t *wt = &h->st->waiters[order[i]];
+    if (wt->gpu != COGPU_GPU_AUTO && wt->gpu != (int64_t)g)
+      continue;
+    /* An "any GPU" waiter is listed where it could ever be served. */
+    if (!wt->exclusive && wt->bytes > ledger_capacity(&h->st->hdr.gpus[g]))
+      continue;
+    ledger_slot_t *sl = &h->st->slots[wt->slot];
+    cogpu_waiter_info_t *w = &gi->waiting[gi->nwaiting++];
+    w->pid = sl->pid;
+    w->uid = sl->uid;
+    snprintf(w->command, sizeof w->command, "%s", sl->command);
+    snprintf(w->job_id, sizeof w->job_id, "%s", sl->job_id);
+    w->gpu = (int)wt->gpu;
+    w->requested_bytes = wt->bytes;
+    w->priority = (int)wt->priority;
+    w->exclusive = wt->exclusive;
+    w->waiting_seconds = (double)(now - wt->since_ns) / 1e9;
+    w->position = (int)gi->nwaiting;
+    w->own = wt->slot == h->slot;
+  }
+}
+
+/* Names are looked up after the lock is released: NSS may be slow (LDAP). */
+static void status_names(cogpu_status_t *st) {
+  for (size_t g = 0; g < st->ngpus; g++) {
+    cogpu_gpu_info_t *gi = &st->gpus[g];
+    for (size_t i = 0; i < gi->nclients; i++)
+      user_name(gi->clients[i].uid, gi->clients[i].user,
+                sizeof gi->clients[i].user);
+    for (size_t i = 0; i < gi->nwaiting; i++)
+      user_name(gi->waiting[i].uid, gi->waiting[i].user,
+                sizeof gi->waiting[i].user);
+  }
+}
+
+static int status_fill(struct cogpu_s *h, cogpu_status_t *st) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  static __thread uint32_t order[LEDGER_MAX_WAITERS];
+  snprintf(st->policy, sizeof st->policy, "%s",
+           cogpu_policy_name((int)hd->policy));
+  snprintf(st->state_path, sizeof st->state_path, "%s", h->path);
+  st->layout_version = hd->version;
+  st->ngpus = hd->ngpus;
+  st->gpus = calloc(hd->ngpus ? hd->ngpus : 1, sizeof *st->gpus);
+  if (!st->gpus)
+    return -ENOMEM;
+  size_t n = ledger_queue_order(h, order);
+  for (uint32_t g = 0; g < hd->ngpus; g++) {
+    cogpu_gpu_info_t *gi = &st->gpus[g];
+    ledger_gpu_t *gp = &hd->gpus[g];
+    gi->index = (int)gp->index;
+    snprintf(gi->uuid, sizeof gi->uuid, "%s", gp->uuid);
+    snprintf(gi->name, sizeof gi->name, "%s", gp->name);
+    gi->total_bytes = gp->total;
+    gi->margin_bytes = gp->margin;
+    gi->foreign_bytes = gp->foreign;
+    gi->capacity_bytes = ledger_capacity(gp);
+    gi->reserved_bytes = gp->reserved;
+    gi->max_clients = (int)hd->max_clients;
+    gi->exclusive = gp->excl_slot != 0;
+    gi->clients = calloc(gp->nclients + 1, sizeof *gi->clients);
+    gi->waiting = calloc(n + 1, sizeof *gi->waiting);
+    if (!gi->clients || !gi->waiting)
+      return -ENOMEM;
+    status_clients(h, g, gi);
+    status_waiters(h, g, order, n, gi);
+  }
+  return 0;
+}
+
+int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
+  cogpu__clearerr();
+  if (!out)
+    return cogpu__seterr(-EINVAL, "cogpu_status: out is NULL");
+  struct cogpu_s *own = NULL;
+  if (!h) {
+    int rc = ledger_attach(NULL, true, &own);
+    if (rc)
+      return rc;
+    h = own;
+  } else if (h->forked) {
+    return cogpu__seterr(-EINVAL, "this handle belongs to the parent process");
+  }
+  cogpu_status_t *st = calloc(1, sizeof *st);
+  int rc = st ? 0 : -ENOMEM;
+  if (rc == 0) {
+    ledger_foreign_refresh(h, false);
+    ledger_lock(h);
+    if (ledger_sweep(h))
+      ledger_serve(h);
+    rc = status_fill(h, st);
+    ledger_unlock(h);
+    if (rc == 0)
+      status_names(st);
+  }
+  if (own)
+    cogpu_detach(own);
+  if (rc) {
+    cogpu_status_free(st);
+    return cogpu__seterr(rc, "cogpu_status: out of memory");
+  }
+  *out = st;
+  return 0;
+}
+
+void cogpu_status_free(cogpu_status_t *st) {
+  if (!st)
+    return;
+  for (size_t g = 0; st->gpus && g < st->ngpus; g++) {
+    free(st->gpus[g].clients);
+    free(st->gpus[g].waiting);
+  }
+  free(st->gpus);
+  free(st);
+}

@@ -1,0 +1,385 @@
+/*
+ * runner.c: runs every registered test in its own process, with a timeout, a
+ * private temporary directory and node state, and prints TAP plus a closing
+ * "N passed, N failed, N skipped" line. `run-tests [FILTER...]` runs the
+ * tests whose name contains any FILTER; `run-tests --list` lists them;
+ * `run-tests --helper NAME ARGS` runs a helper (used by multi-process tests).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "task.h"
+
+#define MAX_TESTS 512
+#define MAX_HELPERS 128
+
+typedef struct {
+  const char *name;
+  th_test_fn fn;
+  const char *file;
+  int timeout_s;
+} test_t;
+
+typedef struct {
+  const char *name;
+  th_helper_fn fn;
+} helper_t;
+
+static test_t tests[MAX_TESTS];
+static int ntests;
+static helper_t helpers[MAX_HELPERS];
+static int nhelpers;
+static char tmpdir[PATH_MAX];
+static char builddir[PATH_MAX];
+static char selfexe[PATH_MAX];
+
+void th_register_test(const char *name, th_test_fn fn, const char *file,
+                      int timeout_s) {
+  if (ntests < MAX_TESTS)
+    tests[ntests++] = (test_t){name, fn, file, timeout_s};
+}
+
+void th_register_helper(const char *name, th_helper_fn fn) {
+  if (nhelpers < MAX_HELPERS)
+    helpers[nhelpers++] = (helper_t){name, fn};
+}
+
+void th_fail(const char *file, int line, const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "FAIL %s:%d: %s\n", file, line, msg);
+  fflush(stderr);
+  exit(1);
+}
+
+/* Helpers are new processes: they find the test's directory in the
+ * environment. */
+const char *th_tmpdir(void) {
+  if (!tmpdir[0] && getenv("COGPU_TEST_TMPDIR"))
+    snprintf(tmpdir, sizeof tmpdir, "%s", getenv("COGPU_TEST_TMPDIR"));
+  return tmpdir;
+}
+
+const char *th_path(const char *name) {
+  static char bufs[8][PATH_MAX + 256];
+  static int next;
+  char *b = bufs[next++ % 8];
+  snprintf(b, sizeof bufs[0], "%s/%s", th_tmpdir(), name);
+  return b;
+}
+
+const char *th_build_dir(void) { return builddir; }
+
+void th_write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f)
+    th_fail(__FILE__, __LINE__, "cannot write %s: %s", path, strerror(errno));
+  fputs(text, f);
+  fclose(f);
+}
+
+int th_ms(int ms) {
+  const char *m = getenv("COGPU_TEST_TIMEOUT_MULTIPLIER");
+  int k = m ? atoi(m) : 1;
+  return ms * (k > 0 ? k : 1);
+}
+
+void th_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+pid_t th_spawn_helper(const char *name, const char *const args[]) {
+  const char *argv[64];
+  int n = 0;
+  argv[n++] = selfexe;
+  argv[n++] = "--helper";
+  argv[n++] = name;
+  for (int i = 0; args && args[i] && n < 63; i++)
+    argv[n++] = args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid < 0)
+    th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+  if (pid == 0) {
+    execv(selfexe, (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+int th_exit_code(int st) {
+  if (WIFEXITED(st))
+    return WEXITSTATUS(st);
+  if (WIFSIGNALED(st))
+    return 128 + WTERMSIG(st);
+  return -1;
+}
+
+int th_wait(pid_t pid, int timeout_ms) {
+  int64_t deadline = now_ms() + timeout_ms;
+  int st;
+  for (;;) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid)
+      return st;
+    if (r < 0 && errno != EINTR)
+      th_fail(__FILE__, __LINE__, "waitpid %d: %s", (int)pid, strerror(errno));
+    if (now_ms() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      th_fail(__FILE__, __LINE__, "process %d still running after %d ms",
+              (int)pid, timeout_ms);
+    }
+    th_sleep_ms(2);
+  }
+}
+
+/* Reads what is available on fd into buf at *len (keeping one byte for the
+ * NUL); returns false at end of file. */
+static bool drain(int fd, char *buf, size_t cap, size_t *len) {
+  char tmp[4096];
+  ssize_t r = read(fd, tmp, sizeof tmp);
+  if (r <= 0)
+    return r < 0 && (errno == EINTR || errno == EAGAIN);
+  size_t room = cap > *len + 1 ? cap - *len - 1 : 0;
+  size_t k = (size_t)r < room ? (size_t)r : room;
+  if (buf && k) {
+    memcpy(buf + *len, tmp, k);
+    *len += k;
+    buf[*len] = 0;
+  }
+  return true;
+}
+
+int th_run(const char *const argv[], const char *const env[], char *out,
+           size_t outlen, char *err, size_t errlen, int timeout_ms) {
+  int po[2], pe[2];
+  if (pipe2(po, O_CLOEXEC) || pipe2(pe, O_CLOEXEC))
+    th_fail(__FILE__, __LINE__, "pipe: %s", strerror(errno));
+  if (out && outlen)
+    out[0] = 0;
+  if (err && errlen)
+    err[0] = 0;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(po[1], 1);
+    dup2(pe[1], 2);
+    for (int i = 0; env && env[i]; i++) {
+      char kv[4096];
+      snprintf(kv, sizeof kv, "%s", env[i]);
+      char *eq = strchr(kv, '=');
+      if (!eq)
+        continue;
+      *eq = 0;
+      if (eq[1])
+        setenv(kv, eq + 1, 1);
+      else
+        unsetenv(kv);
+    }
+    execvp(argv[0], (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  close(po[1]);
+  close(pe[1]);
+  fcntl(po[0], F_SETFL, O_NONBLOCK);
+  fcntl(pe[0], F_SETFL, O_NONBLOCK);
+  size_t ol = 0, el = 0;
+  bool oo = true, eo = true;
+  int64_t deadline = now_ms() + timeout_ms;
+  int st = 0;
+  bool done = false;
+  while (!done || oo || eo) {
+    if (oo)
+      oo = drain(po[0], out, outlen, &ol);
+    if (eo)
+      eo = drain(pe[0], err, errlen, &el);
+    if (!done && waitpid(pid, &st, WNOHANG) == pid)
+      done = true;
+    if (now_ms() > deadline) {
+      kill(pid, SIGKILL);
+      if (!done)
+        waitpid(pid, &st, 0);
+      th_fail(__FILE__, __LINE__, "%s ran longer than %d ms; stderr: %s",
+              argv[0], timeout_ms, err ? err : "");
+    }
+    if (!done || oo || eo)
+      th_sleep_ms(1);
+  }
+  close(po[0]);
+  close(pe[0]);
+  return th_exit_code(st);
+}
+
+static void rm_rf(const char *path) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execlp("rm", "rm", "-rf", path, (char *)NULL);
+    _exit(127);
+  }
+  int st;
+  waitpid(pid, &st, 0);
+}
+
+/* Environment every test starts from: a private state directory, no config
+ * file, the fake NVML with one 16 GiB GPU, quick housekeeping. */
+static void test_env(void) {
+  extern char **environ;
+  char names[64][128];
+  int n = 0;
+  for (char **e = environ; *e && n < 64; e++)
+    if ((strncmp(*e, "COGPU_", 6) == 0 && strncmp(*e, "COGPU_TEST_", 11)) ||
+        strncmp(*e, "FAKE_", 5) == 0) {
+      size_t l = strcspn(*e, "=");
+      snprintf(names[n++], sizeof names[0], "%.*s", (int)l, *e);
+    }
+  for (int i = 0; i < n; i++)
+    unsetenv(names[i]);
+  char buf[PATH_MAX + 4096];
+  setenv("COGPU_TEST_TMPDIR", tmpdir, 1);
+  snprintf(buf, sizeof buf, "%s/state", tmpdir);
+  setenv("COGPU_STATE_DIR", buf, 1);
+  setenv("COGPU_CONFIG", "", 1);
+  setenv("COGPU_LOG", "error", 1);
+  setenv("FAKE_NVML_GPUS", "16G", 1);
+  snprintf(buf, sizeof buf, "%s:%s", builddir, getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+  setenv("PATH", buf, 1);
+}
+
+static int run_one(const test_t *t) {
+  snprintf(tmpdir, sizeof tmpdir, "%s/cogpu-test-%d-%s",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid(),
+           t->name);
+  rm_rf(tmpdir);
+  if (mkdir(tmpdir, 0700) != 0) {
+    fprintf(stderr, "mkdir %s: %s\n", tmpdir, strerror(errno));
+    return 1;
+  }
+  fflush(NULL);
+  int64_t t0 = now_ms();
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    test_env();
+    t->fn();
+    fflush(NULL);
+    _exit(0);
+  }
+  int limit = th_ms(t->timeout_s * 1000);
+  int st = 0;
+  bool timed_out = false;
+  for (;;) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid)
+      break;
+    if (now_ms() - t0 > limit) {
+      timed_out = true;
+      kill(-pid, SIGKILL);
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      break;
+    }
+    th_sleep_ms(5);
+  }
+  /* Whatever the test left running (helpers) is ended with it. */
+  kill(-pid, SIGKILL);
+  int code = timed_out ? 124 : th_exit_code(st);
+  if (code == 0 || code == TH_SKIP)
+    rm_rf(tmpdir);
+  else
+    fprintf(stderr, "# kept %s for inspection\n", tmpdir);
+  if (timed_out)
+    fprintf(stderr, "# %s timed out after %d ms\n", t->name, limit);
+  return code;
+}
+
+static bool selected(const char *name, int nf, char **filters) {
+  if (nf == 0)
+    return true;
+  for (int i = 0; i < nf; i++)
+    if (strstr(name, filters[i]))
+      return true;
+  return false;
+}
+
+int main(int argc, char **argv) {
+  if (!realpath("/proc/self/exe", selfexe))
+    snprintf(selfexe, sizeof selfexe, "%s", argv[0]);
+  snprintf(builddir, sizeof builddir, "%s", selfexe);
+  /* The binary lives in BUILD/tests/; the build directory is BUILD. */
+  for (int k = 0; k < 2; k++) {
+    char *slash = strrchr(builddir, '/');
+    if (slash)
+      *slash = 0;
+  }
+  /* The fakes are found the way the loader finds the real libraries, via
+   * LD_LIBRARY_PATH, which the loader reads only at start-up: re-execute
+   * once with it set. */
+  if (!getenv("COGPU_TEST_REEXEC")) {
+    char lp[2 * PATH_MAX + 64];
+    const char *old = getenv("LD_LIBRARY_PATH");
+    snprintf(lp, sizeof lp, "%s/tests/fakes%s%s", builddir, old ? ":" : "",
+             old ? old : "");
+    setenv("LD_LIBRARY_PATH", lp, 1);
+    setenv("COGPU_TEST_REEXEC", "1", 1);
+    execv(selfexe, argv);
+    perror("re-exec");
+    return 1;
+  }
+  if (argc >= 3 && strcmp(argv[1], "--helper") == 0) {
+    for (int i = 0; i < nhelpers; i++)
+      if (strcmp(helpers[i].name, argv[2]) == 0)
+        return helpers[i].fn(argc - 3, argv + 3);
+    fprintf(stderr, "no helper %s\n", argv[2]);
+    return 127;
+  }
+  if (argc >= 2 && strcmp(argv[1], "--list") == 0) {
+    for (int i = 0; i < ntests; i++)
+      printf("%s\t%s\n", tests[i].name, tests[i].file);
+    return 0;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  int nf = argc - 1, n = 0, pass = 0, fail = 0, skip = 0;
+  for (int i = 0; i < ntests; i++)
+    n += selected(tests[i].name, nf, argv + 1);
+  printf("TAP version 13\n1..%d\n", n);
+  int k = 0;
+  for (int i = 0; i < ntests; i++) {
+    if (!selected(tests[i].name, nf, argv + 1))
+      continue;
+    int64_t t0 = now_ms();
+    int code = run_one(&tests[i]);
+    k++;
+    if (code == 0) {
+      pass++;
+      printf("ok %d - %s (%" PRId64 " ms)\n", k, tests[i].name, now_ms() - t0);
+    } else if (code == TH_SKIP) {
+      skip++;
+      printf("ok %d - %s # SKIP\n", k, tests[i].name);
+    } else {
+      fail++;
+      printf("not ok %d - %s (exit %d)\n", k, tests[i].name, code);
+    }
+    fflush(stdout);
+  }
+  printf("%d passed, %d failed, %d skipped\n", pass, fail, skip);
+  return fail ? 1 : 0;
+}

@@ -1,0 +1,131 @@
+/*
+ * task.h: the cogpu test harness. Tests are `TEST_IMPL(name) { ... }` in
+ * tests/<kind>/test-<module>.c; the runner runs each in its own process
+ * with a timeout, a fresh temporary directory and a private node state.
+ * Multi-process tests re-execute the same binary as a named helper
+ * (`HELPER_IMPL(name)`), so no extra binaries are needed.
+ */
+#ifndef COGPU_TASK_H
+#define COGPU_TASK_H
+
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "cogpu.h"
+
+typedef void (*th_test_fn)(void);
+typedef int (*th_helper_fn)(int argc, char **argv);
+
+void th_register_test(const char *name, th_test_fn fn, const char *file,
+                      int timeout_s);
+void th_register_helper(const char *name, th_helper_fn fn);
+_Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define TEST_IMPL_T(name, timeout_s)                                           \
+  static void test_##name(void);                                               \
+  __attribute__((constructor)) static void th_reg_##name(void) {               \
+    th_register_test(#name, test_##name, __FILE__, timeout_s);                 \
+  }                                                                            \
+  static void test_##name(void)
+/* A test with the default timeout (30 s, times COGPU_TEST_TIMEOUT_MULTIPLIER). */
+#define TEST_IMPL(name) TEST_IMPL_T(name, 30)
+
+#define HELPER_IMPL(name)                                                      \
+  static int helper_##name(int argc, char **argv);                             \
+  __attribute__((constructor)) static void th_hreg_##name(void) {              \
+    th_register_helper(#name, helper_##name);                                  \
+  }                                                                            \
+  static int helper_##name(int argc, char **argv)
+
+#define ASSERT(c)                                                              \
+  do {                                                                         \
+    if (!(c))                                                                  \
+      th_fail(__FILE__, __LINE__, "assertion failed: %s", #c);                 \
+  } while (0)
+
+#define ASSERT_CMP_(a, op, b, T, fmt)                                          \
+  do {                                                                         \
+    T th_a_ = (T)(a), th_b_ = (T)(b);                                          \
+    if (!(th_a_ op th_b_))                                                     \
+      th_fail(__FILE__, __LINE__, "%s %s %s: %" fmt " vs %" fmt, #a, #op, #b,  \
+              th_a_, th_b_);                                                   \
+  } while (0)
+#define ASSERT_EQ(a, b) ASSERT_CMP_(a, ==, b, int64_t, PRId64)
+#define ASSERT_NE(a, b) ASSERT_CMP_(a, !=, b, int64_t, PRId64)
+#define ASSERT_LT(a, b) ASSERT_CMP_(a, <, b, int64_t, PRId64)
+#define ASSERT_LE(a, b) ASSERT_CMP_(a, <=, b, int64_t, PRId64)
+#define ASSERT_GT(a, b) ASSERT_CMP_(a, >, b, int64_t, PRId64)
+#define ASSERT_GE(a, b) ASSERT_CMP_(a, >=, b, int64_t, PRId64)
+#define ASSERT_UEQ(a, b) ASSERT_CMP_(a, ==, b, uint64_t, PRIu64)
+#define ASSERT_ULE(a, b) ASSERT_CMP_(a, <=, b, uint64_t, PRIu64)
+#define ASSERT_STREQ(a, b)                                                     \
+  do {                                                                         \
+    const char *th_sa_ = (a), *th_sb_ = (b);                                   \
+    if (strcmp(th_sa_, th_sb_) != 0)                                           \
+      th_fail(__FILE__, __LINE__, "%s == %s: \"%s\" vs \"%s\"", #a, #b,       \
+              th_sa_, th_sb_);                                                 \
+  } while (0)
+#define ASSERT_CONTAINS(hay, needle)                                           \
+  do {                                                                         \
+    const char *th_h_ = (hay), *th_n_ = (needle);                              \
+    if (!th_h_ || !strstr(th_h_, th_n_))                                       \
+      th_fail(__FILE__, __LINE__, "\"%s\" not found in: %s", th_n_,           \
+              th_h_ ? th_h_ : "(null)");                                       \
+  } while (0)
+/* rc must be 0; prints cogpu's message otherwise. */
+#define ASSERT_OK(rc)                                                          \
+  do {                                                                         \
+    int th_rc_ = (rc);                                                         \
+    if (th_rc_ != 0)                                                           \
+      th_fail(__FILE__, __LINE__, "%s = %d (%s): %s", #rc, th_rc_,            \
+              cogpu_err_name(th_rc_), cogpu_last_error());                     \
+  } while (0)
+
+/* Exit code that marks a test as skipped. */
+#define TH_SKIP 77
+#define SKIP(...)                                                              \
+  do {                                                                         \
+    fprintf(stderr, "skip: " __VA_ARGS__);                                     \
+    fputc('\n', stderr);                                                       \
+    exit(TH_SKIP);                                                             \
+  } while (0)
+
+/* The test's private temporary directory (removed after the test). */
+const char *th_tmpdir(void);
+/* Path of a file inside th_tmpdir(); returns a static buffer per call slot
+ * (up to 8 live at once). */
+const char *th_path(const char *name);
+/* Directory holding the built binaries (cogpu, fakes). */
+const char *th_build_dir(void);
+/* Write `text` to the file at `path` (created or truncated). */
+void th_write_file(const char *path, const char *text);
+
+/* Start this binary as helper `name` with the given arguments (NULL-ended),
+ * inheriting the environment. Returns the pid. */
+pid_t th_spawn_helper(const char *name, const char *const args[]);
+/* Wait for pid at most timeout_ms; on timeout kill it (SIGKILL) and fail the
+ * test. Returns the raw wait status. */
+int th_wait(pid_t pid, int timeout_ms);
+/* Exit code of a child that exited normally, or 128+signal. */
+int th_exit_code(int wstatus);
+
+/* Run argv (argv[0] found in PATH or given as a path) with extra environment
+ * entries ("K=V", NULL-ended; "K=" with nothing after unsets K), capturing
+ * stdout and stderr (each NUL-terminated, truncated to its buffer). Fails
+ * the test if it runs longer than timeout_ms. Returns the exit code
+ * (128+signal if killed). */
+int th_run(const char *const argv[], const char *const env[], char *out,
+           size_t outlen, char *err, size_t errlen, int timeout_ms);
+
+/* Milliseconds scaled by COGPU_TEST_TIMEOUT_MULTIPLIER (for slow sanitizer
+ * builds). */
+int th_ms(int ms);
+/* Sleep for ms milliseconds. */
+void th_sleep_ms(int ms);
+
+#endif /* COGPU_TASK_H */

@@ -1,0 +1,35 @@
+/*
+ * cli.h: shared pieces of the `cogpu` command: subcommand entry points,
+ * message helpers and the JSON writer.
+ */
+#ifndef COGPU_CLI_H
+#define COGPU_CLI_H
+
+#include <stdio.h>
+
+#include "internal.h"
+
+/* Exit codes of cogpu itself (a command run by `cogpu run` keeps its own). */
+#define CLI_EXIT_USAGE 2     /* bad flags or arguments */
+#define CLI_EXIT_FAIL 125    /* cogpu could not do it (see message) */
+#define CLI_EXIT_NOEXEC 126  /* the command cannot be executed */
+#define CLI_EXIT_NOTFOUND 127
+
+int cli_run(int argc, char **argv);
+int cli_status(int argc, char **argv);
+int cli_doctor(int argc, char **argv);
+int cli_reset(int argc, char **argv);
+int cli_config(int argc, char **argv);
+
+/* "cogpu: <message>" on stderr. */
+void cli_err(const char *fmt, ...) COGPU_PRINTF(1, 2);
+/* Report a failed library call with cogpu's message; returns CLI_EXIT_FAIL. */
+int cli_fail(const char *what, int rc);
+/* Load the configuration, reporting errors; returns 0 or CLI_EXIT_FAIL. */
+int cli_config_load(cogpu__config_t *cfg);
+
+/* Minimal JSON writer: strings are escaped; `first` tracks commas. */
+void json_str(FILE *f, const char *s);
+void json_key(FILE *f, int *first, const char *key);
+
+#endif /* COGPU_CLI_H */

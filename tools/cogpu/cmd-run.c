@@ -1,0 +1,298 @@
+/*
+ * cmd-run.c: `cogpu run`: reserve, run the command on the reserved GPU,
+ * release when it ends. cogpu stays the command's parent so that the
+ * reservation lives exactly as long as the command: it forwards signals
+ * sent to it and exits with the command's status (re-raising a fatal
+ * signal), and if cogpu itself is killed the reservation is reclaimed.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+typedef struct run_opts_s {
+  uint64_t mem;
+  const char *gpu;
+  long priority;
+  int64_t timeout_ms;
+  bool exclusive;
+  const char *job_id;
+  char **cmd;
+} run_opts_t;
+
+static int run_usage(const char *msg, const char *arg) {
+  cli_err("run: %s%s%s", msg, arg ? " " : "", arg ? arg : "");
+  fputs("usage: cogpu run [--mem SIZE] [--gpu auto|INDEX|UUID] [--priority N]"
+        " [--timeout DURATION] [--exclusive] [--job-id ID] -- COMMAND "
+        "[ARGS]\n",
+        stderr);
+  return CLI_EXIT_USAGE;
+}
+
+static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
+                     run_opts_t *o) {
+  static const struct option longopts[] = {
+      {"mem", required_argument, NULL, 'm'},
+      {"gpu", required_argument, NULL, 'g'},
+      {"priority", required_argument, NULL, 'p'},
+      {"timeout", required_argument, NULL, 't'},
+      {"exclusive", no_argument, NULL, 'x'},
+      {"job-id", required_argument, NULL, 'j'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  *o = (run_opts_t){.gpu = "auto",
+                    .timeout_ms = cfg->v[COGPU_OPT_TIMEOUT].i,
+                    .job_id = getenv("SLURM_JOB_ID")};
+  int c;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+    int rc = 0;
+    if (c == 'm') {
+      rc = cogpu__parse_size("--mem", optarg, &o->mem);
+      if (rc == 0 && o->mem == 0)
+        return run_usage("--mem must be more than 0 bytes", NULL);
+    }
+    else if (c == 'g')
+      o->gpu = optarg;
+    else if (c == 'p')
+      rc = cogpu__parse_int("--priority", optarg, -1000, 1000, &o->priority);
+    else if (c == 't')
+      rc = cogpu__parse_duration_ms("--timeout", optarg, &o->timeout_ms);
+    else if (c == 'x')
+      o->exclusive = true;
+    else if (c == 'j')
+      o->job_id = optarg;
+    else if (c == 'h')
+      return run_usage("help", NULL);
+    else
+      return run_usage("unknown or incomplete option",
+                       argv[optind - 1]);
+    if (rc) {
+      cli_err("run: %s", cogpu_last_error());
+      return CLI_EXIT_USAGE;
+    }
+  }
+  if (optind >= argc)
+    return run_usage("no command given", NULL);
+  o->cmd = argv + optind;
+  return 0;
+}
+
+static void run_cmdline(char **cmd, char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int i = 0; cmd[i] && n + 1 < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? " " : "", cmd[i]);
+}
+
+/* Prints the one "waiting" line if the reservation has not been granted
+ * within a moment, with the queue position as the node sees it. */
+typedef struct notifier_s {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  cogpu_t *h;
+  uint64_t bytes;
+  bool exclusive;
+} notifier_t;
+
+static void notify_waiting(notifier_t *n) {
+  cogpu_status_t *st;
+  if (cogpu_status(n->h, &st) != 0)
+    return;
+  for (size_t g = 0; g < st->ngpus; g++)
+    for (size_t i = 0; i < st->gpus[g].nwaiting; i++) {
+      cogpu_waiter_info_t *w = &st->gpus[g].waiting[i];
+      if (!w->own)
+        continue;
+      char need[32], fr[32], cap[32];
+      cogpu_gpu_info_t *gi = &st->gpus[g];
+      uint64_t free_b = gi->capacity_bytes > gi->reserved_bytes
+                            ? gi->capacity_bytes - gi->reserved_bytes
+                            : 0;
+      cli_err("waiting for %s on %s%d: position %d of %zu in the queue "
+              "(policy %s; %s free of %s)",
+              n->exclusive ? "exclusive use"
+                           : cogpu__fmt_size(n->bytes, need, sizeof need),
+              w->gpu == COGPU_GPU_AUTO ? "any GPU; on GPU " : "GPU ",
+              gi->index, w->position, gi->nwaiting, st->policy,
+              cogpu__fmt_size(free_b, fr, sizeof fr),
+              cogpu__fmt_size(gi->capacity_bytes, cap, sizeof cap));
+      cogpu_status_free(st);
+      return;
+    }
+  cogpu_status_free(st);
+}
+
+static void *notifier_main(void *arg) {
+  notifier_t *n = arg;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += 200 * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&n->mu);
+  while (!n->done)
+    if (pthread_cond_timedwait(&n->cv, &n->mu, &ts) == ETIMEDOUT)
+      break;
+  bool done = n->done;
+  pthread_mutex_unlock(&n->mu);
+  if (!done)
+    notify_waiting(n);
+  return NULL;
+}
+
+static int run_reserve(cogpu_t *h, const run_opts_t *o, int *gpu) {
+  *gpu = COGPU_GPU_AUTO;
+  if (strcmp(o->gpu, "auto") != 0) {
+    int rc = cogpu_gpu_lookup(h, o->gpu, gpu);
+    if (rc)
+      return cli_fail("run: --gpu", rc);
+  }
+  if (o->mem == 0 && !o->exclusive)
+    return 0;
+  cogpu_request_t req = {.gpu = *gpu,
+                         .bytes = o->mem,
+                         .priority = (int)o->priority,
+                         .timeout_ms = o->timeout_ms,
+                         .flags = o->exclusive ? COGPU_REQ_EXCLUSIVE : 0};
+  notifier_t n = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false,
+                  h, o->mem, o->exclusive};
+  pthread_t th;
+  bool started = pthread_create(&th, NULL, notifier_main, &n) == 0;
+  int rc = cogpu_reserve(h, &req, gpu);
+  pthread_mutex_lock(&n.mu);
+  n.done = true;
+  pthread_cond_signal(&n.cv);
+  pthread_mutex_unlock(&n.mu);
+  if (started)
+    pthread_join(th, NULL);
+  if (rc == 0 && o->mem && o->exclusive) {
+    req.flags = 0;
+    req.gpu = *gpu;
+    rc = cogpu_reserve(h, &req, gpu);
+  }
+  if (rc)
+    return cli_fail("run: cannot reserve GPU memory", rc);
+  return 0;
+}
+
+static volatile sig_atomic_t run_child = 0;
+
+/* Forward signals sent to cogpu (kill, a batch system) to the command.
+ * Signals from the terminal already reach the command, which shares our
+ * process group: forwarding those would deliver them twice. */
+static void run_forward(int sig, siginfo_t *si, void *uc) {
+  (void)uc;
+  if (run_child > 0 && (si == NULL || si->si_code != SI_KERNEL))
+    kill(run_child, sig);
+}
+
+static const int run_fwd_signals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
+                                      SIGUSR1, SIGUSR2, SIGCONT, SIGWINCH};
+
+static void run_signals(bool install) {
+  struct sigaction sa = {0};
+  if (install) {
+    sa.sa_sigaction = run_forward;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  } else {
+    sa.sa_handler = SIG_DFL;
+  }
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(run_fwd_signals); i++)
+    sigaction(run_fwd_signals[i], &sa, NULL);
+}
+
+static void run_env(cogpu_t *h, int gpu, uint64_t mem) {
+  if (gpu < 0)
+    return;
+  cogpu_status_t *st;
+  char buf[32];
+  if (cogpu_status(h, &st) == 0) {
+    setenv("CUDA_VISIBLE_DEVICES", st->gpus[gpu].uuid, 1);
+    cogpu_status_free(st);
+  }
+  snprintf(buf, sizeof buf, "%d", gpu);
+  setenv("COGPU_GPU", buf, 1);
+  snprintf(buf, sizeof buf, "%llu", (unsigned long long)mem);
+  setenv("COGPU_RESERVED_BYTES", buf, 1);
+}
+
+static int run_exec(char **cmd) {
+  pid_t pid = fork();
+  if (pid < 0) {
+    cli_err("run: fork: %s", strerror(errno));
+    return -1;
+  }
+  if (pid == 0) {
+    run_signals(false);
+    execvp(cmd[0], cmd);
+    int e = errno;
+    cli_err("run: cannot run '%s': %s", cmd[0], strerror(e));
+    _exit(e == ENOENT ? CLI_EXIT_NOTFOUND : CLI_EXIT_NOEXEC);
+  }
+  run_child = pid;
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  run_child = 0;
+  return st;
+}
+
+/* Exit as the command did: same code, or the same fatal signal. */
+static int run_exit_like(int st) {
+  if (WIFEXITED(st))
+    return WEXITSTATUS(st);
+  int sig = WTERMSIG(st);
+  signal(sig, SIG_DFL);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  sigprocmask(SIG_UNBLOCK, &set, NULL);
+  raise(sig);
+  return 128 + sig;
+}
+
+int cli_run(int argc, char **argv) {
+  cogpu__config_t cfg;
+  int rc = cli_config_load(&cfg);
+  if (rc)
+    return rc;
+  run_opts_t o;
+  rc = run_parse(argc, argv, &cfg, &o);
+  if (rc)
+    return rc;
+  char cmdline[128];
+  run_cmdline(o.cmd, cmdline, sizeof cmdline);
+  cogpu_attach_opts_t ao = {.priority = (int)o.priority,
+                            .job_id = o.job_id,
+                            .command = cmdline};
+  cogpu_t *h;
+  rc = cogpu_attach(&ao, &h);
+  if (rc)
+    return cli_fail("run: cannot attach to the node ledger", rc);
+  int gpu;
+  rc = run_reserve(h, &o, &gpu);
+  if (rc) {
+    cogpu_detach(h);
+    return rc;
+  }
+  run_env(h, gpu, o.mem);
+  run_signals(true);
+  int st = run_exec(o.cmd);
+  run_signals(false);
+  cogpu_detach(h);
+  if (st == -1)
+    return CLI_EXIT_FAIL;
+  return run_exit_like(st);
+}

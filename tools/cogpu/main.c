@@ -1,0 +1,100 @@
+/*
+ * main.c: the `cogpu` command: dispatches to one file per subcommand.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char usage[] =
+    "usage: cogpu COMMAND [OPTIONS]\n"
+    "\n"
+    "  run [--mem SIZE] [--gpu auto|INDEX|UUID] [--priority N]\n"
+    "      [--timeout DURATION] [--exclusive] [--job-id ID] -- COMMAND [ARGS]\n"
+    "                 reserve GPU memory (waiting if needed), run COMMAND on\n"
+    "                 that GPU, release when it ends\n"
+    "  status [--json] [--watch[=SECONDS]] [--count N]\n"
+    "                 GPUs, clients, wait queues and the policy\n"
+    "  doctor         check NVML, the configuration and the node state\n"
+    "  reset [--force]\n"
+    "                 remove the node state (admin); refuses while in use\n"
+    "  config [--list|--explain]\n"
+    "                 every option with its default / its value and source\n"
+    "  version        print the version\n"
+    "\n"
+    "SIZE: bytes or K/M/G/T (binary): 512M, 12G, 12GiB.\n"
+    "DURATION: 0 (do not wait), 500ms, 30s, 5m, 2h, inf.\n";
+
+void cli_err(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("cogpu: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+int cli_fail(const char *what, int rc) {
+  const char *msg = cogpu_last_error();
+  cli_err("%s: %s", what, *msg ? msg : cogpu_strerror(rc));
+  return CLI_EXIT_FAIL;
+}
+
+int cli_config_load(cogpu__config_t *cfg) {
+  int rc = cogpu__config_load(cfg);
+  if (rc)
+    return cli_fail("configuration", rc);
+  return 0;
+}
+
+void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; s && *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      fprintf(f, "\\%c", c);
+    else if (c < 0x20)
+      fprintf(f, "\\u%04x", c);
+    else
+      fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+void json_key(FILE *f, int *first, const char *key) {
+  if (!*first)
+    fputc(',', f);
+  *first = 0;
+  json_str(f, key);
+  fputc(':', f);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(usage, stderr);
+    return CLI_EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+  } cmds[] = {{"run", cli_run},       {"status", cli_status},
+              {"doctor", cli_doctor}, {"reset", cli_reset},
+              {"config", cli_config}};
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
+    if (strcmp(cmd, cmds[i].name) == 0)
+      return cmds[i].fn(argc - 1, argv + 1);
+  if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+    printf("cogpu %s\n", COGPU_VERSION_STRING);
+    return 0;
+  }
+  if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  cli_err("unknown command '%s'", cmd);
+  fputs(usage, stderr);
+  return CLI_EXIT_USAGE;
+}
