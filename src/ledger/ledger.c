@@ -122,6 +122,8 @@ int ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
     return cogpu__seterr(-ENOMEM, "out of memory");
   h->fd = -1;
   int rc = cogpu__config_load(&h->cfg);
+  if (rc == 0 && h->cfg.v[COGPU_OPT_LOG].source != COGPU_SRC_DEFAULT)
+    cogpu__log_set_level((int)h->cfg.v[COGPU_OPT_LOG].i);
   if (rc == 0)
     rc = ledger_shm_open(h);
   if (rc != 0) {

@@ -122,8 +122,8 @@ void ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
   atomic_store_explicit(&hd->tx_n, n + 1, memory_order_release);
   atomic_signal_fence(memory_order_seq_cst);
   *(volatile uint64_t *)field = value;
-  if (n == 1)
-    cogpu__fault(COGPU_FP_TX_MIDDLE);
+  if (n == 0)
+    cogpu__fault(COGPU_FP_TX_MIDDLE); /* first store done, others not */
 }
 
 void ledger_tx_commit(struct cogpu_s *h) {

@@ -49,7 +49,8 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
     if (wt->gpu != COGPU_GPU_AUTO && wt->gpu != (int64_t)g)
       continue;
     /* An "any GPU" waiter is listed where it could ever be served. */
-    if (!wt->exclusive && wt->bytes > ledger_capacity(&h->st->hdr.gpus[g]))
+    if (wt->gpu == COGPU_GPU_AUTO && !wt->exclusive &&
+        wt->bytes > ledger_capacity(&h->st->hdr.gpus[g]))
       continue;
     ledger_slot_t *sl = &h->st->slots[wt->slot];
     cogpu_waiter_info_t *w = &gi->waiting[gi->nwaiting++];

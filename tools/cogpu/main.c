@@ -46,6 +46,8 @@ int cli_config_load(cogpu__config_t *cfg) {
   int rc = cogpu__config_load(cfg);
   if (rc)
     return cli_fail("configuration", rc);
+  if (cfg->v[COGPU_OPT_LOG].source != COGPU_SRC_DEFAULT)
+    cogpu__log_set_level((int)cfg->v[COGPU_OPT_LOG].i);
   return 0;
 }
 

@@ -1,0 +1,125 @@
+/*
+ * ledger-helpers.c: see ledger-helpers.h.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "ledger-helpers.h"
+
+cogpu_t *lt_attach(int priority) {
+  cogpu_attach_opts_t o = {.priority = priority};
+  cogpu_t *h = NULL;
+  ASSERT_OK(cogpu_attach(&o, &h));
+  return h;
+}
+
+cogpu_status_t *lt_status(void) {
+  cogpu_status_t *st = NULL;
+  ASSERT_OK(cogpu_status(NULL, &st));
+  return st;
+}
+
+size_t lt_nwaiting(int g) {
+  cogpu_status_t *st = lt_status();
+  size_t n = st->gpus[g].nwaiting;
+  cogpu_status_free(st);
+  return n;
+}
+
+static size_t lt_nclients(int g) {
+  cogpu_status_t *st = lt_status();
+  size_t n = st->gpus[g].nclients;
+  cogpu_status_free(st);
+  return n;
+}
+
+void lt_wait_nwaiting(int g, size_t n, int timeout_ms) {
+  for (int t = 0; t < th_ms(timeout_ms); t += 5) {
+    if (lt_nwaiting(g) == n)
+      return;
+    th_sleep_ms(5);
+  }
+  th_fail(__FILE__, __LINE__, "GPU %d: %zu waiters, expected %zu", g,
+          lt_nwaiting(g), n);
+}
+
+void lt_wait_nclients(int g, size_t n, int timeout_ms) {
+  for (int t = 0; t < th_ms(timeout_ms); t += 5) {
+    if (lt_nclients(g) == n)
+      return;
+    th_sleep_ms(5);
+  }
+  th_fail(__FILE__, __LINE__, "GPU %d: %zu clients, expected %zu", g,
+          lt_nclients(g), n);
+}
+
+uint64_t lt_reserved_by(int g, const char *cmd) {
+  cogpu_status_t *st = lt_status();
+  uint64_t b = 0;
+  for (size_t i = 0; i < st->gpus[g].nclients; i++)
+    if (strcmp(st->gpus[g].clients[i].command, cmd) == 0)
+      b += st->gpus[g].clients[i].reserved_bytes;
+  cogpu_status_free(st);
+  return b;
+}
+
+void lt_check_invariants(void) {
+  cogpu_status_t *st = lt_status();
+  for (size_t g = 0; g < st->ngpus; g++) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < st->gpus[g].nclients; i++)
+      sum += st->gpus[g].clients[i].reserved_bytes;
+    ASSERT_UEQ(sum, st->gpus[g].reserved_bytes);
+    ASSERT_ULE(st->gpus[g].reserved_bytes, st->gpus[g].capacity_bytes);
+  }
+  cogpu_status_free(st);
+}
+
+pid_t lt_hold(const char *name, int gpu, uint64_t bytes, int prio,
+              int64_t timeout_ms, int hold_ms) {
+  char a[5][32];
+  snprintf(a[0], 32, "%d", gpu);
+  snprintf(a[1], 32, "%llu", (unsigned long long)bytes);
+  snprintf(a[2], 32, "%d", prio);
+  snprintf(a[3], 32, "%lld", (long long)timeout_ms);
+  snprintf(a[4], 32, "%d", hold_ms);
+  const char *args[] = {name, a[0], a[1], a[2], a[3], a[4], NULL};
+  return th_spawn_helper("hold", args);
+}
+
+HELPER_IMPL(hold) {
+  if (argc < 6)
+    return 99;
+  cogpu_attach_opts_t o = {.priority = atoi(argv[3]), .command = argv[0]};
+  cogpu_t *h;
+  if (cogpu_attach(&o, &h) != 0) {
+    fprintf(stderr, "hold %s: attach: %s\n", argv[0], cogpu_last_error());
+    return HOLD_OTHER;
+  }
+  uint64_t bytes = strtoull(argv[2], NULL, 10);
+  cogpu_request_t r = {.gpu = atoi(argv[1]),
+                       .bytes = bytes,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = atoll(argv[4]),
+                       .flags = bytes ? 0 : COGPU_REQ_EXCLUSIVE};
+  int gpu, rc = cogpu_reserve(h, &r, &gpu);
+  if (rc == -ETIMEDOUT)
+    return HOLD_TIMEDOUT;
+  if (rc == -EAGAIN)
+    return HOLD_AGAIN;
+  if (rc != 0) {
+    fprintf(stderr, "hold %s: reserve: %s\n", argv[0], cogpu_last_error());
+    return HOLD_OTHER;
+  }
+  int hold_ms = atoi(argv[5]);
+  if (hold_ms < 0)
+    for (int i = 0; i < 600; i++) /* bounded: 60 s */
+      th_sleep_ms(100);
+  else
+    th_sleep_ms(hold_ms);
+  cogpu_release(h, gpu, COGPU_ALL);
+  cogpu_detach(h);
+  return HOLD_OK;
+}

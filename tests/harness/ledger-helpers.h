@@ -1,0 +1,41 @@
+/*
+ * ledger-helpers.h: shared pieces of the ledger tests: attaching, status
+ * queries, invariant checks and the `hold` helper process (reserve, hold,
+ * release) used by the multi-process and fault tests.
+ */
+#ifndef COGPU_LEDGER_HELPERS_H
+#define COGPU_LEDGER_HELPERS_H
+
+#include "task.h"
+
+#define GiB (1024ull * 1024 * 1024)
+#define MiB (1024ull * 1024)
+
+/* Exit codes of the hold helper. */
+#define HOLD_OK 0
+#define HOLD_TIMEDOUT 10
+#define HOLD_AGAIN 11
+#define HOLD_OTHER 12
+
+cogpu_t *lt_attach(int priority);
+cogpu_status_t *lt_status(void);
+/* Waiters listed on GPU g. */
+size_t lt_nwaiting(int g);
+/* Wait (bounded) until GPU g lists exactly n waiters. */
+void lt_wait_nwaiting(int g, size_t n, int timeout_ms);
+/* Wait (bounded) until GPU g lists n clients. */
+void lt_wait_nclients(int g, size_t n, int timeout_ms);
+/* Bytes reserved on GPU g by the client whose command is `cmd`, or 0. */
+uint64_t lt_reserved_by(int g, const char *cmd);
+/* Every GPU: the clients' reservations add up to reserved_bytes, which is
+ * at most the capacity. */
+void lt_check_invariants(void);
+
+/* Start a hold helper: attaches with command `name` and `prio`, reserves
+ * `bytes` on `gpu` (-1 auto; bytes 0 = exclusive) waiting at most
+ * timeout_ms (-1 forever), holds for hold_ms (-1: until killed), releases,
+ * and exits with a HOLD_* code. */
+pid_t lt_hold(const char *name, int gpu, uint64_t bytes, int prio,
+              int64_t timeout_ms, int hold_ms);
+
+#endif

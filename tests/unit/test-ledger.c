@@ -1,0 +1,352 @@
+/*
+ * test-ledger.c: the C API in one process: attach, reserve, release,
+ * grow/shrink, exclusive use, auto placement, client limits, foreign
+ * memory, lookups and argument checking.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ledger-helpers.h"
+
+static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
+  return (cogpu_request_t){.gpu = gpu,
+                           .bytes = bytes,
+                           .priority = COGPU_PRIORITY_DEFAULT,
+                           .timeout_ms = timeout_ms};
+}
+
+TEST_IMPL(ledger_attach_creates_state) {
+  setenv("FAKE_NVML_GPUS", "16G,8G", 1);
+  cogpu_t *h = lt_attach(0);
+  ASSERT_EQ(cogpu_gpu_count(h), 2);
+  struct stat sb;
+  ASSERT_EQ(stat(th_path("state/state"), &sb), 0);
+  ASSERT_EQ(sb.st_mode & 0777, 0666);
+  cogpu_status_t *st = lt_status();
+  ASSERT_EQ(st->ngpus, 2);
+  ASSERT_STREQ(st->policy, "fifo");
+  ASSERT_UEQ(st->gpus[0].total_bytes, 16 * GiB);
+  ASSERT_UEQ(st->gpus[1].total_bytes, 8 * GiB);
+  /* Default margin: 2% of the total. */
+  ASSERT_UEQ(st->gpus[0].margin_bytes, 16 * GiB * 2 / 100);
+  ASSERT_UEQ(st->gpus[0].capacity_bytes, 16 * GiB - 16 * GiB * 2 / 100);
+  ASSERT_CONTAINS(st->gpus[1].uuid, "GPU-");
+  cogpu_status_free(st);
+  ASSERT_OK(cogpu_detach(h));
+}
+
+TEST_IMPL(ledger_reserve_release) {
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = req(0, 4 * GiB, COGPU_NOWAIT);
+  int gpu = -1;
+  ASSERT_OK(cogpu_reserve(h, &r, &gpu));
+  ASSERT_EQ(gpu, 0);
+  uint64_t held;
+  ASSERT_OK(cogpu_held(h, 0, &held));
+  ASSERT_UEQ(held, 4 * GiB);
+  /* Grow, then shrink, then release all. */
+  ASSERT_OK(cogpu_reserve(h, &r, &gpu));
+  ASSERT_OK(cogpu_held(h, 0, &held));
+  ASSERT_UEQ(held, 8 * GiB);
+  ASSERT_OK(cogpu_release(h, 0, 3 * GiB));
+  ASSERT_OK(cogpu_held(h, 0, &held));
+  ASSERT_UEQ(held, 5 * GiB);
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 5 * GiB);
+  ASSERT_EQ(st->gpus[0].nclients, 1);
+  ASSERT_UEQ(st->gpus[0].clients[0].reserved_bytes, 5 * GiB);
+  ASSERT_EQ(st->gpus[0].clients[0].pid, getpid());
+  cogpu_status_free(st);
+  ASSERT_EQ(cogpu_release(h, 0, 6 * GiB), -EINVAL);
+  ASSERT_CONTAINS(cogpu_last_error(), "held");
+  ASSERT_OK(cogpu_release(h, 0, COGPU_ALL));
+  st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  ASSERT_EQ(st->gpus[0].nclients, 0);
+  cogpu_status_free(st);
+  cogpu_detach(h);
+}
+
+TEST_IMPL(ledger_nowait_and_timeout) {
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_t *a = lt_attach(0);
+  cogpu_request_t r = req(0, 12 * GiB, COGPU_NOWAIT);
+  ASSERT_OK(cogpu_reserve(a, &r, NULL));
+  pid_t p = lt_hold("b", 0, 8 * GiB, 0, COGPU_NOWAIT, 0);
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(5000))), HOLD_AGAIN);
+  uint64_t t0 = (uint64_t)time(NULL);
+  p = lt_hold("b", 0, 8 * GiB, 0, 300, 0);
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(5000))), HOLD_TIMEDOUT);
+  ASSERT_LE((uint64_t)time(NULL) - t0, 3);
+  /* Nothing left behind by the failed requests. */
+  ASSERT_EQ(lt_nwaiting(0), 0);
+  lt_check_invariants();
+  /* Too large for the GPU at all: refused at once, whatever the timeout. */
+  r = req(0, 17 * GiB, COGPU_WAIT_FOREVER);
+  ASSERT_EQ(cogpu_reserve(a, &r, NULL), -E2BIG);
+  ASSERT_CONTAINS(cogpu_last_error(), "larger than");
+  cogpu_detach(a);
+}
+
+TEST_IMPL(ledger_waiter_served_on_release) {
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_t *a = lt_attach(0);
+  cogpu_request_t r = req(0, 12 * GiB, COGPU_NOWAIT);
+  ASSERT_OK(cogpu_reserve(a, &r, NULL));
+  pid_t p = lt_hold("b", 0, 8 * GiB, 0, COGPU_WAIT_FOREVER, -1);
+  lt_wait_nwaiting(0, 1, 5000);
+  ASSERT_UEQ(lt_reserved_by(0, "b"), 0);
+  ASSERT_OK(cogpu_release(a, 0, 4 * GiB));
+  /* Served inside the release: visible at once, no sleep needed. */
+  ASSERT_UEQ(lt_reserved_by(0, "b"), 8 * GiB);
+  ASSERT_EQ(lt_nwaiting(0), 0);
+  lt_check_invariants();
+  kill(p, SIGKILL);
+  th_wait(p, th_ms(5000));
+  cogpu_detach(a);
+}
+
+TEST_IMPL(ledger_auto_placement) {
+  setenv("FAKE_NVML_GPUS", "8G,16G,12G", 1);
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_t *h = lt_attach(0);
+  int gpu = -9;
+  cogpu_request_t r = req(COGPU_GPU_AUTO, 4 * GiB, COGPU_NOWAIT);
+  ASSERT_OK(cogpu_reserve(h, &r, &gpu));
+  ASSERT_EQ(gpu, 1); /* 16G free: the most */
+  ASSERT_OK(cogpu_reserve(h, &r, &gpu));
+  ASSERT_EQ(gpu, 1); /* 12G free on both 1 and 2: the first */
+  ASSERT_OK(cogpu_reserve(h, &r, &gpu));
+  ASSERT_EQ(gpu, 2); /* 12G on 2 vs 8G on 1 */
+  r.bytes = 11 * GiB; /* fits only on... none of 8, 8, 8 free */
+  ASSERT_EQ(cogpu_reserve(h, &r, &gpu), -EAGAIN);
+  r.bytes = 13 * GiB; /* larger than all but GPU 1: waits, not E2BIG */
+  ASSERT_EQ(cogpu_reserve(h, &r, &gpu), -EAGAIN);
+  r.bytes = 17 * GiB;
+  ASSERT_EQ(cogpu_reserve(h, &r, &gpu), -E2BIG);
+  cogpu_detach(h);
+}
+
+TEST_IMPL(ledger_exclusive) {
+  setenv("FAKE_NVML_GPUS", "16G,16G", 1);
+  cogpu_t *a = lt_attach(0);
+  cogpu_request_t r = req(0, 1 * GiB, COGPU_NOWAIT);
+  ASSERT_OK(cogpu_reserve(a, &r, NULL));
+  /* Someone else holds GPU 0: exclusive use waits or fails there. */
+  pid_t p = lt_hold("x", 0, 0, 0, COGPU_NOWAIT, 0);
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(5000))), HOLD_AGAIN);
+  /* Auto exclusive takes the idle GPU 1. */
+  p = lt_hold("x", COGPU_GPU_AUTO, 0, 0, COGPU_NOWAIT, -1);
+  lt_wait_nclients(1, 1, 5000);
+  cogpu_status_t *st = lt_status();
+  ASSERT(st->gpus[1].exclusive);
+  ASSERT(st->gpus[1].clients[0].exclusive);
+  cogpu_status_free(st);
+  /* Nobody else may reserve on an exclusively held GPU. */
+  r.gpu = 1;
+  ASSERT_EQ(cogpu_reserve(a, &r, NULL), -EAGAIN);
+  kill(p, SIGKILL);
+  th_wait(p, th_ms(5000));
+  /* Its death ends the exclusive use. */
+  r.timeout_ms = th_ms(5000);
+  ASSERT_OK(cogpu_reserve(a, &r, NULL));
+  /* Own exclusive use on a GPU we already hold memory on. */
+  r = (cogpu_request_t){.gpu = 0, .timeout_ms = 0, .flags = COGPU_REQ_EXCLUSIVE};
+  ASSERT_OK(cogpu_reserve(a, &r, NULL));
+  st = lt_status();
+  ASSERT(st->gpus[0].exclusive);
+  cogpu_status_free(st);
+  ASSERT_OK(cogpu_release(a, 0, COGPU_ALL));
+  st = lt_status();
+  ASSERT(!st->gpus[0].exclusive);
+  ASSERT_EQ(st->gpus[0].nclients, 0);
+  cogpu_status_free(st);
+  cogpu_detach(a);
+}
+
+TEST_IMPL(ledger_max_clients) {
+  setenv("COGPU_MAX_CLIENTS", "2", 1);
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = req(0, 1 * GiB, COGPU_NOWAIT);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  pid_t p = lt_hold("second", 0, 1 * GiB, 0, COGPU_NOWAIT, -1);
+  lt_wait_nclients(0, 2, 5000);
+  pid_t q = lt_hold("third", 0, 1 * GiB, 0, COGPU_NOWAIT, 0);
+  ASSERT_EQ(th_exit_code(th_wait(q, th_ms(5000))), HOLD_AGAIN);
+  /* A client already on the GPU may grow. */
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  q = lt_hold("third", 0, 1 * GiB, 0, COGPU_WAIT_FOREVER, 0);
+  lt_wait_nwaiting(0, 1, 5000);
+  kill(p, SIGKILL);
+  th_wait(p, th_ms(5000));
+  /* The third is served once the second's slot is reclaimed. */
+  ASSERT_EQ(th_exit_code(th_wait(q, th_ms(10000))), HOLD_OK);
+  cogpu_detach(h);
+}
+
+TEST_IMPL(ledger_foreign_memory) {
+  setenv("COGPU_MARGIN", "0", 1);
+  setenv("COGPU_FOREIGN_REFRESH", "100ms", 1);
+  th_write_file(th_path("procs"), "0 999999 6442450944\n"); /* 6 GiB */
+  setenv("FAKE_NVML_PROCS", th_path("procs"), 1);
+  cogpu_t *h = lt_attach(0);
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].foreign_bytes, 6 * GiB);
+  ASSERT_UEQ(st->gpus[0].capacity_bytes, 10 * GiB);
+  cogpu_status_free(st);
+  cogpu_request_t r = req(0, 12 * GiB, COGPU_NOWAIT);
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -EAGAIN);
+  /* Our own process is known, not foreign. */
+  char line[64];
+  snprintf(line, sizeof line, "0 %d 1073741824\n", (int)getpid());
+  th_write_file(th_path("procs"), line);
+  th_sleep_ms(150);
+  st = lt_status();
+  ASSERT_UEQ(st->gpus[0].foreign_bytes, 0);
+  cogpu_status_free(st);
+  /* A waiter is served when foreign memory goes away. */
+  th_write_file(th_path("procs"), "0 999999 6442450944\n");
+  th_sleep_ms(150);
+  cogpu_status_free(lt_status());
+  r.timeout_ms = th_ms(10000);
+  pid_t p = lt_hold("w", 0, 12 * GiB, 0, th_ms(10000), 0);
+  lt_wait_nwaiting(0, 1, 5000);
+  th_write_file(th_path("procs"), "");
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), HOLD_OK);
+  cogpu_detach(h);
+}
+
+TEST_IMPL(ledger_lookup) {
+  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  cogpu_t *h = lt_attach(0);
+  int g = -1;
+  ASSERT_OK(cogpu_gpu_lookup(h, "1", &g));
+  ASSERT_EQ(g, 1);
+  cogpu_status_t *st = lt_status();
+  ASSERT_OK(cogpu_gpu_lookup(h, st->gpus[1].uuid, &g));
+  ASSERT_EQ(g, 1);
+  char prefix[40];
+  snprintf(prefix, sizeof prefix, "%.*s", 36, st->gpus[0].uuid);
+  ASSERT_OK(cogpu_gpu_lookup(h, st->gpus[0].uuid, &g));
+  ASSERT_EQ(g, 0);
+  ASSERT_EQ(cogpu_gpu_lookup(h, "GPU-fa4e", &g), -ENODEV); /* ambiguous */
+  ASSERT_CONTAINS(cogpu_last_error(), "more than one");
+  ASSERT_EQ(cogpu_gpu_lookup(h, "2", &g), -ENODEV);
+  ASSERT_EQ(cogpu_gpu_lookup(h, "GPU-nope", &g), -ENODEV);
+  ASSERT_EQ(cogpu_gpu_lookup(h, "", &g), -EINVAL);
+  cogpu_status_free(st);
+  cogpu_detach(h);
+}
+
+TEST_IMPL(ledger_bad_arguments) {
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = req(0, 1 * GiB, COGPU_NOWAIT);
+  ASSERT_EQ(cogpu_reserve(NULL, &r, NULL), -EINVAL);
+  ASSERT_EQ(cogpu_reserve(h, NULL, NULL), -EINVAL);
+  r.gpu = 5;
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -ENODEV);
+  r.gpu = -2;
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -ENODEV);
+  r.gpu = 0;
+  r.bytes = 0;
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -EINVAL);
+  r.bytes = 1;
+  r.timeout_ms = -5;
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -EINVAL);
+  r.timeout_ms = 0;
+  r.flags = 0x80;
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -EINVAL);
+  ASSERT_EQ(cogpu_release(h, 3, 1), -ENODEV);
+  ASSERT_EQ(cogpu_release(h, 0, 1), -EINVAL);
+  uint64_t b;
+  ASSERT_EQ(cogpu_held(h, 0, NULL), -EINVAL);
+  ASSERT_EQ(cogpu_held(NULL, 0, &b), -EINVAL);
+  ASSERT_EQ(cogpu_attach(NULL, NULL), -EINVAL);
+  ASSERT_EQ(cogpu_status(NULL, NULL), -EINVAL);
+  ASSERT_EQ(cogpu_detach(NULL), -EINVAL);
+  lt_check_invariants();
+  cogpu_detach(h);
+}
+
+TEST_IMPL(ledger_no_nvml) {
+  setenv("FAKE_NVML_FAIL", "init", 1);
+  cogpu_t *h = NULL;
+  ASSERT_EQ(cogpu_attach(NULL, &h), COGPU_ENVML);
+  ASSERT_CONTAINS(cogpu_last_error(), "nvmlInit");
+  ASSERT(h == NULL);
+}
+
+TEST_IMPL(ledger_bad_config) {
+  setenv("COGPU_POLICY", "lifo", 1);
+  cogpu_t *h = NULL;
+  ASSERT_EQ(cogpu_attach(NULL, &h), COGPU_ECONFIG);
+  ASSERT_CONTAINS(cogpu_last_error(), "COGPU_POLICY");
+}
+
+TEST_IMPL(ledger_fork_child_reattaches) {
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = req(0, 8 * GiB, COGPU_NOWAIT);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  pid_t pid = fork();
+  if (pid == 0) {
+    /* The parent's handle is not the child's. */
+    if (cogpu_reserve(h, &r, NULL) != -EINVAL)
+      _exit(1);
+    cogpu_t *c;
+    if (cogpu_attach(NULL, &c) != 0)
+      _exit(2);
+    r.bytes = 4 * GiB;
+    if (cogpu_reserve(c, &r, NULL) != 0)
+      _exit(3);
+    _exit(0); /* implicit detach at exit */
+  }
+  ASSERT_EQ(th_exit_code(th_wait(pid, th_ms(5000))), 0);
+  /* The child's exit released its own reservation, not ours. */
+  uint64_t held;
+  ASSERT_OK(cogpu_held(h, 0, &held));
+  ASSERT_UEQ(held, 8 * GiB);
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 8 * GiB);
+  cogpu_status_free(st);
+  cogpu_detach(h);
+}
+
+/* Many threads of one process reserving and releasing at once. */
+static cogpu_t *thr_h;
+static void *thr_main(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 2000; i++) {
+    cogpu_request_t r = req(0, 1 * GiB, COGPU_WAIT_FOREVER);
+    if (cogpu_reserve(thr_h, &r, NULL) != 0)
+      return (void *)1;
+    if (cogpu_release(thr_h, 0, 1 * GiB) != 0)
+      return (void *)2;
+  }
+  return NULL;
+}
+
+TEST_IMPL(ledger_threads) {
+  setenv("COGPU_MARGIN", "0", 1);
+  setenv("FAKE_NVML_GPUS", "4G", 1);
+  thr_h = lt_attach(0);
+  pthread_t t[8];
+  for (int i = 0; i < 8; i++)
+    ASSERT_EQ(pthread_create(&t[i], NULL, thr_main, NULL), 0);
+  for (int i = 0; i < 8; i++) {
+    void *ret;
+    pthread_join(t[i], &ret);
+    ASSERT(ret == NULL);
+  }
+  uint64_t held;
+  ASSERT_OK(cogpu_held(thr_h, 0, &held));
+  ASSERT_UEQ(held, 0);
+  lt_check_invariants();
+  cogpu_detach(thr_h);
+}
