@@ -217,6 +217,7 @@ int main(int argc, char **argv) {
     list = "1,2,4,8,16,32,64";
   uint64_t duration_ns =
       (uint64_t)bench_env_long("BENCH_DURATION_MS", 1000) * 1000000u;
+  alarm(300); /* last resort if a child wedges (run.sh bounds it too) */
   uint64_t clock_ns = bench_clock_overhead_ns();
 
   uncontended(clock_ns);

@@ -1,0 +1,67 @@
+#!/bin/sh
+# run.sh: runs every benchmark built by `make bench` against the fake NVML
+# test double, on a private, throw-away node state.
+#
+# Usage: B=build bench/run.sh [> bench/results/DATE-DESC.jsonl]
+#   B          build directory holding bench/ and tests/fakes/ (build)
+#   BENCH_OUT  also append the JSON lines to this file
+#   BENCH_*    knobs of the individual benchmarks (see each bench-*.c)
+# Prints one JSON object per line on stdout; progress goes to stderr.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+B=${B:-build}
+case $B in
+/*) bdir=$B ;;
+*) bdir=$root/$B ;;
+esac
+fake=$bdir/tests/fakes
+if [ ! -e "$fake/libnvidia-ml.so.1" ] || [ ! -d "$bdir/bench" ]; then
+	echo "run.sh: $bdir has no benchmarks or fake NVML: run 'make bench'" >&2
+	exit 2
+fi
+
+# A private state directory: benchmarks must neither see nor disturb a real
+# node's ledger, and must not start from a previous run's leftovers.
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-bench.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+export LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export COGPU_STATE_DIR="$tmp/state"
+export COGPU_CONFIG=    # set and empty: read no config file
+export FAKE_NVML_GPUS=80G
+export COGPU_LOG=error
+
+# The commit the library was built from; "-dirty" when its sources differ
+# from it, so a result is never credited to a commit it did not come from.
+if [ -z "${COGPU_BENCH_COMMIT:-}" ]; then
+	COGPU_BENCH_COMMIT=$(git -C "$root" rev-parse --short HEAD 2>/dev/null ||
+		echo unknown)
+	if [ "$COGPU_BENCH_COMMIT" != unknown ] &&
+		[ -n "$(git -C "$root" status --porcelain -- src include Makefile 2>/dev/null)" ]; then
+		COGPU_BENCH_COMMIT=$COGPU_BENCH_COMMIT-dirty
+	fi
+fi
+export COGPU_BENCH_COMMIT
+
+status=0
+for bin in "$bdir"/bench/bench-*; do
+	[ -x "$bin" ] || continue
+	name=$(basename "$bin")
+	echo "run.sh: $name" >&2
+	rm -rf "$COGPU_STATE_DIR"
+	# Bounded: a wedged benchmark fails the suite instead of hanging it.
+	# Output goes through a file so that its exit status is not lost in a
+	# pipeline (POSIX sh has no pipefail).
+	if ! timeout -k 5 150 "$bin" >"$tmp/out"; then
+		echo "run.sh: $name failed" >&2
+		status=1
+	fi
+	cat "$tmp/out"
+	if [ -n "${BENCH_OUT:-}" ]; then
+		cat "$tmp/out" >>"$BENCH_OUT"
+	fi
+done
+exit $status
