@@ -49,7 +49,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 .PHONY: all lib cli tests check check-all bench install uninstall clean \
         format format-check
 
-all: lib cli tests $(B)/cogpu.pc
+all: lib cli tests
 
 lib: $(B)/libcogpu.a $(B)/libcogpu.so
 cli: $(B)/cogpu
@@ -86,6 +86,8 @@ $(B)/bench/%: bench/%.c bench/bench.h $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/libcogpu.a $(LDLIBS)
 
+# Made at install time: it records PREFIX, which may differ between runs.
+.PHONY: $(B)/cogpu.pc
 $(B)/cogpu.pc: cogpu.pc.in
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
@@ -96,8 +98,11 @@ $(B)/cogpu.pc: cogpu.pc.in
 TEST_WRAP := $(if $(filter tsan,$(SAN)),$(shell setarch -R true 2>/dev/null && echo setarch -R),)
 TEST_MULT := $(if $(SAN),4,1)
 
+SAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+           UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
 check: all
-	COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) $(TEST_WRAP) $(B)/tests/run-tests $(T)
+	$(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) $(TEST_WRAP) $(B)/tests/run-tests $(T)
 
 check-all:
 	$(MAKE) check
