@@ -113,8 +113,7 @@ static void child(shared_t *sh, int idx, uint64_t *samples, size_t cap) {
   cogpu_t *h;
   int rc = cogpu_attach(NULL, &h);
   if (rc) {
-    fprintf(stderr, "bench: child %d: attach: %s\n", idx,
-            cogpu_last_error());
+    fprintf(stderr, "bench: child %d: attach: %s\n", idx, cogpu_last_error());
     me->failed = 1;
     atomic_fetch_add(&sh->ready, 1);
     bench_futex_wake(&sh->ready);

@@ -26,10 +26,10 @@
 #include "cogpu.h"
 
 typedef struct shared_s {
-  _Atomic uint32_t a_ready; /* round A is set up for (A holds its share) */
+  _Atomic uint32_t a_ready;  /* round A is set up for (A holds its share) */
   _Atomic uint32_t b_asking; /* round B is about to request in */
-  _Atomic uint32_t b_done;  /* round B finished */
-  _Atomic uint32_t word;    /* baseline: the futex B sleeps on */
+  _Atomic uint32_t b_done;   /* round B finished */
+  _Atomic uint32_t word;     /* baseline: the futex B sleeps on */
   _Atomic uint32_t failed;
   _Atomic uint64_t t0; /* A's stamp just before releasing / waking */
   uint64_t *sleeps;    /* per round: times B slept inside cogpu_reserve */
@@ -84,8 +84,7 @@ static void wait_asleep(pid_t pid) {
 
 static int reap(pid_t pid) {
   int ws;
-  return waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) &&
-                 WEXITSTATUS(ws) == 0
+  return waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0
              ? 0
              : -1;
 }
@@ -230,8 +229,7 @@ static int futex_baseline(uint32_t rounds, uint64_t clock_ns) {
   if (reap(pid))
     return -1;
   bench_stats_t s = bench_stats(sh->lat, rounds);
-  bench_emit("futex_wakeup_baseline", 2, &s, "\"clock_ns\":%" PRIu64,
-             clock_ns);
+  bench_emit("futex_wakeup_baseline", 2, &s, "\"clock_ns\":%" PRIu64, clock_ns);
   munmap(sh, sizeof *sh + rounds * sizeof(uint64_t));
   return 0;
 }

@@ -213,8 +213,8 @@ bench_emit(const char *bench, int procs, const bench_stats_t *st,
   fprintf(f,
           ",\"procs\":%d,\"n\":%zu,\"min_ns\":%" PRIu64
           ",\"median_ns\":%" PRIu64 ",\"p90_ns\":%" PRIu64
-          ",\"p99_ns\":%" PRIu64 ",\"p999_ns\":%" PRIu64
-          ",\"max_ns\":%" PRIu64 ",\"mean_ns\":%.1f",
+          ",\"p99_ns\":%" PRIu64 ",\"p999_ns\":%" PRIu64 ",\"max_ns\":%" PRIu64
+          ",\"mean_ns\":%.1f",
           procs, st->n, st->min, st->median, st->p90, st->p99, st->p999,
           st->max, st->mean);
   if (extra_fmt) {

@@ -37,7 +37,7 @@ extern "C" {
 
 /* Error codes that have no errno equivalent (XX(name, value, message)). */
 #define COGPU_ERRNO_MAP(XX)                                                    \
-  XX(ESTATE, -4001, "node state is corrupt or from an incompatible version")  \
+  XX(ESTATE, -4001, "node state is corrupt or from an incompatible version")   \
   XX(ENVML, -4002, "NVML (libnvidia-ml.so.1) is unavailable")                  \
   XX(ENOGPU, -4003, "no GPU on this node")                                     \
   XX(ECONFIG, -4004, "invalid configuration")                                  \
@@ -84,11 +84,11 @@ COGPU_API int cogpu_detach(cogpu_t *h);
 
 /* --- Reserving --------------------------------------------------------- */
 
-#define COGPU_GPU_AUTO (-1)         /* the GPU with most free capacity that fits */
-#define COGPU_WAIT_FOREVER (-1)     /* timeout_ms: wait without bound */
-#define COGPU_NOWAIT 0              /* timeout_ms: fail with -EAGAIN at once */
+#define COGPU_GPU_AUTO (-1)     /* the GPU with most free capacity that fits */
+#define COGPU_WAIT_FOREVER (-1) /* timeout_ms: wait without bound */
+#define COGPU_NOWAIT 0          /* timeout_ms: fail with -EAGAIN at once */
 #define COGPU_PRIORITY_DEFAULT INT32_MIN /* use the handle's priority */
-#define COGPU_ALL UINT64_MAX        /* cogpu_release: everything on the GPU */
+#define COGPU_ALL UINT64_MAX /* cogpu_release: everything on the GPU */
 
 #define COGPU_REQ_EXCLUSIVE 0x1u /* the whole GPU: nobody else may reserve */
 
@@ -164,11 +164,11 @@ typedef struct cogpu_gpu_info_s {
   char name[96];
   uint64_t total_bytes;
   uint64_t margin_bytes;
-  uint64_t foreign_bytes;   /* held by processes cogpu does not know */
-  uint64_t capacity_bytes;  /* total - margin - foreign */
-  uint64_t reserved_bytes;  /* sum of clients' reservations */
-  int max_clients;          /* 0: unlimited */
-  bool exclusive;           /* held exclusively by one client */
+  uint64_t foreign_bytes;  /* held by processes cogpu does not know */
+  uint64_t capacity_bytes; /* total - margin - foreign */
+  uint64_t reserved_bytes; /* sum of clients' reservations */
+  int max_clients;         /* 0: unlimited */
+  bool exclusive;          /* held exclusively by one client */
   size_t nclients;
   cogpu_client_info_t *clients;
   size_t nwaiting;

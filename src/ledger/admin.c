@@ -62,8 +62,7 @@ int cogpu__ledger_reset(const cogpu__config_t *cfg, bool force, int *live) {
                          "exit, outside the new queue)",
                          *live, path);
   if (unlink(path) != 0)
-    return cogpu__seterr(-errno, "cannot remove %s: %s", path,
-                         strerror(errno));
+    return cogpu__seterr(-errno, "cannot remove %s: %s", path, strerror(errno));
   cogpu__log(COGPU_LOG_INFO, "removed node state %s", path);
   return 0;
 }
@@ -87,7 +86,7 @@ const char *cogpu__ledger_check(const cogpu__config_t *cfg, char *why,
     snprintf(why, len, "%s has layout version %u, this cogpu reads %u", path,
              hd.version, LEDGER_VERSION);
   else if (size != (off_t)sizeof(ledger_state_t) ||
-           hd.checksum != ledger_checksum(&hd))
+           hd.checksum != cogpu__ledger_checksum(&hd))
     snprintf(why, len, "%s is corrupt (size or checksum)", path);
   else
     return NULL;

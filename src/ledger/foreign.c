@@ -75,7 +75,7 @@ static bool foreign_claim(struct cogpu_s *h, bool force) {
   return atomic_compare_exchange_strong(&hd->foreign_at_ns, &last, now);
 }
 
-void ledger_foreign_refresh(struct cogpu_s *h, bool force) {
+void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (!foreign_claim(h, force))
     return;
   static __thread int pids[LEDGER_MAX_SLOTS];
@@ -98,16 +98,16 @@ void ledger_foreign_refresh(struct cogpu_s *h, bool force) {
       if (!pid_known(pids, np, (int)procs[i].pid))
         foreign[g] += procs[i].used;
   }
-  ledger_lock(h);
+  cogpu__ledger_lock(h);
   bool grew = false;
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (hd->gpus[g].foreign == foreign[g])
       continue;
     grew |= foreign[g] < hd->gpus[g].foreign;
-    ledger_tx_set(h, &hd->gpus[g].foreign, foreign[g]);
-    ledger_tx_commit(h);
+    cogpu__ledger_tx_set(h, &hd->gpus[g].foreign, foreign[g]);
+    cogpu__ledger_tx_commit(h);
   }
   if (grew)
-    ledger_serve(h);
-  ledger_unlock(h);
+    cogpu__ledger_serve(h);
+  cogpu__ledger_unlock(h);
 }

@@ -119,7 +119,7 @@ typedef struct ledger_hdr_s {
   _Atomic uint64_t tx_n;
   ledger_txent_t tx[LEDGER_TX_MAX];
   uint64_t next_ticket;
-  uint64_t nwaiting; /* derived: waiters in W_WAITING */
+  uint64_t nwaiting;              /* derived: waiters in W_WAITING */
   _Atomic uint64_t foreign_at_ns; /* last NVML refresh (monotonic) */
   _Atomic uint64_t repairs;       /* times a dead holder was recovered */
   ledger_gpu_t gpus[LEDGER_MAX_GPUS];
@@ -147,53 +147,56 @@ struct cogpu_s {
 /* --- shm.c: the state file ---------------------------------------------- */
 /* Open (creating if needed) and map the node state per cfg; claims a slot
  * for h (h->st, h->fd, h->slot, h->gen set). */
-int ledger_shm_open(struct cogpu_s *h);
-void ledger_shm_close(struct cogpu_s *h);
-uint64_t ledger_checksum(const ledger_hdr_t *hdr);
+int cogpu__ledger_shm_open(struct cogpu_s *h);
+void cogpu__ledger_shm_close(struct cogpu_s *h);
+uint64_t cogpu__ledger_checksum(const ledger_hdr_t *hdr);
 /* Is any client slot of the file behind fd locked by a live process? */
-int ledger_shm_in_use(int fd, bool *in_use);
+int cogpu__ledger_shm_in_use(int fd, bool *in_use);
 
-/* --- lock.c: lock, undo log, liveness, repair ------------------------------ */
-void ledger_lock(struct cogpu_s *h);
-void ledger_unlock(struct cogpu_s *h);
-bool ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen);
-void ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value);
-void ledger_tx_commit(struct cogpu_s *h);
+/* --- lock.c: lock, undo log, liveness, repair ------------------------------
+ */
+void cogpu__ledger_lock(struct cogpu_s *h);
+void cogpu__ledger_unlock(struct cogpu_s *h);
+bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen);
+void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value);
+void cogpu__ledger_tx_commit(struct cogpu_s *h);
 /* Roll back a dead holder's transaction and recompute derived counters. */
-void ledger_repair(struct cogpu_s *h);
+void cogpu__ledger_repair(struct cogpu_s *h);
 /* Free one slot: its reservations, exclusivity and waiters. */
-void ledger_slot_free(struct cogpu_s *h, uint32_t s);
+void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s);
 /* Free the slots of dead clients (and their waiters); returns how many. */
-int ledger_sweep(struct cogpu_s *h);
+int cogpu__ledger_sweep(struct cogpu_s *h);
 
 /* --- policy.c: who is served ---------------------------------------------- */
-uint64_t ledger_capacity(const ledger_gpu_t *g);
+uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g);
 /* Can `bytes` (or exclusive use) be granted on GPU gi to slot now? */
-bool ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
-                 uint64_t bytes, bool exclusive);
+bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+                        uint64_t bytes, bool exclusive);
 /* Grant to `slot` on GPU gi (transactional; no commit). */
-void ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
-                  uint64_t bytes, bool exclusive);
+void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+                         uint64_t bytes, bool exclusive);
 /* Serve every waiter the node's policy allows now, waking each. */
-void ledger_serve(struct cogpu_s *h);
+void cogpu__ledger_serve(struct cogpu_s *h);
 /* Service order of the waiting waiters (indices), per policy; returns n. */
-size_t ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
+size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
 
 /* --- ledger.c ---------------------------------------------------------- */
 /* Attach; an observer claims a slot (to take the lock) but is not listed as
  * a client. */
-int ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
-                  struct cogpu_s **out);
+int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
+                         struct cogpu_s **out);
 
 /* --- wait.c: sleeping and waking ----------------------------------------- */
 /* Sleep until *word != val or timeout_ms passes (-1 = no bound). */
-void ledger_futex_wait(_Atomic uint32_t *word, uint32_t val, int64_t timeout_ms);
-void ledger_futex_wake(_Atomic uint32_t *word, int n);
+void cogpu__ledger_futex_wait(_Atomic uint32_t *word, uint32_t val,
+                              int64_t timeout_ms);
+void cogpu__ledger_futex_wake(_Atomic uint32_t *word, int n);
 
-/* --- foreign.c: memory held by processes cogpu does not know --------------- */
+/* --- foreign.c: memory held by processes cogpu does not know ---------------
+ */
 /* Refresh every GPU's foreign bytes from NVML if older than the node's
  * interval (or always when force); takes and releases the lock itself. */
-void ledger_foreign_refresh(struct cogpu_s *h, bool force);
+void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force);
 
 #define LEDGER_OFF(h, ptr) ((uint64_t)((char *)(ptr) - (char *)(h)->st))
 

@@ -19,8 +19,12 @@ static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct cogpu_s *handles;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
-static void fork_prepare(void) { pthread_mutex_lock(&handles_mu); }
-static void fork_parent(void) { pthread_mutex_unlock(&handles_mu); }
+static void fork_prepare(void) {
+  pthread_mutex_lock(&handles_mu);
+}
+static void fork_parent(void) {
+  pthread_mutex_unlock(&handles_mu);
+}
 
 /* The child must not keep its parent's liveness lock alive: closing its
  * copy of the descriptor does not release the lock (the parent's copy holds
@@ -111,8 +115,8 @@ static void warn_node_settings(struct cogpu_s *h) {
                p->s, p->where, cogpu_policy_name((int)h->st->hdr.policy));
 }
 
-int ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
-                  struct cogpu_s **out) {
+int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
+                         struct cogpu_s **out) {
   cogpu__clearerr();
   if (!out)
     return cogpu__seterr(-EINVAL, "cogpu_attach: out is NULL");
@@ -125,24 +129,24 @@ int ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
   if (rc == 0 && h->cfg.v[COGPU_OPT_LOG].source != COGPU_SRC_DEFAULT)
     cogpu__log_set_level((int)h->cfg.v[COGPU_OPT_LOG].i);
   if (rc == 0)
-    rc = ledger_shm_open(h);
+    rc = cogpu__ledger_shm_open(h);
   if (rc != 0) {
     free(h);
     return rc;
   }
   cogpu__fault(COGPU_FP_ATTACH);
   h->priority = opts ? opts->priority : 0;
-  ledger_lock(h);
+  cogpu__ledger_lock(h);
   if (h->st->slots[h->slot].state == SLOT_ACTIVE)
-    ledger_slot_free(h, h->slot); /* left by a dead previous owner */
-  ledger_sweep(h);
+    cogpu__ledger_slot_free(h, h->slot); /* left by a dead previous owner */
+  cogpu__ledger_sweep(h);
   if (!observer) {
     slot_fill(h, opts);
-    ledger_tx_set(h, &h->st->slots[h->slot].state, SLOT_ACTIVE);
-    ledger_tx_commit(h);
+    cogpu__ledger_tx_set(h, &h->st->slots[h->slot].state, SLOT_ACTIVE);
+    cogpu__ledger_tx_commit(h);
   }
-  ledger_serve(h);
-  ledger_unlock(h);
+  cogpu__ledger_serve(h);
+  cogpu__ledger_unlock(h);
   if (!observer)
     warn_node_settings(h);
   handles_add(h);
@@ -151,7 +155,7 @@ int ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
 }
 
 int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out) {
-  return ledger_attach(opts, false, out);
+  return cogpu__ledger_attach(opts, false, out);
 }
 
 static int check_handle(cogpu_t *h) {
@@ -169,12 +173,12 @@ int cogpu_detach(cogpu_t *h) {
     return cogpu__seterr(-EINVAL, "invalid cogpu handle");
   handles_remove(h);
   if (!h->forked && h->st) {
-    ledger_lock(h);
-    ledger_slot_free(h, h->slot);
-    ledger_serve(h);
-    ledger_unlock(h);
+    cogpu__ledger_lock(h);
+    cogpu__ledger_slot_free(h, h->slot);
+    cogpu__ledger_serve(h);
+    cogpu__ledger_unlock(h);
   }
-  ledger_shm_close(h);
+  cogpu__ledger_shm_close(h);
   free(h);
   return 0;
 }
@@ -227,8 +231,8 @@ int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes) {
   if (rc == 0 && !bytes)
     rc = cogpu__seterr(-EINVAL, "bytes is NULL");
   if (rc == 0)
-    *bytes = __atomic_load_n(&h->st->slots[h->slot].held[gpu],
-                             __ATOMIC_RELAXED);
+    *bytes =
+        __atomic_load_n(&h->st->slots[h->slot].held[gpu], __ATOMIC_RELAXED);
   return rc;
 }
 
@@ -242,33 +246,32 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_gpu_t *g = &hd->gpus[gpu];
   ledger_slot_t *s = &h->st->slots[h->slot];
-  ledger_lock(h);
+  cogpu__ledger_lock(h);
   uint64_t held = s->held[gpu];
   bool all = bytes == COGPU_ALL;
   bool excl = g->excl_slot == h->slot + 1;
   if (all)
     bytes = held;
   if (bytes > held) {
-    ledger_unlock(h);
-    return cogpu__seterr(-EINVAL,
-                         "cannot release %llu bytes on GPU %d: %llu held",
-                         (unsigned long long)bytes, gpu,
-                         (unsigned long long)held);
+    cogpu__ledger_unlock(h);
+    return cogpu__seterr(
+        -EINVAL, "cannot release %llu bytes on GPU %d: %llu held",
+        (unsigned long long)bytes, gpu, (unsigned long long)held);
   }
   bool ends_excl = all && excl;
   if (bytes) {
-    ledger_tx_set(h, &s->held[gpu], held - bytes);
-    ledger_tx_set(h, &g->reserved, g->reserved - bytes);
+    cogpu__ledger_tx_set(h, &s->held[gpu], held - bytes);
+    cogpu__ledger_tx_set(h, &g->reserved, g->reserved - bytes);
   }
   if (ends_excl)
-    ledger_tx_set(h, &g->excl_slot, 0);
+    cogpu__ledger_tx_set(h, &g->excl_slot, 0);
   bool was_client = held > 0 || excl;
   bool is_client = held > bytes || (excl && !ends_excl);
   if (was_client && !is_client)
-    ledger_tx_set(h, &g->nclients, g->nclients - 1);
-  ledger_tx_commit(h);
-  ledger_serve(h);
-  ledger_unlock(h);
+    cogpu__ledger_tx_set(h, &g->nclients, g->nclients - 1);
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_serve(h);
+  cogpu__ledger_unlock(h);
   return 0;
 }
 
@@ -280,17 +283,16 @@ __attribute__((destructor)) static void ledger_at_exit(void) {
   for (struct cogpu_s *h = handles; h; h = h->next) {
     if (h->forked || !h->st)
       continue;
-    ledger_lock(h);
-    ledger_slot_free(h, h->slot);
-    ledger_serve(h);
-    ledger_unlock(h);
+    cogpu__ledger_lock(h);
+    cogpu__ledger_slot_free(h, h->slot);
+    cogpu__ledger_serve(h);
+    cogpu__ledger_unlock(h);
   }
   pthread_mutex_unlock(&handles_mu);
 }
 
 const char *cogpu_policy_name(int policy) {
-  static const char *names[] = {"fifo", "mmu", "priority-fifo",
-                                "priority-mmu"};
+  static const char *names[] = {"fifo", "mmu", "priority-fifo", "priority-mmu"};
   if (policy < 0 || policy >= (int)COGPU_ARRAY_SIZE(names))
     return "unknown";
   return names[policy];

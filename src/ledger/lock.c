@@ -21,7 +21,7 @@ static uint32_t lockw_make(uint32_t slot, uint32_t gen) {
   return (slot + 1) | ((gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
 }
 
-bool ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen) {
+bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen) {
   if (slot >= LEDGER_MAX_SLOTS)
     return false;
   ledger_slot_t *s = &h->st->slots[slot];
@@ -46,16 +46,15 @@ static bool lock_owner_dead(struct cogpu_s *h, uint32_t w) {
   uint32_t slot1 = w & LOCKW_SLOT_MASK;
   if (slot1 == 0)
     return false;
-  return !ledger_slot_alive(h, slot1 - 1, w >> LOCKW_GEN_SHIFT);
+  return !cogpu__ledger_slot_alive(h, slot1 - 1, w >> LOCKW_GEN_SHIFT);
 }
 
-void ledger_lock(struct cogpu_s *h) {
+void cogpu__ledger_lock(struct cogpu_s *h) {
   _Atomic uint32_t *lk = &h->st->hdr.lock;
   uint32_t me = lockw_make(h->slot, h->gen);
   uint32_t cur = 0;
-  if (atomic_compare_exchange_strong_explicit(lk, &cur, me,
-                                              memory_order_acquire,
-                                              memory_order_relaxed))
+  if (atomic_compare_exchange_strong_explicit(
+          lk, &cur, me, memory_order_acquire, memory_order_relaxed))
     goto locked;
   uint64_t since = cogpu__now_ns();
   for (;;) {
@@ -75,7 +74,7 @@ void ledger_lock(struct cogpu_s *h) {
         continue;
       cur = want;
     }
-    ledger_futex_wait(lk, cur, LOCK_CHECK_MS);
+    cogpu__ledger_futex_wait(lk, cur, LOCK_CHECK_MS);
     if (cogpu__now_ns() - since < (uint64_t)LOCK_CHECK_MS * 1000000u)
       continue;
     uint32_t w = atomic_load_explicit(lk, memory_order_relaxed);
@@ -87,7 +86,7 @@ void ledger_lock(struct cogpu_s *h) {
                  "ledger lock held by a dead client (slot %u): recovered",
                  (w & LOCKW_SLOT_MASK) - 1);
       atomic_fetch_add(&h->st->hdr.repairs, 1);
-      ledger_repair(h);
+      cogpu__ledger_repair(h);
       goto locked;
     }
     since = cogpu__now_ns();
@@ -96,25 +95,25 @@ locked:
   cogpu__fault(COGPU_FP_LOCK_HELD);
 }
 
-void ledger_unlock(struct cogpu_s *h) {
+void cogpu__ledger_unlock(struct cogpu_s *h) {
   cogpu__fault(COGPU_FP_BEFORE_UNLOCK);
-  uint32_t old = atomic_exchange_explicit(&h->st->hdr.lock, 0,
-                                          memory_order_release);
+  uint32_t old =
+      atomic_exchange_explicit(&h->st->hdr.lock, 0, memory_order_release);
   if (old & LOCKW_CONTENDED)
-    ledger_futex_wake(&h->st->hdr.lock, 1);
+    cogpu__ledger_futex_wake(&h->st->hdr.lock, 1);
 }
 
 /* Undo log: record the old value, publish the entry, then store. A holder
  * killed anywhere in between leaves either an entry whose store did not
  * happen (rolling it back rewrites the same value) or no entry and no
  * store. */
-void ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
+void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t n = atomic_load_explicit(&hd->tx_n, memory_order_relaxed);
   if (n >= LEDGER_TX_MAX) {
     /* Programming error; commit what we have rather than overflow. */
     cogpu__log(COGPU_LOG_ERROR, "ledger transaction too long");
-    ledger_tx_commit(h);
+    cogpu__ledger_tx_commit(h);
     n = 0;
   }
   hd->tx[n].off = LEDGER_OFF(h, field);
@@ -126,7 +125,7 @@ void ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
     cogpu__fault(COGPU_FP_TX_MIDDLE); /* first store done, others not */
 }
 
-void ledger_tx_commit(struct cogpu_s *h) {
+void cogpu__ledger_tx_commit(struct cogpu_s *h) {
   atomic_signal_fence(memory_order_seq_cst);
   atomic_store_explicit(&h->st->hdr.tx_n, 0, memory_order_release);
 }
@@ -186,59 +185,59 @@ static void repair_recount(struct cogpu_s *h) {
     gp->reserved = reserved[g];
     gp->nclients = nclients[g];
     uint64_t ex = gp->excl_slot;
-    if (ex && (ex > LEDGER_MAX_SLOTS ||
-               h->st->slots[ex - 1].state != SLOT_ACTIVE))
+    if (ex &&
+        (ex > LEDGER_MAX_SLOTS || h->st->slots[ex - 1].state != SLOT_ACTIVE))
       gp->excl_slot = 0;
   }
   hd->nwaiting = nw;
 }
 
-void ledger_repair(struct cogpu_s *h) {
+void cogpu__ledger_repair(struct cogpu_s *h) {
   repair_rollback(h);
   repair_recount(h);
 }
 
 /* Frees one dead slot: its reservations, exclusivity and waiters. */
-void ledger_slot_free(struct cogpu_s *h, uint32_t s) {
+void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     ledger_gpu_t *gp = &hd->gpus[g];
     if (sl->held[g]) {
-      ledger_tx_set(h, &gp->reserved, gp->reserved - sl->held[g]);
-      ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
-      ledger_tx_set(h, &sl->held[g], 0);
+      cogpu__ledger_tx_set(h, &gp->reserved, gp->reserved - sl->held[g]);
+      cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+      cogpu__ledger_tx_set(h, &sl->held[g], 0);
     } else if (gp->excl_slot == s + 1) {
-      ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+      cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
     }
     if (gp->excl_slot == s + 1)
-      ledger_tx_set(h, &gp->excl_slot, 0);
-    ledger_tx_commit(h);
+      cogpu__ledger_tx_set(h, &gp->excl_slot, 0);
+    cogpu__ledger_tx_commit(h);
   }
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
     if (wt->state == W_FREE || wt->slot != s)
       continue;
     if (wt->state == W_WAITING)
-      ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
-    ledger_tx_set(h, &wt->state, W_FREE);
-    ledger_tx_commit(h);
+      cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+    cogpu__ledger_tx_set(h, &wt->state, W_FREE);
+    cogpu__ledger_tx_commit(h);
   }
-  ledger_tx_set(h, &sl->state, SLOT_FREE);
-  ledger_tx_commit(h);
+  cogpu__ledger_tx_set(h, &sl->state, SLOT_FREE);
+  cogpu__ledger_tx_commit(h);
 }
 
-int ledger_sweep(struct cogpu_s *h) {
+int cogpu__ledger_sweep(struct cogpu_s *h) {
   int n = 0;
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
     if (sl->state != SLOT_ACTIVE || s == h->slot)
       continue;
-    if (ledger_slot_alive(h, s, atomic_load(&sl->gen)))
+    if (cogpu__ledger_slot_alive(h, s, atomic_load(&sl->gen)))
       continue;
     cogpu__log(COGPU_LOG_INFO, "reclaiming dead client pid %d (slot %u)",
                sl->pid, s);
-    ledger_slot_free(h, s);
+    cogpu__ledger_slot_free(h, s);
     n++;
   }
   return n;

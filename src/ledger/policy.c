@@ -14,18 +14,18 @@
 
 #include "ledger-int.h"
 
-uint64_t ledger_capacity(const ledger_gpu_t *g) {
+uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g) {
   uint64_t off = g->margin + g->foreign;
   return g->total > off ? g->total - off : 0;
 }
 
 static uint64_t gpu_free(const ledger_gpu_t *g) {
-  uint64_t cap = ledger_capacity(g);
+  uint64_t cap = cogpu__ledger_capacity(g);
   return cap > g->reserved ? cap - g->reserved : 0;
 }
 
-bool ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
-                 uint64_t bytes, bool exclusive) {
+bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+                        uint64_t bytes, bool exclusive) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_gpu_t *g = &hd->gpus[gi];
   uint64_t held = h->st->slots[slot].held[gi];
@@ -38,19 +38,19 @@ bool ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
   return bytes <= gpu_free(g);
 }
 
-void ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
-                  uint64_t bytes, bool exclusive) {
+void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+                         uint64_t bytes, bool exclusive) {
   ledger_gpu_t *g = &h->st->hdr.gpus[gi];
   ledger_slot_t *s = &h->st->slots[slot];
   bool was_client = s->held[gi] > 0 || g->excl_slot == slot + 1;
   if (exclusive)
-    ledger_tx_set(h, &g->excl_slot, slot + 1);
+    cogpu__ledger_tx_set(h, &g->excl_slot, slot + 1);
   if (bytes) {
-    ledger_tx_set(h, &s->held[gi], s->held[gi] + bytes);
-    ledger_tx_set(h, &g->reserved, g->reserved + bytes);
+    cogpu__ledger_tx_set(h, &s->held[gi], s->held[gi] + bytes);
+    cogpu__ledger_tx_set(h, &g->reserved, g->reserved + bytes);
   }
   if (!was_client)
-    ledger_tx_set(h, &g->nclients, g->nclients + 1);
+    cogpu__ledger_tx_set(h, &g->nclients, g->nclients + 1);
 }
 
 static bool policy_by_priority(uint32_t p) {
@@ -69,7 +69,7 @@ static bool queue_before(const ledger_waiter_t *a, const ledger_waiter_t *b,
   return a->ticket < b->ticket;
 }
 
-size_t ledger_queue_order(struct cogpu_s *h, uint32_t *idx) {
+size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx) {
   bool by_prio = policy_by_priority(h->st->hdr.policy);
   size_t n = 0;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
@@ -129,27 +129,28 @@ static size_t waiter_gpus(struct cogpu_s *h, const ledger_waiter_t *wt,
 static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
   ledger_waiter_t *wt = &h->st->waiters[w];
   ledger_hdr_t *hd = &h->st->hdr;
-  ledger_grant(h, g, (uint32_t)wt->slot, wt->bytes, wt->exclusive);
-  ledger_tx_set(h, (uint64_t *)&wt->granted_gpu, g);
-  ledger_tx_set(h, &wt->state, W_GRANTED);
-  ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
-  ledger_tx_commit(h);
+  cogpu__ledger_grant(h, g, (uint32_t)wt->slot, wt->bytes, wt->exclusive);
+  cogpu__ledger_tx_set(h, (uint64_t *)&wt->granted_gpu, g);
+  cogpu__ledger_tx_set(h, &wt->state, W_GRANTED);
+  cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+  cogpu__ledger_tx_commit(h);
   atomic_store_explicit(&wt->futex, 1, memory_order_release);
-  ledger_futex_wake(&wt->futex, 1);
+  cogpu__ledger_futex_wake(&wt->futex, 1);
 }
 
 /* Could the waiter ever fit on g, were everybody else gone? */
 static bool could_fit(struct cogpu_s *h, const ledger_waiter_t *wt,
                       uint32_t g) {
-  return wt->exclusive || wt->bytes <= ledger_capacity(&h->st->hdr.gpus[g]);
+  return wt->exclusive ||
+         wt->bytes <= cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
 }
 
-void ledger_serve(struct cogpu_s *h) {
+void cogpu__ledger_serve(struct cogpu_s *h) {
   ledger_hdr_t *hd = &h->st->hdr;
   if (hd->nwaiting == 0)
     return;
   uint32_t order[LEDGER_MAX_WAITERS], gpus[LEDGER_MAX_GPUS];
-  size_t n = ledger_queue_order(h, order);
+  size_t n = cogpu__ledger_queue_order(h, order);
   int64_t starving = starving_waiter(h, order, n);
   if (starving >= 0) {
     /* Move it to the front: it is served first, as under fifo. */
@@ -167,8 +168,8 @@ void ledger_serve(struct cogpu_s *h) {
     bool served = false;
     for (size_t k = 0; k < ng && !served; k++) {
       uint32_t g = gpus[k];
-      if (!blocked[g] && ledger_fits(h, g, (uint32_t)wt->slot, wt->bytes,
-                                     wt->exclusive)) {
+      if (!blocked[g] && cogpu__ledger_fits(h, g, (uint32_t)wt->slot, wt->bytes,
+                                            wt->exclusive)) {
         serve_one(h, order[i], g);
         served = true;
       }

@@ -2,8 +2,8 @@
  * reserve.c: cogpu_reserve: the fast path, the queue, and waiting.
  *
  * A request that fits while nobody waits is granted at once. Otherwise the
- * request joins the queue and the node's policy decides (ledger_serve); if it
- * is not served at once, the caller sleeps on its waiter's futex until a
+ * request joins the queue and the node's policy decides (cogpu__ledger_serve);
+ * if it is not served at once, the caller sleeps on its waiter's futex until a
  * release serves it, its timeout passes, or a housekeeping tick (reclaiming
  * dead clients, refreshing foreign memory) comes round.
  */
@@ -35,8 +35,8 @@ static int reserve_check(cogpu_t *h, const cogpu_request_t *req,
   ledger_hdr_t *hd = &h->st->hdr;
   if (req->gpu != COGPU_GPU_AUTO &&
       (req->gpu < 0 || (uint32_t)req->gpu >= hd->ngpus))
-    return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)",
-                         req->gpu, hd->ngpus);
+    return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)", req->gpu,
+                         hd->ngpus);
   r->exclusive = req->flags & COGPU_REQ_EXCLUSIVE;
   r->bytes = r->exclusive ? 0 : req->bytes;
   if (!r->exclusive && r->bytes == 0)
@@ -72,9 +72,10 @@ static int reserve_fast(cogpu_t *h, const reserve_req_t *r) {
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (r->gpu != COGPU_GPU_AUTO && (int64_t)g != r->gpu)
       continue;
-    if (!ledger_fits(h, g, h->slot, r->bytes, r->exclusive))
+    if (!cogpu__ledger_fits(h, g, h->slot, r->bytes, r->exclusive))
       continue;
-    uint64_t cap = ledger_capacity(&hd->gpus[g]), res = hd->gpus[g].reserved;
+    uint64_t cap = cogpu__ledger_capacity(&hd->gpus[g]),
+             res = hd->gpus[g].reserved;
     uint64_t fr = cap > res ? cap - res : 0;
     if (best < 0 || fr > best_free) {
       best = (int)g;
@@ -82,8 +83,8 @@ static int reserve_fast(cogpu_t *h, const reserve_req_t *r) {
     }
   }
   if (best >= 0) {
-    ledger_grant(h, (uint32_t)best, h->slot, r->bytes, r->exclusive);
-    ledger_tx_commit(h);
+    cogpu__ledger_grant(h, (uint32_t)best, h->slot, r->bytes, r->exclusive);
+    cogpu__ledger_tx_commit(h);
   }
   return best;
 }
@@ -104,11 +105,11 @@ static int64_t enqueue(cogpu_t *h, const reserve_req_t *r) {
     wt->since_ns = cogpu__now_ns();
     wt->exclusive = r->exclusive;
     wt->granted_gpu = -1;
-    ledger_tx_set(h, &wt->ticket, hd->next_ticket);
-    ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
-    ledger_tx_set(h, &hd->nwaiting, hd->nwaiting + 1);
-    ledger_tx_set(h, &wt->state, W_WAITING);
-    ledger_tx_commit(h);
+    cogpu__ledger_tx_set(h, &wt->ticket, hd->next_ticket);
+    cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
+    cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting + 1);
+    cogpu__ledger_tx_set(h, &wt->state, W_WAITING);
+    cogpu__ledger_tx_commit(h);
     return w;
   }
   return -1;
@@ -120,11 +121,11 @@ static int dequeue(cogpu_t *h, uint32_t w) {
   ledger_waiter_t *wt = &h->st->waiters[w];
   int gpu = wt->state == W_GRANTED ? (int)wt->granted_gpu : -1;
   if (wt->state == W_WAITING)
-    ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
-  ledger_tx_set(h, &wt->state, W_FREE);
-  ledger_tx_commit(h);
+    cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+  cogpu__ledger_tx_set(h, &wt->state, W_FREE);
+  cogpu__ledger_tx_commit(h);
   if (gpu < 0)
-    ledger_serve(h); /* a fifo head leaving may unblock those behind */
+    cogpu__ledger_serve(h); /* a fifo head leaving may unblock those behind */
   return gpu;
 }
 
@@ -136,62 +137,60 @@ static int64_t ms_left(uint64_t deadline_ns) {
 static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
                         int *gpu_out) {
   ledger_waiter_t *wt = &h->st->waiters[w];
-  uint64_t deadline = r->timeout_ms < 0
-                          ? UINT64_MAX
-                          : cogpu__now_ns() + (uint64_t)r->timeout_ms * 1000000u;
+  uint64_t deadline =
+      r->timeout_ms < 0 ? UINT64_MAX
+                        : cogpu__now_ns() + (uint64_t)r->timeout_ms * 1000000u;
   int64_t tick = (int64_t)h->st->hdr.sweep_interval_ms;
   cogpu__fault(COGPU_FP_WAITING);
   for (;;) {
     int64_t left = deadline == UINT64_MAX ? tick : ms_left(deadline);
-    if (atomic_load_explicit(&wt->futex, memory_order_acquire) == 0 &&
-        left > 0)
-      ledger_futex_wait(&wt->futex, 0, left < tick ? left : tick);
-    ledger_lock(h);
+    if (atomic_load_explicit(&wt->futex, memory_order_acquire) == 0 && left > 0)
+      cogpu__ledger_futex_wait(&wt->futex, 0, left < tick ? left : tick);
+    cogpu__ledger_lock(h);
     if (wt->state == W_GRANTED) {
       *gpu_out = dequeue(h, w);
-      ledger_unlock(h);
+      cogpu__ledger_unlock(h);
       cogpu__fault(COGPU_FP_GRANTED);
       return 0;
     }
     if (deadline != UINT64_MAX && ms_left(deadline) == 0) {
       dequeue(h, w);
-      ledger_unlock(h);
-      return cogpu__seterr(-ETIMEDOUT,
-                           "timed out after %lld ms waiting for %llu bytes",
-                           (long long)r->timeout_ms,
-                           (unsigned long long)r->bytes);
+      cogpu__ledger_unlock(h);
+      return cogpu__seterr(
+          -ETIMEDOUT, "timed out after %lld ms waiting for %llu bytes",
+          (long long)r->timeout_ms, (unsigned long long)r->bytes);
     }
     /* Housekeeping tick: dead clients and foreign memory may have moved. */
-    if (ledger_sweep(h))
-      ledger_serve(h);
-    ledger_unlock(h);
-    ledger_foreign_refresh(h, false);
+    if (cogpu__ledger_sweep(h))
+      cogpu__ledger_serve(h);
+    cogpu__ledger_unlock(h);
+    cogpu__ledger_foreign_refresh(h, false);
   }
 }
 
 static int reserve_slow(cogpu_t *h, const reserve_req_t *r, int *gpu_out) {
   /* Before queueing, make sure the figures are current: memory of dead
    * clients and foreign processes that went away. */
-  ledger_foreign_refresh(h, false);
-  ledger_lock(h);
-  if (ledger_sweep(h))
-    ledger_serve(h);
+  cogpu__ledger_foreign_refresh(h, false);
+  cogpu__ledger_lock(h);
+  if (cogpu__ledger_sweep(h))
+    cogpu__ledger_serve(h);
   int g = reserve_fast(h, r);
   if (g >= 0) {
-    ledger_unlock(h);
+    cogpu__ledger_unlock(h);
     *gpu_out = g;
     return 0;
   }
   int64_t w = enqueue(h, r);
   if (w < 0) {
-    ledger_unlock(h);
+    cogpu__ledger_unlock(h);
     return cogpu__seterr(-ENOSPC, "the wait queue is full (%u waiters)",
                          LEDGER_MAX_WAITERS);
   }
-  ledger_serve(h);
+  cogpu__ledger_serve(h);
   if (h->st->waiters[w].state == W_GRANTED || r->timeout_ms == 0) {
     g = dequeue(h, (uint32_t)w);
-    ledger_unlock(h);
+    cogpu__ledger_unlock(h);
     if (g >= 0) {
       *gpu_out = g;
       return 0;
@@ -199,7 +198,7 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, int *gpu_out) {
     return cogpu__seterr(-EAGAIN, "%llu bytes are not available now",
                          (unsigned long long)r->bytes);
   }
-  ledger_unlock(h);
+  cogpu__ledger_unlock(h);
   return reserve_wait(h, (uint32_t)w, r, gpu_out);
 }
 
@@ -209,9 +208,9 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
   if (rc)
     return rc;
   int g;
-  ledger_lock(h);
+  cogpu__ledger_lock(h);
   g = reserve_fast(h, &r);
-  ledger_unlock(h);
+  cogpu__ledger_unlock(h);
   if (g < 0) {
     rc = reserve_slow(h, &r, &g);
     if (rc)

@@ -89,7 +89,7 @@ int preCudaMalloc(int *device, size_t bytes, bool block) {
       .gpu = *device < 0 ? COGPU_GPU_AUTO : *device,
       .bytes = bytes,
       .priority = COGPU_PRIORITY_DEFAULT,
-      .timeout_ms = !block            ? COGPU_NOWAIT
+      .timeout_ms = !block             ? COGPU_NOWAIT
                     : sg_timeout_s > 0 ? (int64_t)sg_timeout_s * 1000
                                        : COGPU_WAIT_FOREVER,
   };

@@ -29,7 +29,7 @@ static int shm_err_errno(int e, const char *what, const char *path) {
   return cogpu__seterr(-e, "%s %s: %s", what, path, strerror(e));
 }
 
-uint64_t ledger_checksum(const ledger_hdr_t *hd) {
+uint64_t cogpu__ledger_checksum(const ledger_hdr_t *hd) {
   /* FNV-1a over the immutable part: the fixed header fields and the GPU
    * descriptors' identity. */
   uint64_t x = 1469598103934665603ull;
@@ -155,7 +155,7 @@ static int shm_init_state(struct cogpu_s *h, ledger_state_t *st) {
     gp->total = gpus[g].total;
     gp->margin = shm_margin(&c->v[COGPU_OPT_MARGIN], gpus[g].total);
   }
-  hd->checksum = ledger_checksum(hd);
+  hd->checksum = cogpu__ledger_checksum(hd);
   return 0;
 }
 
@@ -163,8 +163,8 @@ static int shm_apply_owner(int fd, const char *group, mode_t mode) {
   if (group && *group) {
     struct group *gr = getgrnam(group);
     if (!gr)
-      return cogpu__seterr(COGPU_ECONFIG,
-                           "state_group: no group named '%s'", group);
+      return cogpu__seterr(COGPU_ECONFIG, "state_group: no group named '%s'",
+                           group);
     if (fchown(fd, (uid_t)-1, gr->gr_gid) != 0)
       return cogpu__seterr(-errno, "cannot give the state to group %s: %s",
                            group, strerror(errno));
@@ -181,8 +181,7 @@ static int shm_apply_owner(int fd, const char *group, mode_t mode) {
 static int shm_create(struct cogpu_s *h, mode_t mode) {
   char tmp[600];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", h->path, (int)getpid());
-  int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-                0600);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return shm_err_errno(errno, "cannot create state file", tmp);
   int rc = shm_apply_owner(fd, h->cfg.v[COGPU_OPT_STATE_GROUP].s, mode);
@@ -210,7 +209,7 @@ static int shm_create(struct cogpu_s *h, mode_t mode) {
   return rc;
 }
 
-int ledger_shm_in_use(int fd, bool *in_use) {
+int cogpu__ledger_shm_in_use(int fd, bool *in_use) {
   struct flock fl = {.l_type = F_WRLCK,
                      .l_whence = SEEK_SET,
                      .l_start = LEDGER_LOCK_BASE,
@@ -242,11 +241,12 @@ static const char *shm_validate(int fd, char *why, size_t len) {
            hd.waiter_size != sizeof(ledger_waiter_t) ||
            hd.max_slots != LEDGER_MAX_SLOTS ||
            hd.max_waiters != LEDGER_MAX_WAITERS)
-    snprintf(why, len, "its sizes do not match this build (file %lld bytes, "
-                       "expected %zu)",
+    snprintf(why, len,
+             "its sizes do not match this build (file %lld bytes, "
+             "expected %zu)",
              (long long)sb.st_size, sizeof(ledger_state_t));
   else if (hd.ngpus > LEDGER_MAX_GPUS || hd.policy >= COGPU_POLICY__COUNT ||
-           hd.checksum != ledger_checksum(&hd))
+           hd.checksum != cogpu__ledger_checksum(&hd))
     snprintf(why, len, "its header is corrupt (checksum mismatch)");
   else
     return NULL;
@@ -258,7 +258,7 @@ static const char *shm_validate(int fd, char *why, size_t len) {
  * lock held. */
 static int shm_replace_bad(struct cogpu_s *h, int fd, const char *why) {
   bool busy = true;
-  int rc = ledger_shm_in_use(fd, &busy);
+  int rc = cogpu__ledger_shm_in_use(fd, &busy);
   if (rc != 0 || busy)
     return cogpu__seterr(COGPU_ESTATE,
                          "state file %s cannot be used: %s; live processes "
@@ -376,7 +376,7 @@ static int shm_claim_slot(struct cogpu_s *h) {
                        LEDGER_MAX_SLOTS, h->path);
 }
 
-int ledger_shm_open(struct cogpu_s *h) {
+int cogpu__ledger_shm_open(struct cogpu_s *h) {
   const char *dir = h->cfg.v[COGPU_OPT_STATE_DIR].s;
   mode_t mode = (mode_t)h->cfg.v[COGPU_OPT_STATE_MODE].i;
   snprintf(h->path, sizeof h->path, "%s/state", dir);
@@ -395,11 +395,11 @@ int ledger_shm_open(struct cogpu_s *h) {
   h->st = p;
   rc = shm_claim_slot(h);
   if (rc != 0)
-    ledger_shm_close(h);
+    cogpu__ledger_shm_close(h);
   return rc;
 }
 
-void ledger_shm_close(struct cogpu_s *h) {
+void cogpu__ledger_shm_close(struct cogpu_s *h) {
   if (h->st)
     munmap(h->st, sizeof(ledger_state_t));
   h->st = NULL;

@@ -50,7 +50,7 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
       continue;
     /* An "any GPU" waiter is listed where it could ever be served. */
     if (wt->gpu == COGPU_GPU_AUTO && !wt->exclusive &&
-        wt->bytes > ledger_capacity(&h->st->hdr.gpus[g]))
+        wt->bytes > cogpu__ledger_capacity(&h->st->hdr.gpus[g]))
       continue;
     ledger_slot_t *sl = &h->st->slots[wt->slot];
     cogpu_waiter_info_t *w = &gi->waiting[gi->nwaiting++];
@@ -92,7 +92,7 @@ static int status_fill(struct cogpu_s *h, cogpu_status_t *st) {
   st->gpus = calloc(hd->ngpus ? hd->ngpus : 1, sizeof *st->gpus);
   if (!st->gpus)
     return -ENOMEM;
-  size_t n = ledger_queue_order(h, order);
+  size_t n = cogpu__ledger_queue_order(h, order);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     cogpu_gpu_info_t *gi = &st->gpus[g];
     ledger_gpu_t *gp = &hd->gpus[g];
@@ -102,7 +102,7 @@ static int status_fill(struct cogpu_s *h, cogpu_status_t *st) {
     gi->total_bytes = gp->total;
     gi->margin_bytes = gp->margin;
     gi->foreign_bytes = gp->foreign;
-    gi->capacity_bytes = ledger_capacity(gp);
+    gi->capacity_bytes = cogpu__ledger_capacity(gp);
     gi->reserved_bytes = gp->reserved;
     gi->max_clients = (int)hd->max_clients;
     gi->exclusive = gp->excl_slot != 0;
@@ -122,7 +122,7 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
     return cogpu__seterr(-EINVAL, "cogpu_status: out is NULL");
   struct cogpu_s *own = NULL;
   if (!h) {
-    int rc = ledger_attach(NULL, true, &own);
+    int rc = cogpu__ledger_attach(NULL, true, &own);
     if (rc)
       return rc;
     h = own;
@@ -132,12 +132,12 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
   cogpu_status_t *st = calloc(1, sizeof *st);
   int rc = st ? 0 : -ENOMEM;
   if (rc == 0) {
-    ledger_foreign_refresh(h, false);
-    ledger_lock(h);
-    if (ledger_sweep(h))
-      ledger_serve(h);
+    cogpu__ledger_foreign_refresh(h, false);
+    cogpu__ledger_lock(h);
+    if (cogpu__ledger_sweep(h))
+      cogpu__ledger_serve(h);
     rc = status_fill(h, st);
-    ledger_unlock(h);
+    cogpu__ledger_unlock(h);
     if (rc == 0)
       status_names(st);
   }

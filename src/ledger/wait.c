@@ -11,8 +11,8 @@
 
 #include "ledger-int.h"
 
-void ledger_futex_wait(_Atomic uint32_t *word, uint32_t val,
-                       int64_t timeout_ms) {
+void cogpu__ledger_futex_wait(_Atomic uint32_t *word, uint32_t val,
+                              int64_t timeout_ms) {
   struct timespec ts, *tp = NULL;
   if (timeout_ms >= 0) {
     ts.tv_sec = timeout_ms / 1000;
@@ -24,6 +24,6 @@ void ledger_futex_wait(_Atomic uint32_t *word, uint32_t val,
   syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, val, tp, NULL, 0);
 }
 
-void ledger_futex_wake(_Atomic uint32_t *word, int n) {
+void cogpu__ledger_futex_wake(_Atomic uint32_t *word, int n) {
   syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, n, NULL, NULL, 0);
 }

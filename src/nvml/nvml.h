@@ -14,10 +14,10 @@
 #define COGPU_NVML_MAX_GPUS 16
 
 typedef struct cogpu__gpu_desc_s {
-  unsigned index;     /* NVML index */
-  char uuid[96];      /* "GPU-..." */
-  char name[96];      /* "NVIDIA H100 80GB HBM3" */
-  uint64_t total;     /* bytes of device memory */
+  unsigned index; /* NVML index */
+  char uuid[96];  /* "GPU-..." */
+  char name[96];  /* "NVIDIA H100 80GB HBM3" */
+  uint64_t total; /* bytes of device memory */
 } cogpu__gpu_desc_t;
 
 typedef struct cogpu__gpu_proc_s {
@@ -38,7 +38,7 @@ int cogpu__nvml_discover(cogpu__gpu_desc_t *gpus, size_t max, size_t *n);
  * graphics processes, merged by pid (a pid listed by both is counted once,
  * with the larger figure). Up to `max` into procs[]; *n gets the count.
  * Returns 0 or COGPU_ENVML. */
-int cogpu__nvml_processes(unsigned index, cogpu__gpu_proc_t *procs,
-                          size_t max, size_t *n);
+int cogpu__nvml_processes(unsigned index, cogpu__gpu_proc_t *procs, size_t max,
+                          size_t *n);
 
 #endif /* COGPU_NVML_H */

@@ -78,8 +78,7 @@ TEST_IMPL(fault_dies_mid_grant_to_live_waiter) {
   ASSERT_OK(kill(rel, SIGUSR1)); /* go: release 4G */
   expect_killed(rel);
   /* The half-done grant is rolled back and redone once: exactly 8G. */
-  for (int i = 0; i < th_ms(5000) / 10 && lt_reserved_by(0, "waiter") == 0;
-       i++)
+  for (int i = 0; i < th_ms(5000) / 10 && lt_reserved_by(0, "waiter") == 0; i++)
     th_sleep_ms(10);
   ASSERT_UEQ(lt_reserved_by(0, "waiter"), 8 * GiB);
   lt_check_invariants();
@@ -175,8 +174,8 @@ HELPER_IMPL(chaos_worker) {
   }
 }
 
-static const char *chaos_faults[] = {"lock_held", "tx_middle",
-                                     "before_unlock", "waiting", "granted"};
+static const char *chaos_faults[] = {"lock_held", "tx_middle", "before_unlock",
+                                     "waiting", "granted"};
 
 static pid_t chaos_spawn(void) {
   char f[64];
@@ -234,5 +233,9 @@ static void chaos(const char *policy) {
   expect_all_free();
 }
 
-TEST_IMPL_T(fault_chaos_fifo, 120) { chaos("fifo"); }
-TEST_IMPL_T(fault_chaos_priority_mmu, 120) { chaos("priority-mmu"); }
+TEST_IMPL_T(fault_chaos_fifo, 120) {
+  chaos("fifo");
+}
+TEST_IMPL_T(fault_chaos_priority_mmu, 120) {
+  chaos("priority-mmu");
+}

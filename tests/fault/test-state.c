@@ -44,7 +44,9 @@ static void attach_expect_rebuilt(void) {
   cogpu_t *h = NULL;
   ASSERT_OK(cogpu_attach(NULL, &h));
   ASSERT_EQ(count_files("state.bad."), 1);
-  cogpu_request_t r = {.gpu = 0, .bytes = GiB, .timeout_ms = 0,
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = GiB,
+                       .timeout_ms = 0,
                        .priority = COGPU_PRIORITY_DEFAULT};
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
   lt_check_invariants();
@@ -149,7 +151,9 @@ static int user_reserve(void) {
             cogpu_last_error());
     return 11;
   }
-  cogpu_request_t r = {.gpu = 0, .bytes = GiB, .timeout_ms = 0,
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = GiB,
+                       .timeout_ms = 0,
                        .priority = COGPU_PRIORITY_DEFAULT};
   if (cogpu_reserve(h, &r, NULL))
     return 12;
@@ -274,7 +278,9 @@ static pid_t in_new_pidns(uint64_t bytes, const char *name) {
         _exit(91);
       cogpu_attach_opts_t o = {.command = name};
       cogpu_t *h;
-      cogpu_request_t r = {.gpu = 0, .bytes = bytes, .timeout_ms = 0,
+      cogpu_request_t r = {.gpu = 0,
+                           .bytes = bytes,
+                           .timeout_ms = 0,
                            .priority = COGPU_PRIORITY_DEFAULT};
       if (cogpu_attach(&o, &h) || cogpu_reserve(h, &r, NULL))
         _exit(92);

@@ -78,7 +78,9 @@ const char *th_path(const char *name) {
   return b;
 }
 
-const char *th_build_dir(void) { return builddir; }
+const char *th_build_dir(void) {
+  return builddir;
+}
 
 void th_write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
@@ -260,7 +262,8 @@ static void test_env(void) {
   setenv("COGPU_CONFIG", "", 1);
   setenv("COGPU_LOG", "error", 1);
   setenv("FAKE_NVML_GPUS", "16G", 1);
-  snprintf(buf, sizeof buf, "%s:%s", builddir, getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+  snprintf(buf, sizeof buf, "%s:%s", builddir,
+           getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
   setenv("PATH", buf, 1);
 }
 

@@ -32,7 +32,8 @@ _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
     th_register_test(#name, test_##name, __FILE__, timeout_s);                 \
   }                                                                            \
   static void test_##name(void)
-/* A test with the default timeout (30 s, times COGPU_TEST_TIMEOUT_MULTIPLIER). */
+/* A test with the default timeout (30 s, times COGPU_TEST_TIMEOUT_MULTIPLIER).
+ */
 #define TEST_IMPL(name) TEST_IMPL_T(name, 30)
 
 #define HELPER_IMPL(name)                                                      \
@@ -67,14 +68,14 @@ _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
   do {                                                                         \
     const char *th_sa_ = (a), *th_sb_ = (b);                                   \
     if (strcmp(th_sa_, th_sb_) != 0)                                           \
-      th_fail(__FILE__, __LINE__, "%s == %s: \"%s\" vs \"%s\"", #a, #b,       \
+      th_fail(__FILE__, __LINE__, "%s == %s: \"%s\" vs \"%s\"", #a, #b,        \
               th_sa_, th_sb_);                                                 \
   } while (0)
 #define ASSERT_CONTAINS(hay, needle)                                           \
   do {                                                                         \
     const char *th_h_ = (hay), *th_n_ = (needle);                              \
     if (!th_h_ || !strstr(th_h_, th_n_))                                       \
-      th_fail(__FILE__, __LINE__, "\"%s\" not found in: %s", th_n_,           \
+      th_fail(__FILE__, __LINE__, "\"%s\" not found in: %s", th_n_,            \
               th_h_ ? th_h_ : "(null)");                                       \
   } while (0)
 /* rc must be 0; prints cogpu's message otherwise. */
@@ -82,7 +83,7 @@ _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
   do {                                                                         \
     int th_rc_ = (rc);                                                         \
     if (th_rc_ != 0)                                                           \
-      th_fail(__FILE__, __LINE__, "%s = %d (%s): %s", #rc, th_rc_,            \
+      th_fail(__FILE__, __LINE__, "%s = %d (%s): %s", #rc, th_rc_,             \
               cogpu_err_name(th_rc_), cogpu_last_error());                     \
   } while (0)
 

@@ -4,12 +4,12 @@
  * the capacity. Each worker adds what it was granted to a counter in shared
  * memory while it holds it, and checks the bound itself.
  */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "ledger-helpers.h"
@@ -28,7 +28,8 @@ static shared_t *shared_map(bool create) {
   ASSERT(fd >= 0);
   if (create)
     ASSERT_EQ(ftruncate(fd, sizeof(shared_t)), 0);
-  shared_t *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  shared_t *s =
+      mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   ASSERT(s != MAP_FAILED);
   return s;
@@ -36,7 +37,8 @@ static shared_t *shared_map(bool create) {
 
 HELPER_IMPL(oversub_worker) {
   (void)argc;
-  uint64_t bytes = strtoull(argv[0], NULL, 10), cap = strtoull(argv[1], NULL, 10);
+  uint64_t bytes = strtoull(argv[0], NULL, 10),
+           cap = strtoull(argv[1], NULL, 10);
   int gpu_arg = atoi(argv[2]);
   shared_t *s = shared_map(false);
   cogpu_t *h;
@@ -44,7 +46,9 @@ HELPER_IMPL(oversub_worker) {
     return 2;
   srand((unsigned)getpid());
   for (int i = 0; i < ROUNDS; i++) {
-    cogpu_request_t r = {.gpu = gpu_arg, .bytes = bytes, .timeout_ms = 30000,
+    cogpu_request_t r = {.gpu = gpu_arg,
+                         .bytes = bytes,
+                         .timeout_ms = 30000,
                          .priority = rand() % 3};
     int gpu;
     if (cogpu_reserve(h, &r, &gpu) != 0) {
@@ -94,8 +98,12 @@ static void oversubscribe(const char *policy) {
   cogpu_status_free(end);
 }
 
-TEST_IMPL_T(mp_oversubscribe_fifo, 90) { oversubscribe("fifo"); }
-TEST_IMPL_T(mp_oversubscribe_mmu, 90) { oversubscribe("mmu"); }
+TEST_IMPL_T(mp_oversubscribe_fifo, 90) {
+  oversubscribe("fifo");
+}
+TEST_IMPL_T(mp_oversubscribe_mmu, 90) {
+  oversubscribe("mmu");
+}
 TEST_IMPL_T(mp_oversubscribe_priority_fifo, 90) {
   oversubscribe("priority-fifo");
 }

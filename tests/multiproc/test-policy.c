@@ -21,12 +21,14 @@ static cogpu_t *setup(const char *policy, waiter_t *w, size_t n) {
   setenv("COGPU_POLICY", policy, 1);
   setenv("COGPU_MARGIN", "0", 1);
   cogpu_t *h = lt_attach(0);
-  cogpu_request_t r = {.gpu = 0, .bytes = 16 * GiB, .timeout_ms = 0,
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = 16 * GiB,
+                       .timeout_ms = 0,
                        .priority = COGPU_PRIORITY_DEFAULT};
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
   for (size_t i = 0; i < n; i++) {
-    w[i].pid = lt_hold(w[i].name, 0, w[i].bytes, w[i].prio,
-                       COGPU_WAIT_FOREVER, -1);
+    w[i].pid =
+        lt_hold(w[i].name, 0, w[i].bytes, w[i].prio, COGPU_WAIT_FOREVER, -1);
     lt_wait_nwaiting(0, i + 1, 5000);
   }
   return h;
@@ -52,8 +54,8 @@ static void expect_served(waiter_t *w, size_t n, const char *want) {
 /* Queue: 12G, 8G, 4G. Release 8G, then the rest. */
 static void scenario(const char *policy, const char *after_first,
                      const char *after_all) {
-  waiter_t w[] = {{"w12", 12 * GiB, 0, 0}, {"w8", 8 * GiB, 0, 0},
-                  {"w4", 4 * GiB, 0, 0}};
+  waiter_t w[] = {
+      {"w12", 12 * GiB, 0, 0}, {"w8", 8 * GiB, 0, 0}, {"w4", 4 * GiB, 0, 0}};
   cogpu_t *h = setup(policy, w, 3);
   ASSERT_OK(cogpu_release(h, 0, 8 * GiB));
   expect_served(w, 3, after_first);
@@ -77,8 +79,8 @@ TEST_IMPL(policy_mmu_order) {
 /* Queue with priorities: 12G p0, 8G p1, 4G p5. */
 static void prio_scenario(const char *policy, const char *after_first,
                           const char *after_all) {
-  waiter_t w[] = {{"w12", 12 * GiB, 0, 0}, {"w8", 8 * GiB, 1, 0},
-                  {"w4", 4 * GiB, 5, 0}};
+  waiter_t w[] = {
+      {"w12", 12 * GiB, 0, 0}, {"w8", 8 * GiB, 1, 0}, {"w4", 4 * GiB, 5, 0}};
   cogpu_t *h = setup(policy, w, 3);
   ASSERT_OK(cogpu_release(h, 0, 8 * GiB));
   expect_served(w, 3, after_first);
@@ -135,8 +137,8 @@ TEST_IMPL(policy_mmu_without_guard_serves_small) {
 }
 
 TEST_IMPL(policy_status_positions) {
-  waiter_t w[] = {{"a", 12 * GiB, 0, 0}, {"b", 8 * GiB, 3, 0},
-                  {"c", 4 * GiB, 1, 0}};
+  waiter_t w[] = {
+      {"a", 12 * GiB, 0, 0}, {"b", 8 * GiB, 3, 0}, {"c", 4 * GiB, 1, 0}};
   cogpu_t *h = setup("priority-fifo", w, 3);
   cogpu_status_t *st = lt_status();
   ASSERT_STREQ(st->policy, "priority-fifo");

@@ -4,10 +4,10 @@
  * memory, lookups and argument checking.
  */
 #include <errno.h>
-#include <stdlib.h>
-#include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -123,7 +123,7 @@ TEST_IMPL(ledger_auto_placement) {
   ASSERT_OK(cogpu_reserve(h, &r, &gpu));
   ASSERT_EQ(gpu, 1); /* 12G free on both 1 and 2: the first */
   ASSERT_OK(cogpu_reserve(h, &r, &gpu));
-  ASSERT_EQ(gpu, 2); /* 12G on 2 vs 8G on 1 */
+  ASSERT_EQ(gpu, 2);  /* 12G on 2 vs 8G on 1 */
   r.bytes = 11 * GiB; /* fits only on... none of 8, 8, 8 free */
   ASSERT_EQ(cogpu_reserve(h, &r, &gpu), -EAGAIN);
   r.bytes = 13 * GiB; /* larger than all but GPU 1: waits, not E2BIG */
@@ -157,7 +157,8 @@ TEST_IMPL(ledger_exclusive) {
   r.timeout_ms = th_ms(5000);
   ASSERT_OK(cogpu_reserve(a, &r, NULL));
   /* Own exclusive use on a GPU we already hold memory on. */
-  r = (cogpu_request_t){.gpu = 0, .timeout_ms = 0, .flags = COGPU_REQ_EXCLUSIVE};
+  r = (cogpu_request_t){
+      .gpu = 0, .timeout_ms = 0, .flags = COGPU_REQ_EXCLUSIVE};
   ASSERT_OK(cogpu_reserve(a, &r, NULL));
   st = lt_status();
   ASSERT(st->gpus[0].exclusive);

@@ -10,9 +10,9 @@
 #include "internal.h"
 
 /* Exit codes of cogpu itself (a command run by `cogpu run` keeps its own). */
-#define CLI_EXIT_USAGE 2     /* bad flags or arguments */
-#define CLI_EXIT_FAIL 125    /* cogpu could not do it (see message) */
-#define CLI_EXIT_NOEXEC 126  /* the command cannot be executed */
+#define CLI_EXIT_USAGE 2    /* bad flags or arguments */
+#define CLI_EXIT_FAIL 125   /* cogpu could not do it (see message) */
+#define CLI_EXIT_NOEXEC 126 /* the command cannot be executed */
 #define CLI_EXIT_NOTFOUND 127
 
 int cli_run(int argc, char **argv);

@@ -63,9 +63,8 @@ static bool doctor_nvml(doctor_t *d, cogpu__gpu_desc_t *gpus, size_t *n) {
   }
   char buf[256], sz[32];
   for (size_t i = 0; i < *n; i++) {
-    snprintf(buf, sizeof buf, "GPU %u %s, %s, %s", gpus[i].index,
-             gpus[i].name, cogpu__fmt_size(gpus[i].total, sz, sizeof sz),
-             gpus[i].uuid);
+    snprintf(buf, sizeof buf, "GPU %u %s, %s, %s", gpus[i].index, gpus[i].name,
+             cogpu__fmt_size(gpus[i].total, sz, sizeof sz), gpus[i].uuid);
     doc_ok("NVML", buf);
   }
   return true;
@@ -96,8 +95,9 @@ static void doctor_state(doctor_t *d, const cogpu__config_t *cfg,
             "see the message; `cogpu reset --force` starts afresh");
     return;
   }
-  snprintf(line, sizeof line, "%s, policy %s, %zu GPU(s), %d process(es) "
-                              "attached",
+  snprintf(line, sizeof line,
+           "%s, policy %s, %zu GPU(s), %d process(es) "
+           "attached",
            st->state_path, st->policy, st->ngpus, live);
   doc_ok("state", line);
   bool same = !nvml || n == st->ngpus;
@@ -109,8 +109,9 @@ static void doctor_state(doctor_t *d, const cogpu__config_t *cfg,
             "`cogpu reset` when no job runs, so the state is rebuilt");
   const char *pol = cfg->v[COGPU_OPT_POLICY].s;
   if (strcmp(pol, st->policy) != 0) {
-    snprintf(line, sizeof line, "configured policy %s (%s) but the state "
-                                "uses %s",
+    snprintf(line, sizeof line,
+             "configured policy %s (%s) but the state "
+             "uses %s",
              pol, cfg->v[COGPU_OPT_POLICY].where, st->policy);
     doc_bad(d, "policy", line, "`cogpu reset` when no job runs");
   }

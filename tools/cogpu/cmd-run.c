@@ -58,8 +58,7 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
       rc = cogpu__parse_size("--mem", optarg, &o->mem);
       if (rc == 0 && o->mem == 0)
         return run_usage("--mem must be more than 0 bytes", NULL);
-    }
-    else if (c == 'g')
+    } else if (c == 'g')
       o->gpu = optarg;
     else if (c == 'p')
       rc = cogpu__parse_int("--priority", optarg, -1000, 1000, &o->priority);
@@ -72,8 +71,7 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
     else if (c == 'h')
       return run_usage("help", NULL);
     else
-      return run_usage("unknown or incomplete option",
-                       argv[optind - 1]);
+      return run_usage("unknown or incomplete option", argv[optind - 1]);
     if (rc) {
       cli_err("run: %s", cogpu_last_error());
       return CLI_EXIT_USAGE;
@@ -121,8 +119,8 @@ static void notify_waiting(notifier_t *n) {
               "(policy %s; %s free of %s)",
               n->exclusive ? "exclusive use"
                            : cogpu__fmt_size(n->bytes, need, sizeof need),
-              w->gpu == COGPU_GPU_AUTO ? "any GPU; on GPU " : "GPU ",
-              gi->index, w->position, gi->nwaiting, st->policy,
+              w->gpu == COGPU_GPU_AUTO ? "any GPU; on GPU " : "GPU ", gi->index,
+              w->position, gi->nwaiting, st->policy,
               cogpu__fmt_size(free_b, fr, sizeof fr),
               cogpu__fmt_size(gi->capacity_bytes, cap, sizeof cap));
       cogpu_status_free(st);
@@ -165,8 +163,12 @@ static int run_reserve(cogpu_t *h, const run_opts_t *o, int *gpu) {
                          .priority = (int)o->priority,
                          .timeout_ms = o->timeout_ms,
                          .flags = o->exclusive ? COGPU_REQ_EXCLUSIVE : 0};
-  notifier_t n = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false,
-                  h, o->mem, o->exclusive};
+  notifier_t n = {PTHREAD_MUTEX_INITIALIZER,
+                  PTHREAD_COND_INITIALIZER,
+                  false,
+                  h,
+                  o->mem,
+                  o->exclusive};
   pthread_t th;
   bool started = pthread_create(&th, NULL, notifier_main, &n) == 0;
   int rc = cogpu_reserve(h, &req, gpu);
@@ -274,9 +276,8 @@ int cli_run(int argc, char **argv) {
     return rc;
   char cmdline[128];
   run_cmdline(o.cmd, cmdline, sizeof cmdline);
-  cogpu_attach_opts_t ao = {.priority = (int)o.priority,
-                            .job_id = o.job_id,
-                            .command = cmdline};
+  cogpu_attach_opts_t ao = {
+      .priority = (int)o.priority, .job_id = o.job_id, .command = cmdline};
   cogpu_t *h;
   rc = cogpu_attach(&ao, &h);
   if (rc)

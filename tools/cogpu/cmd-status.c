@@ -94,9 +94,8 @@ static void status_json(FILE *f, const cogpu_status_t *st) {
     static const char *const keys[] = {"total_bytes", "margin_bytes",
                                        "foreign_bytes", "capacity_bytes",
                                        "reserved_bytes"};
-    const uint64_t vals[] = {g->total_bytes, g->margin_bytes,
-                             g->foreign_bytes, g->capacity_bytes,
-                             g->reserved_bytes};
+    const uint64_t vals[] = {g->total_bytes, g->margin_bytes, g->foreign_bytes,
+                             g->capacity_bytes, g->reserved_bytes};
     for (size_t k = 0; k < COGPU_ARRAY_SIZE(keys); k++) {
       json_key(f, &gf, keys[k]);
       fprintf(f, "%llu", (unsigned long long)vals[k]);

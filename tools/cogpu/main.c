@@ -82,8 +82,10 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name;
     int (*fn)(int, char **);
-  } cmds[] = {{"run", cli_run},       {"status", cli_status},
-              {"doctor", cli_doctor}, {"reset", cli_reset},
+  } cmds[] = {{"run", cli_run},
+              {"status", cli_status},
+              {"doctor", cli_doctor},
+              {"reset", cli_reset},
               {"config", cli_config}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
     if (strcmp(cmd, cmds[i].name) == 0)
