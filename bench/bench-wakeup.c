@@ -184,14 +184,26 @@ static int cogpu_wakeup(uint32_t rounds, uint64_t clock_ns) {
   /* More than one sleep in a round: woken for its grant, the waiter found
    * the ledger lock still held (the releaser wakes it before unlocking) and
    * slept again until the unlock. Counted to tell that cost apart. */
-  uint32_t resleep = 0;
-  for (uint32_t i = 0; i < rounds; i++)
-    resleep += sh->sleeps[i] > 1;
+  uint64_t *once = malloc(rounds * sizeof *once);
+  uint64_t *again = malloc(rounds * sizeof *again);
+  if (!once || !again)
+    bench_die("malloc", -ENOMEM);
+  size_t n1 = 0, n2 = 0;
+  for (uint32_t i = 0; i < rounds; i++) {
+    if (sh->sleeps[i] > 1)
+      again[n2++] = sh->lat[i];
+    else
+      once[n1++] = sh->lat[i];
+  }
+  bench_stats_t s1 = bench_stats(once, n1), s2 = bench_stats(again, n2);
   bench_stats_t s = bench_stats(sh->lat, rounds);
   bench_emit("wakeup", 2, &s,
              "\"waiter_bytes\":%" PRIu64 ",\"holder_bytes\":%" PRIu64
-             ",\"rounds_slept_again\":%" PRIu32 ",\"clock_ns\":%" PRIu64,
-             b_bytes, a_bytes, resleep, clock_ns);
+             ",\"rounds_slept_again\":%zu,\"median_ns_slept_once\":%" PRIu64
+             ",\"median_ns_slept_again\":%" PRIu64 ",\"clock_ns\":%" PRIu64,
+             b_bytes, a_bytes, n2, s1.median, s2.median, clock_ns);
+  free(once);
+  free(again);
   s = bench_stats(rel, rounds);
   bench_emit("release_with_waiter", 2, &s, "\"clock_ns\":%" PRIu64, clock_ns);
   free(rel);

@@ -44,6 +44,12 @@ if [ -z "${COGPU_BENCH_COMMIT:-}" ]; then
 		COGPU_BENCH_COMMIT=$COGPU_BENCH_COMMIT-dirty
 	fi
 fi
+# Sources edited after the library was built: the binaries are not what
+# the commit (or the tree) says.
+if [ -n "$(find "$root/src" "$root/include" -newer "$bdir/libcogpu.a" 2>/dev/null | head -n 1)" ]; then
+	echo "run.sh: warning: sources are newer than $bdir/libcogpu.a" >&2
+	COGPU_BENCH_COMMIT=$COGPU_BENCH_COMMIT-stale
+fi
 export COGPU_BENCH_COMMIT
 
 status=0

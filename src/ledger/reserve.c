@@ -168,51 +168,61 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
   }
 }
 
-static int reserve_slow(cogpu_t *h, const reserve_req_t *r, int *gpu_out) {
-  /* Before queueing, make sure the figures are current: memory of dead
-   * clients and foreign processes that went away. */
+/* The request's turn under the policy, with the lock held: join the queue
+ * and let the policy run. Returns the granted GPU (having left the queue),
+ * -1 when not served yet (*w is its waiter), or a negative error. */
+static int reserve_queue(cogpu_t *h, const reserve_req_t *r, int64_t *w) {
+  *w = enqueue(h, r);
+  if (*w < 0)
+    return cogpu__seterr(-ENOSPC, "the wait queue is full (%u waiters)",
+                         LEDGER_MAX_WAITERS);
+  cogpu__ledger_serve(h);
+  if (h->st->waiters[*w].state == W_GRANTED)
+    return dequeue(h, (uint32_t)*w);
+  return -1;
+}
+
+/* Not served at once: bring the figures up to date (memory of dead clients,
+ * foreign processes that went away) before answering "not now" or
+ * sleeping. The request stays queued meanwhile, keeping its place. */
+static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
+                        int *gpu_out) {
   cogpu__ledger_foreign_refresh(h, false);
   cogpu__ledger_lock(h);
   if (cogpu__ledger_sweep(h))
     cogpu__ledger_serve(h);
-  int g = reserve_fast(h, r);
-  if (g >= 0) {
-    cogpu__ledger_unlock(h);
-    *gpu_out = g;
-    return 0;
-  }
-  int64_t w = enqueue(h, r);
-  if (w < 0) {
-    cogpu__ledger_unlock(h);
-    return cogpu__seterr(-ENOSPC, "the wait queue is full (%u waiters)",
-                         LEDGER_MAX_WAITERS);
-  }
-  cogpu__ledger_serve(h);
   if (h->st->waiters[w].state == W_GRANTED || r->timeout_ms == 0) {
-    g = dequeue(h, (uint32_t)w);
+    int g = dequeue(h, w);
     cogpu__ledger_unlock(h);
     if (g >= 0) {
       *gpu_out = g;
       return 0;
     }
-    return cogpu__seterr(-EAGAIN, "%llu bytes are not available now",
-                         (unsigned long long)r->bytes);
+    char need[32];
+    return cogpu__seterr(-EAGAIN, "%s not available now",
+                         r->exclusive
+                             ? "exclusive use is"
+                             : cogpu__fmt_size(r->bytes, need, sizeof need));
   }
   cogpu__ledger_unlock(h);
-  return reserve_wait(h, (uint32_t)w, r, gpu_out);
+  return reserve_wait(h, w, r, gpu_out);
 }
 
 int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
-  reserve_req_t r;
+  reserve_req_t r = {0};
   int rc = reserve_check(h, req, &r);
   if (rc)
     return rc;
-  int g;
+  int64_t w = -1;
   cogpu__ledger_lock(h);
-  g = reserve_fast(h, &r);
+  int g = reserve_fast(h, &r);
+  if (g < 0)
+    g = reserve_queue(h, &r, &w);
   cogpu__ledger_unlock(h);
-  if (g < 0) {
-    rc = reserve_slow(h, &r, &g);
+  if (g < -1)
+    return g;
+  if (g == -1) {
+    rc = reserve_slow(h, &r, (uint32_t)w, &g);
     if (rc)
       return rc;
   }

@@ -154,3 +154,28 @@ TEST_IMPL(policy_status_positions) {
   cogpu_status_free(st);
   teardown(h, w, 3);
 }
+
+TEST_IMPL(policy_fifo_queues_are_per_gpu) {
+  /* A blocked head on GPU 1 does not hold up requests for GPU 0. */
+  setenv("FAKE_NVML_GPUS", "16G,16G", 1);
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = {.gpu = 1, .bytes = 16 * GiB, .timeout_ms = 0,
+                       .priority = COGPU_PRIORITY_DEFAULT};
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  pid_t p = lt_hold("blocked", 1, 8 * GiB, 0, COGPU_WAIT_FOREVER, -1);
+  lt_wait_nwaiting(1, 1, 5000);
+  r.gpu = 0;
+  r.bytes = 8 * GiB;
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  /* Auto avoids the full GPU too. */
+  r.gpu = COGPU_GPU_AUTO;
+  int g = -1;
+  ASSERT_OK(cogpu_reserve(h, &r, &g));
+  ASSERT_EQ(g, 0);
+  ASSERT_EQ(lt_nwaiting(1), 1);
+  lt_check_invariants();
+  kill(p, SIGKILL);
+  th_wait(p, th_ms(5000));
+  cogpu_detach(h);
+}
