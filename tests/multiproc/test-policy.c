@@ -51,11 +51,13 @@ static void expect_served(waiter_t *w, size_t n, const char *want) {
   ASSERT_STREQ(got, want);
 }
 
-/* Queue: 12G, 8G, 4G. Release 8G, then the rest. */
-static void scenario(const char *policy, const char *after_first,
-                     const char *after_all) {
-  waiter_t w[] = {
-      {"w12", 12 * GiB, 0, 0}, {"w8", 8 * GiB, 0, 0}, {"w4", 4 * GiB, 0, 0}};
+/* Queue 12G, 8G and 4G with the given priorities; release 8G, then the
+ * rest, checking whom the policy served after each step. */
+static void scenario(const char *policy, const int prio[3],
+                     const char *after_first, const char *after_all) {
+  waiter_t w[] = {{"w12", 12 * GiB, prio[0], 0},
+                  {"w8", 8 * GiB, prio[1], 0},
+                  {"w4", 4 * GiB, prio[2], 0}};
   cogpu_t *h = setup(policy, w, 3);
   ASSERT_OK(cogpu_release(h, 0, 8 * GiB));
   expect_served(w, 3, after_first);
@@ -64,52 +66,52 @@ static void scenario(const char *policy, const char *after_first,
   teardown(h, w, 3);
 }
 
+static const int same_prio[3] = {0, 0, 0};
+static const int rising_prio[3] = {0, 1, 5};
+
 TEST_IMPL(policy_fifo_order) {
   /* The 12G head does not fit in 8G: everyone behind it waits. Then the
    * head is served, and the 8G behind it does not fit: the 4G waits too. */
-  scenario("fifo", "000", "100");
+  scenario("fifo", same_prio, "000", "100");
 }
 
 TEST_IMPL(policy_mmu_order) {
   /* First fit: the 8G is served at once; then 12G does not fit beside it,
    * the 4G does. */
-  scenario("mmu", "010", "011");
-}
-
-/* Queue with priorities: 12G p0, 8G p1, 4G p5. */
-static void prio_scenario(const char *policy, const char *after_first,
-                          const char *after_all) {
-  waiter_t w[] = {
-      {"w12", 12 * GiB, 0, 0}, {"w8", 8 * GiB, 1, 0}, {"w4", 4 * GiB, 5, 0}};
-  cogpu_t *h = setup(policy, w, 3);
-  ASSERT_OK(cogpu_release(h, 0, 8 * GiB));
-  expect_served(w, 3, after_first);
-  ASSERT_OK(cogpu_release(h, 0, COGPU_ALL));
-  expect_served(w, 3, after_all);
-  teardown(h, w, 3);
+  scenario("mmu", same_prio, "010", "011");
 }
 
 TEST_IMPL(policy_priority_fifo_order) {
-  /* Order w4 (p5), w8 (p1), w12 (p0): 4G then... 8G - 4G = 4G left, the
-   * 8G does not fit and blocks. Then all: 8G fits (12 free), 12G not. */
-  prio_scenario("priority-fifo", "001", "011");
+  /* Order w4 (p5), w8 (p1), w12 (p0): 4G, then the 8G does not fit in the
+   * 4G left and blocks. With all memory back: 8G fits, 12G does not. */
+  scenario("priority-fifo", rising_prio, "001", "011");
 }
 
 TEST_IMPL(policy_priority_mmu_order) {
   /* Same first step (nothing else fits in the 4G left); with all memory
-   * back, the 8G fits and so would nothing else. */
-  prio_scenario("priority-mmu", "001", "011");
+   * back, the 8G fits and nothing else does. */
+  scenario("priority-mmu", rising_prio, "001", "011");
 }
 
-TEST_IMPL(policy_priority_fifo_head_blocks) {
-  /* A high-priority large request blocks smaller lower-priority ones. */
+/* A high-priority large request ahead of a small low-priority one. */
+static void head_scenario(const char *policy, const char *after_first) {
   waiter_t w[] = {{"lo4", 4 * GiB, 0, 0}, {"hi12", 12 * GiB, 9, 0}};
-  cogpu_t *h = setup("priority-fifo", w, 2);
+  cogpu_t *h = setup(policy, w, 2);
   ASSERT_OK(cogpu_release(h, 0, 8 * GiB));
-  expect_served(w, 2, "00");
+  expect_served(w, 2, after_first);
   ASSERT_OK(cogpu_release(h, 0, COGPU_ALL));
   expect_served(w, 2, "11");
   teardown(h, w, 2);
+}
+
+TEST_IMPL(policy_priority_fifo_head_blocks) {
+  /* The high-priority head does not fit: the small one waits behind it. */
+  head_scenario("priority-fifo", "00");
+}
+
+TEST_IMPL(policy_priority_mmu_head_passed) {
+  /* First fit: the small one is served past the head. */
+  head_scenario("priority-mmu", "10");
 }
 
 TEST_IMPL(policy_mmu_starvation_guard) {
