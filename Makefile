@@ -53,7 +53,8 @@ all: lib cli tests
 
 lib: $(B)/libcogpu.a $(B)/libcogpu.so
 cli: $(B)/cogpu
-tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1
+# The CLI tests run the built cogpu.
+tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1 $(B)/cogpu
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -207,6 +207,15 @@ bench_emit(const char *bench, int procs, const bench_stats_t *st,
     gmtime_r(&t, &tm);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
   }
+  /* Other work on the machine skews latencies (a 2-core VM is easily
+   * disturbed): record the 1-minute load average next to every result. */
+  double load = -1;
+  FILE *la = fopen("/proc/loadavg", "r");
+  if (la) {
+    if (fscanf(la, "%lf", &load) != 1)
+      load = -1;
+    fclose(la);
+  }
   FILE *f = stdout;
   fprintf(f, "{\"bench\":");
   bench_json_str(f, bench);
@@ -230,6 +239,7 @@ bench_emit(const char *bench, int procs, const bench_stats_t *st,
   bench_json_str(f, machine);
   fprintf(f, ",\"date\":");
   bench_json_str(f, date);
+  fprintf(f, ",\"loadavg\":%.2f", load);
   fprintf(f, "}\n");
   fflush(f);
 }

@@ -150,6 +150,17 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v,
     break;
   case COGPU_OPT_TYPE_DURATION:
     rc = cogpu__parse_duration_ms(d->key, text, &v->i);
+    /* The housekeeping period must be finite and not 0 (a waiter would
+     * spin); foreign memory may be read at every chance, but not never. */
+    if (rc == 0 && id == COGPU_OPT_SWEEP_INTERVAL &&
+        (v->i < 10 || v->i > 3600 * 1000)) {
+      *why = "must be from 10ms to 1h";
+      rc = -1;
+    } else if (rc == 0 && id == COGPU_OPT_FOREIGN_REFRESH &&
+               (v->i < 0 || v->i > 3600 * 1000)) {
+      *why = "must be from 0 to 1h";
+      rc = -1;
+    }
     break;
   case COGPU_OPT_TYPE_INT: {
     long min, max;

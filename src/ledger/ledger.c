@@ -87,6 +87,19 @@ static void self_cmdline(char *buf, size_t len) {
       buf[i] = ' ';
 }
 
+/* Drop a multi-byte character cut short at the end of s by truncation. */
+static void utf8_trim_tail(char *s) {
+  size_t n = strlen(s), i = n;
+  while (i > 0 && ((unsigned char)s[i - 1] & 0xc0) == 0x80)
+    i--;
+  if (i == 0 || (unsigned char)s[i - 1] < 0xc0)
+    return;
+  unsigned char lead = (unsigned char)s[i - 1];
+  size_t need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : 2;
+  if (n - (i - 1) < need)
+    s[i - 1] = 0;
+}
+
 static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
   ledger_slot_t *s = &h->st->slots[h->slot];
   s->pid = self_host_pid();
@@ -100,6 +113,8 @@ static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
   else
     self_cmdline(s->command, sizeof s->command);
   snprintf(s->job_id, sizeof s->job_id, "%s", o && o->job_id ? o->job_id : "");
+  utf8_trim_tail(s->command);
+  utf8_trim_tail(s->job_id);
   memset(s->held, 0, sizeof s->held);
 }
 
@@ -203,8 +218,11 @@ int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu) {
     return cogpu__seterr(-EINVAL, "empty GPU name");
   ledger_hdr_t *hd = &h->st->hdr;
   char *end;
+  errno = 0;
   long v = strtol(spec, &end, 10);
   if (*end == 0) {
+    if (errno == ERANGE || v < 0 || v > INT32_MAX)
+      return cogpu__seterr(-ENODEV, "no GPU %s on this node", spec);
     rc = check_gpu(h, (int)v);
     if (rc == 0)
       *gpu = (int)v;

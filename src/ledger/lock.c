@@ -16,6 +16,15 @@
 #include "ledger-int.h"
 
 #define LOCK_CHECK_MS 50
+#define LOCK_SPINS 100
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
 
 static uint32_t lockw_make(uint32_t slot, uint32_t gen) {
   return (slot + 1) | ((gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
@@ -56,6 +65,16 @@ void cogpu__ledger_lock(struct cogpu_s *h) {
   if (atomic_compare_exchange_strong_explicit(
           lk, &cur, me, memory_order_acquire, memory_order_relaxed))
     goto locked;
+  /* The locked sections last tens of nanoseconds: a short spin usually
+   * beats a sleep and wake-up of microseconds. */
+  for (int spin = 0; spin < LOCK_SPINS; spin++) {
+    cpu_relax();
+    cur = 0;
+    if (atomic_load_explicit(lk, memory_order_relaxed) == 0 &&
+        atomic_compare_exchange_weak_explicit(
+            lk, &cur, me, memory_order_acquire, memory_order_relaxed))
+      goto locked;
+  }
   uint64_t since = cogpu__now_ns();
   for (;;) {
     cur = atomic_load_explicit(lk, memory_order_relaxed);
@@ -95,12 +114,26 @@ locked:
   cogpu__fault(COGPU_FP_LOCK_HELD);
 }
 
+/* Waiters served while this thread holds the lock, woken once it is
+ * released. A waiter entry reused in between only gets a spurious wake-up,
+ * which every sleeper tolerates. */
+static __thread uint32_t wake_list[LEDGER_MAX_WAITERS];
+static __thread uint32_t wake_n;
+
+void cogpu__ledger_wake_later(uint32_t waiter) {
+  if (wake_n < LEDGER_MAX_WAITERS)
+    wake_list[wake_n++] = waiter;
+}
+
 void cogpu__ledger_unlock(struct cogpu_s *h) {
   cogpu__fault(COGPU_FP_BEFORE_UNLOCK);
   uint32_t old =
       atomic_exchange_explicit(&h->st->hdr.lock, 0, memory_order_release);
   if (old & LOCKW_CONTENDED)
     cogpu__ledger_futex_wake(&h->st->hdr.lock, 1);
+  for (uint32_t i = 0; i < wake_n; i++)
+    cogpu__ledger_futex_wake(&h->st->waiters[wake_list[i]].futex, 1);
+  wake_n = 0;
 }
 
 /* Undo log: record the old value, publish the entry, then store. A holder

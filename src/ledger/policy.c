@@ -135,7 +135,9 @@ static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
   cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
   cogpu__ledger_tx_commit(h);
   atomic_store_explicit(&wt->futex, 1, memory_order_release);
-  cogpu__ledger_futex_wake(&wt->futex, 1);
+  /* Woken after the unlock: woken now, it would find the lock held and
+   * sleep a second time. */
+  cogpu__ledger_wake_later(w);
 }
 
 /* Could the waiter ever fit on g, were everybody else gone? */

@@ -141,6 +141,8 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
       r->timeout_ms < 0 ? UINT64_MAX
                         : cogpu__now_ns() + (uint64_t)r->timeout_ms * 1000000u;
   int64_t tick = (int64_t)h->st->hdr.sweep_interval_ms;
+  if (tick < 10 || tick > 3600 * 1000)
+    tick = 1000; /* a state written by a bad configuration: stay live */
   cogpu__fault(COGPU_FP_WAITING);
   for (;;) {
     int64_t left = deadline == UINT64_MAX ? tick : ms_left(deadline);
@@ -156,9 +158,12 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
     if (deadline != UINT64_MAX && ms_left(deadline) == 0) {
       dequeue(h, w);
       cogpu__ledger_unlock(h);
-      return cogpu__seterr(
-          -ETIMEDOUT, "timed out after %lld ms waiting for %llu bytes",
-          (long long)r->timeout_ms, (unsigned long long)r->bytes);
+      char need[32];
+      return cogpu__seterr(-ETIMEDOUT, "timed out after %lld ms waiting for %s",
+                           (long long)r->timeout_ms,
+                           r->exclusive
+                               ? "exclusive use"
+                               : cogpu__fmt_size(r->bytes, need, sizeof need));
     }
     /* Housekeeping tick: dead clients and foreign memory may have moved. */
     if (cogpu__ledger_sweep(h))

@@ -267,7 +267,10 @@ static int shm_replace_bad(struct cogpu_s *h, int fd, const char *why) {
                          "elsewhere",
                          h->path, why);
   char bad[640];
-  snprintf(bad, sizeof bad, "%s.bad.%lld", h->path, (long long)time(NULL));
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  snprintf(bad, sizeof bad, "%s.bad.%lld.%09ld.%d", h->path,
+           (long long)ts.tv_sec, ts.tv_nsec, (int)getpid());
   if (rename(h->path, bad) != 0)
     return cogpu__seterr(COGPU_ESTATE,
                          "state file %s cannot be used (%s) and cannot be "

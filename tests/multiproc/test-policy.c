@@ -162,7 +162,9 @@ TEST_IMPL(policy_fifo_queues_are_per_gpu) {
   setenv("FAKE_NVML_GPUS", "16G,16G", 1);
   setenv("COGPU_MARGIN", "0", 1);
   cogpu_t *h = lt_attach(0);
-  cogpu_request_t r = {.gpu = 1, .bytes = 16 * GiB, .timeout_ms = 0,
+  cogpu_request_t r = {.gpu = 1,
+                       .bytes = 16 * GiB,
+                       .timeout_ms = 0,
                        .priority = COGPU_PRIORITY_DEFAULT};
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
   pid_t p = lt_hold("blocked", 1, 8 * GiB, 0, COGPU_WAIT_FOREVER, -1);

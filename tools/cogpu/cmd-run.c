@@ -202,17 +202,28 @@ static void run_forward(int sig, siginfo_t *si, void *uc) {
 static const int run_fwd_signals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
                                       SIGUSR1, SIGUSR2, SIGCONT, SIGWINCH};
 
+/* Signals cogpu forwards. One that was ignored when cogpu started (nohup)
+ * stays ignored, in cogpu and in the command. */
+static bool run_installed[COGPU_ARRAY_SIZE(run_fwd_signals)];
+
 static void run_signals(bool install) {
-  struct sigaction sa = {0};
-  if (install) {
-    sa.sa_sigaction = run_forward;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-  } else {
-    sa.sa_handler = SIG_DFL;
-  }
+  struct sigaction sa = {0}, old;
   sigemptyset(&sa.sa_mask);
-  for (size_t i = 0; i < COGPU_ARRAY_SIZE(run_fwd_signals); i++)
-    sigaction(run_fwd_signals[i], &sa, NULL);
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(run_fwd_signals); i++) {
+    int sig = run_fwd_signals[i];
+    if (install) {
+      if (sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+        continue;
+      sa.sa_sigaction = run_forward;
+      sa.sa_flags = SA_SIGINFO | SA_RESTART;
+      run_installed[i] = sigaction(sig, &sa, NULL) == 0;
+    } else if (run_installed[i]) {
+      sa.sa_handler = SIG_DFL;
+      sa.sa_flags = 0;
+      sigaction(sig, &sa, NULL);
+      run_installed[i] = false;
+    }
+  }
 }
 
 static void run_env(cogpu_t *h, int gpu, uint64_t mem) {

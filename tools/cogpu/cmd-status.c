@@ -2,9 +2,11 @@
  * cmd-status.c: `cogpu status`: the node's GPUs, clients, queues and
  * policy, as a table or as JSON (--json), once or repeatedly (--watch).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -193,8 +195,11 @@ int cli_status(int argc, char **argv) {
     count = 1;
   bool tty = isatty(1);
   for (long n = 0; count < 0 || n < count; n++) {
-    if (n > 0)
-      usleep((useconds_t)every_ms * 1000);
+    if (n > 0) {
+      struct timespec ts = {every_ms / 1000, (every_ms % 1000) * 1000000L};
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+      }
+    }
     cogpu_status_t *st;
     int rc = cogpu_status(NULL, &st);
     if (rc)

@@ -51,16 +51,41 @@ int cli_config_load(cogpu__config_t *cfg) {
   return 0;
 }
 
+/* Length of the valid UTF-8 sequence at s, or 0 if it is not one. */
+static size_t utf8_len(const unsigned char *s) {
+  size_t n = s[0] < 0x80                   ? 1
+             : s[0] >= 0xf0 && s[0] < 0xf5 ? 4
+             : s[0] >= 0xe0                ? 3
+             : s[0] >= 0xc2                ? 2
+                                           : 0;
+  for (size_t i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+  return n;
+}
+
+/* JSON strings must be valid UTF-8: a byte that is not part of a valid
+ * sequence (a command line in another encoding) becomes U+FFFD. */
 void json_str(FILE *f, const char *s) {
   fputc('"', f);
-  for (; s && *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
-      fprintf(f, "\\%c", c);
-    else if (c < 0x20)
-      fprintf(f, "\\u%04x", c);
-    else
-      fputc(c, f);
+  const unsigned char *p = (const unsigned char *)(s ? s : "");
+  while (*p) {
+    size_t n = utf8_len(p);
+    if (n == 0) {
+      fputs("\\ufffd", f);
+      p++;
+    } else if (n > 1) {
+      fwrite(p, 1, n, f);
+      p += n;
+    } else {
+      if (*p == '"' || *p == '\\')
+        fprintf(f, "\\%c", *p);
+      else if (*p < 0x20)
+        fprintf(f, "\\u%04x", *p);
+      else
+        fputc(*p, f);
+      p++;
+    }
   }
   fputc('"', f);
 }
