@@ -188,41 +188,21 @@ static int run_reserve(cogpu_t *h, const run_opts_t *o, int *gpu) {
   return 0;
 }
 
-static volatile sig_atomic_t run_child = 0;
-
-/* Forward signals sent to cogpu (kill, a batch system) to the command.
- * Signals from the terminal already reach the command, which shares our
- * process group: forwarding those would deliver them twice. */
-static void run_forward(int sig, siginfo_t *si, void *uc) {
-  (void)uc;
-  if (run_child > 0 && (si == NULL || si->si_code != SI_KERNEL))
-    kill(run_child, sig);
-}
-
 static const int run_fwd_signals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
                                       SIGUSR1, SIGUSR2, SIGCONT, SIGWINCH};
 
-/* Signals cogpu forwards. One that was ignored when cogpu started (nohup)
- * stays ignored, in cogpu and in the command. */
-static bool run_installed[COGPU_ARRAY_SIZE(run_fwd_signals)];
-
-static void run_signals(bool install) {
-  struct sigaction sa = {0}, old;
-  sigemptyset(&sa.sa_mask);
+/* The signals cogpu waits for while the command runs: the child's exit and
+ * those it forwards. They are blocked and taken with sigwaitinfo, so no
+ * handler runs asynchronously. A signal ignored when cogpu started (nohup)
+ * is left ignored, in cogpu and in the command. */
+static void run_sigset(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGCHLD);
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(run_fwd_signals); i++) {
-    int sig = run_fwd_signals[i];
-    if (install) {
-      if (sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_IGN)
-        continue;
-      sa.sa_sigaction = run_forward;
-      sa.sa_flags = SA_SIGINFO | SA_RESTART;
-      run_installed[i] = sigaction(sig, &sa, NULL) == 0;
-    } else if (run_installed[i]) {
-      sa.sa_handler = SIG_DFL;
-      sa.sa_flags = 0;
-      sigaction(sig, &sa, NULL);
-      run_installed[i] = false;
-    }
+    struct sigaction old;
+    if (sigaction(run_fwd_signals[i], NULL, &old) == 0 &&
+        old.sa_handler != SIG_IGN)
+      sigaddset(set, run_fwd_signals[i]);
   }
 }
 
@@ -242,23 +222,34 @@ static void run_env(cogpu_t *h, int gpu, uint64_t mem) {
 }
 
 static int run_exec(char **cmd) {
+  sigset_t set, old;
+  /* An inherited SIGCHLD=SIG_IGN would reap the child behind our back. */
+  signal(SIGCHLD, SIG_DFL);
+  run_sigset(&set);
+  sigprocmask(SIG_BLOCK, &set, &old);
   pid_t pid = fork();
   if (pid < 0) {
     cli_err("run: fork: %s", strerror(errno));
+    sigprocmask(SIG_SETMASK, &old, NULL);
     return -1;
   }
   if (pid == 0) {
-    run_signals(false);
+    sigprocmask(SIG_SETMASK, &old, NULL);
     execvp(cmd[0], cmd);
     int e = errno;
     cli_err("run: cannot run '%s': %s", cmd[0], strerror(e));
     _exit(e == ENOENT ? CLI_EXIT_NOTFOUND : CLI_EXIT_NOEXEC);
   }
-  run_child = pid;
-  int st;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) != pid) {
+    siginfo_t si;
+    int sig = sigwaitinfo(&set, &si);
+    /* Signals from the terminal reach the command directly (it shares our
+     * process group): forwarding them would deliver them twice. */
+    if (sig > 0 && sig != SIGCHLD && si.si_code != SI_KERNEL)
+      kill(pid, sig);
   }
-  run_child = 0;
+  sigprocmask(SIG_SETMASK, &old, NULL);
   return st;
 }
 
@@ -300,9 +291,7 @@ int cli_run(int argc, char **argv) {
     return rc;
   }
   run_env(h, gpu, o.mem);
-  run_signals(true);
   int st = run_exec(o.cmd);
-  run_signals(false);
   cogpu_detach(h);
   if (st == -1)
     return CLI_EXIT_FAIL;
