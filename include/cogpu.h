@@ -66,6 +66,9 @@ typedef struct cogpu_attach_opts_s {
                           by the priority-* policies; 0 is normal */
   const char *job_id;  /* shown in status (e.g. a Slurm job id); may be NULL */
   const char *command; /* shown in status; NULL reads /proc/self/cmdline */
+  const char *join;    /* a job token (cogpu_job_token) from another process
+                          of the same job: this process's reservations are
+                          then the job's; NULL for a job of its own */
 } cogpu_attach_opts_t;
 
 /*
@@ -77,6 +80,13 @@ typedef struct cogpu_attach_opts_s {
  * COGPU_ENVML, COGPU_ENOGPU, COGPU_ECONFIG, -ENOSPC (no free client slot).
  */
 COGPU_API int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out);
+
+/* A token ("slot.generation") naming this handle's job, for processes the
+ * job starts: attaching with it (cogpu_attach_opts_t.join) makes their
+ * reservations part of the job's, listed under the job in status. The
+ * job's reservations live as long as its first process. buf needs 24
+ * bytes. */
+COGPU_API int cogpu_job_token(cogpu_t *h, char *buf, size_t len);
 
 /* Release everything the handle holds, leave any queue, free the handle.
  * Also happens implicitly when the process exits or dies. */

@@ -80,8 +80,9 @@ typedef struct ledger_waiter_s {
   _Atomic uint32_t futex; /* 0 while waiting; set to 1 to wake */
   uint32_t pad0;
   uint64_t state; /* enum waiter_state */
-  uint64_t slot;  /* owning slot */
-  uint64_t gen;   /* owning slot's generation when enqueued */
+  uint64_t slot;  /* slot the grant goes to (the job's) */
+  uint64_t gen;   /* that slot's generation when enqueued */
+  uint64_t owner; /* slot of the waiting process (its liveness) */
   int64_t gpu;    /* asked for, or COGPU_GPU_AUTO */
   uint64_t bytes;
   int64_t priority;
@@ -135,8 +136,10 @@ typedef struct ledger_state_s {
 struct cogpu_s {
   ledger_state_t *st;
   int fd;
-  uint32_t slot;
+  uint32_t slot; /* this process's own slot: lock owner, liveness */
   uint32_t gen;
+  uint32_t res_slot; /* where reservations go: own slot, or a joined job's */
+  uint32_t res_gen;  /* the joined slot's generation */
   int priority;
   bool forked; /* set in a fork child: the handle is the parent's */
   char path[512];
@@ -187,6 +190,10 @@ size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
  * a client. */
 int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
                          struct cogpu_s **out);
+
+/* With the lock held: if the joined job's slot is gone (its process died
+ * and the slot was reclaimed), fall back to the handle's own slot. */
+void cogpu__ledger_check_job(struct cogpu_s *h);
 
 /* --- wait.c: sleeping and waking ----------------------------------------- */
 /* Sleep until *word != val or timeout_ms passes (-1 = no bound). */

@@ -169,16 +169,71 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
   return 0;
 }
 
-int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out) {
-  return cogpu__ledger_attach(opts, false, out);
-}
-
 static int check_handle(cogpu_t *h) {
   if (!h || !h->st)
     return cogpu__seterr(-EINVAL, "invalid cogpu handle");
   if (h->forked)
     return cogpu__seterr(-EINVAL, "this handle belongs to the parent process "
                                   "(fork): attach again in the child");
+  return 0;
+}
+
+void cogpu__ledger_check_job(struct cogpu_s *h) {
+  if (h->res_slot == h->slot)
+    return;
+  ledger_slot_t *s = &h->st->slots[h->res_slot];
+  if (s->state == SLOT_ACTIVE && atomic_load(&s->gen) == h->res_gen)
+    return;
+  cogpu__log(COGPU_LOG_WARN, "the job this process joined has ended; "
+                             "reserving on its own from now on");
+  h->res_slot = h->slot;
+}
+
+/* Make reservations go to the job named by token ("slot.gen", from
+ * cogpu_job_token in the job's first process). */
+static int attach_join(struct cogpu_s *h, const char *token) {
+  unsigned slot, gen;
+  char extra;
+  if (sscanf(token, "%u.%u%c", &slot, &gen, &extra) != 2 ||
+      slot >= LEDGER_MAX_SLOTS)
+    return cogpu__seterr(-EINVAL, "invalid job token '%s'", token);
+  ledger_slot_t *s = &h->st->slots[slot];
+  cogpu__ledger_lock(h);
+  bool live = s->state == SLOT_ACTIVE && atomic_load(&s->gen) == gen &&
+              cogpu__ledger_slot_alive(h, slot, gen);
+  if (live) {
+    h->res_slot = slot;
+    h->res_gen = gen;
+  }
+  cogpu__ledger_unlock(h);
+  if (!live)
+    return cogpu__seterr(-ESRCH, "the job of token '%s' has ended", token);
+  return 0;
+}
+
+int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out) {
+  int rc = cogpu__ledger_attach(opts, false, out);
+  if (rc == 0 && opts && opts->join && *opts->join) {
+    rc = attach_join(*out, opts->join);
+    if (rc) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", cogpu_last_error());
+      cogpu_detach(*out);
+      *out = NULL;
+      return cogpu__seterr(rc, "%s", msg);
+    }
+  }
+  return rc;
+}
+
+int cogpu_job_token(cogpu_t *h, char *buf, size_t len) {
+  int rc = check_handle(h);
+  if (rc)
+    return rc;
+  if (!buf || len < 24)
+    return cogpu__seterr(-EINVAL, "cogpu_job_token: buffer too small");
+  snprintf(buf, len, "%u.%u", h->res_slot,
+           h->res_slot == h->slot ? h->gen : h->res_gen);
   return 0;
 }
 
@@ -250,7 +305,7 @@ int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes) {
     rc = cogpu__seterr(-EINVAL, "bytes is NULL");
   if (rc == 0)
     *bytes =
-        __atomic_load_n(&h->st->slots[h->slot].held[gpu], __ATOMIC_RELAXED);
+        __atomic_load_n(&h->st->slots[h->res_slot].held[gpu], __ATOMIC_RELAXED);
   return rc;
 }
 
@@ -263,11 +318,12 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
     return rc;
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_gpu_t *g = &hd->gpus[gpu];
-  ledger_slot_t *s = &h->st->slots[h->slot];
   cogpu__ledger_lock(h);
+  cogpu__ledger_check_job(h);
+  ledger_slot_t *s = &h->st->slots[h->res_slot];
   uint64_t held = s->held[gpu];
   bool all = bytes == COGPU_ALL;
-  bool excl = g->excl_slot == h->slot + 1;
+  bool excl = g->excl_slot == h->res_slot + 1;
   if (all)
     bytes = held;
   if (bytes > held) {

@@ -202,8 +202,9 @@ static void repair_recount(struct cogpu_s *h) {
     ledger_waiter_t *wt = &h->st->waiters[w];
     if (wt->state == W_FREE)
       continue;
-    bool ok = wt->slot < LEDGER_MAX_SLOTS &&
+    bool ok = wt->slot < LEDGER_MAX_SLOTS && wt->owner < LEDGER_MAX_SLOTS &&
               h->st->slots[wt->slot].state == SLOT_ACTIVE &&
+              h->st->slots[wt->owner].state == SLOT_ACTIVE &&
               (wt->gpu == COGPU_GPU_AUTO ||
                (wt->gpu >= 0 && (uint64_t)wt->gpu < hd->ngpus));
     if (!ok)
@@ -249,7 +250,7 @@ void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   }
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->state == W_FREE || wt->slot != s)
+    if (wt->state == W_FREE || (wt->slot != s && wt->owner != s))
       continue;
     if (wt->state == W_WAITING)
       cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);

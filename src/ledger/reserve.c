@@ -72,7 +72,7 @@ static int reserve_fast(cogpu_t *h, const reserve_req_t *r) {
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (r->gpu != COGPU_GPU_AUTO && (int64_t)g != r->gpu)
       continue;
-    if (!cogpu__ledger_fits(h, g, h->slot, r->bytes, r->exclusive))
+    if (!cogpu__ledger_fits(h, g, h->res_slot, r->bytes, r->exclusive))
       continue;
     uint64_t cap = cogpu__ledger_capacity(&hd->gpus[g]),
              res = hd->gpus[g].reserved;
@@ -83,7 +83,7 @@ static int reserve_fast(cogpu_t *h, const reserve_req_t *r) {
     }
   }
   if (best >= 0) {
-    cogpu__ledger_grant(h, (uint32_t)best, h->slot, r->bytes, r->exclusive);
+    cogpu__ledger_grant(h, (uint32_t)best, h->res_slot, r->bytes, r->exclusive);
     cogpu__ledger_tx_commit(h);
   }
   return best;
@@ -97,8 +97,9 @@ static int64_t enqueue(cogpu_t *h, const reserve_req_t *r) {
       continue;
     /* Fields first, state last: a death in between leaves it free. */
     atomic_store(&wt->futex, 0);
-    wt->slot = h->slot;
-    wt->gen = h->gen;
+    wt->slot = h->res_slot;
+    wt->gen = atomic_load(&h->st->slots[h->res_slot].gen);
+    wt->owner = h->slot;
     wt->gpu = r->gpu;
     wt->bytes = r->bytes;
     wt->priority = r->priority;
@@ -220,6 +221,7 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
     return rc;
   int64_t w = -1;
   cogpu__ledger_lock(h);
+  cogpu__ledger_check_job(h);
   int g = reserve_fast(h, &r);
   if (g < 0)
     g = reserve_queue(h, &r, &w);

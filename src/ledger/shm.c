@@ -368,6 +368,7 @@ static int shm_claim_slot(struct cogpu_s *h) {
                          .l_len = 1};
       if (fcntl(h->fd, F_OFD_SETLK, &fl) == 0) {
         h->slot = s;
+        h->res_slot = s;
         h->gen = atomic_fetch_add(&h->st->slots[s].gen, 1) + 1;
         return 0;
       }

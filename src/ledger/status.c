@@ -37,7 +37,7 @@ static void status_clients(struct cogpu_s *h, uint32_t g,
     c->priority = sl->priority;
     c->reserved_bytes = sl->held[g];
     c->exclusive = excl;
-    c->own = s == h->slot;
+    c->own = s == h->res_slot;
   }
 }
 
@@ -64,7 +64,7 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
     w->exclusive = wt->exclusive;
     w->waiting_seconds = (double)(now - wt->since_ns) / 1e9;
     w->position = (int)gi->nwaiting;
-    w->own = wt->slot == h->slot;
+    w->own = wt->owner == h->slot;
   }
 }
 

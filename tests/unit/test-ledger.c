@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -350,4 +351,57 @@ TEST_IMPL(ledger_threads) {
   ASSERT_UEQ(held, 0);
   lt_check_invariants();
   cogpu_detach(thr_h);
+}
+
+HELPER_IMPL(join_child) {
+  (void)argc;
+  cogpu_attach_opts_t o = {.join = argv[0], .command = "child"};
+  cogpu_t *h;
+  if (cogpu_attach(&o, &h) != 0) {
+    fprintf(stderr, "join: %s\n", cogpu_last_error());
+    return 2;
+  }
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = 3 * GiB,
+                       .timeout_ms = 0,
+                       .priority = COGPU_PRIORITY_DEFAULT};
+  if (cogpu_reserve(h, &r, NULL) != 0)
+    return 3;
+  return 0; /* exits holding it: the job keeps it */
+}
+
+TEST_IMPL(ledger_job_join) {
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *h;
+  ASSERT_OK(cogpu_attach(&o, &h));
+  cogpu_request_t r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(h, tok, sizeof tok));
+  const char *args[] = {tok, NULL};
+  ASSERT_EQ(
+      th_exit_code(th_wait(th_spawn_helper("join_child", args), th_ms(5000))),
+      0);
+  /* The child's 3G are the job's: listed under it, and they outlive the
+   * child. */
+  ASSERT_UEQ(lt_reserved_by(0, "job"), 7 * GiB);
+  ASSERT_UEQ(lt_reserved_by(0, "child"), 0);
+  uint64_t held;
+  ASSERT_OK(cogpu_held(h, 0, &held));
+  ASSERT_UEQ(held, 7 * GiB);
+  lt_check_invariants();
+  /* Bad and stale tokens are refused. */
+  cogpu_t *x = NULL;
+  o.join = "banana";
+  ASSERT_EQ(cogpu_attach(&o, &x), -EINVAL);
+  o.join = "1023.77";
+  ASSERT_EQ(cogpu_attach(&o, &x), -ESRCH);
+  ASSERT_CONTAINS(cogpu_last_error(), "ended");
+  ASSERT(x == NULL);
+  cogpu_detach(h);
+  /* The job ended: everything is back. */
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
 }

@@ -1,0 +1,110 @@
+/*
+ * cuda-abi.h: the part of the CUDA driver API's ABI that cogpu touches,
+ * declared here so that nothing in cogpu needs NVIDIA's headers to build.
+ * Names and layouts follow the driver API (cuda.h, CUDA 12/13); only what
+ * the preload library and the test double use is declared.
+ */
+#ifndef COGPU_CUDA_ABI_H
+#define COGPU_CUDA_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long cuuint64_t;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUfunc_st *CUfunction;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_DEINITIALIZED = 4,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_UNKNOWN = 999
+};
+
+typedef struct CUuuid_st {
+  char bytes[16];
+} CUuuid;
+
+/* cuGetProcAddress flags and query results. */
+enum {
+  CU_GET_PROC_ADDRESS_DEFAULT = 0,
+  CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0,
+  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1
+};
+typedef enum {
+  CU_GET_PROC_ADDRESS_SUCCESS = 0,
+  CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+  CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
+} CUdriverProcAddressQueryResult;
+
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+  size_t Width;
+  size_t Height;
+  int Format; /* CUarray_format */
+  unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+  size_t Width;
+  size_t Height;
+  size_t Depth;
+  int Format; /* CUarray_format */
+  unsigned int NumChannels;
+  unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+/* CUarray_format values and their bytes per channel. */
+enum {
+  CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+  CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+  CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+  CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+  CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+  CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+  CU_AD_FORMAT_HALF = 0x10,
+  CU_AD_FORMAT_FLOAT = 0x20
+};
+
+typedef struct CUmemLocation_st {
+  int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+  int id;
+} CUmemLocation;
+
+enum { CU_MEM_LOCATION_TYPE_DEVICE = 1 };
+
+typedef struct CUmemAllocationProp_st {
+  int type; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+  int requestedHandleTypes;
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+
+/* CUmemPool_attribute values used to read a pool's footprint. */
+enum {
+  CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+  CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7
+};
+
+#endif /* COGPU_CUDA_ABI_H */
