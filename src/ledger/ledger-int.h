@@ -45,7 +45,9 @@
 #define LOCKW_GEN_MASK 0xfffffu
 
 enum slot_state { SLOT_FREE = 0, SLOT_ACTIVE = 1 };
-enum waiter_state { W_FREE = 0, W_WAITING = 1, W_GRANTED = 2 };
+/* W_REFUSED: failed by the deadlock guard; the waiter returns
+ * COGPU_EDEADLOCK. */
+enum waiter_state { W_FREE = 0, W_WAITING = 1, W_GRANTED = 2, W_REFUSED = 3 };
 
 typedef struct ledger_gpu_s {
   /* Set at creation, covered by the header checksum. */

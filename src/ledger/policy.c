@@ -147,6 +147,63 @@ static bool could_fit(struct cogpu_s *h, const ledger_waiter_t *wt,
          wt->bytes <= cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
 }
 
+/* Does slot s wait for memory on GPU g (or on any GPU)? */
+static bool slot_waits_on(struct cogpu_s *h, uint64_t s, uint32_t g) {
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state == W_WAITING && wt->slot == s &&
+        (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g))
+      return true;
+  }
+  return false;
+}
+
+/* The waiter to fail on GPU g if every job holding memory there waits for
+ * more there: nobody would ever release, so nobody could proceed. The
+ * victim is the waiting holder of lowest priority, then the newest. */
+static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
+  int64_t victim = -1;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &h->st->slots[s];
+    bool holds = sl->state == SLOT_ACTIVE &&
+                 (sl->held[g] > 0 || h->st->hdr.gpus[g].excl_slot == s + 1);
+    if (holds && !slot_waits_on(h, s, g))
+      return -1; /* someone can still make progress and release */
+  }
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state != W_WAITING || h->st->slots[wt->slot].held[g] == 0 ||
+        (wt->gpu != COGPU_GPU_AUTO && wt->gpu != (int64_t)g))
+      continue;
+    const ledger_waiter_t *v = victim < 0 ? NULL : &h->st->waiters[victim];
+    if (!v || wt->priority < v->priority ||
+        (wt->priority == v->priority && wt->ticket > v->ticket))
+      victim = w;
+  }
+  return victim;
+}
+
+static void deadlock_guard(struct cogpu_s *h) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  for (uint32_t g = 0; g < hd->ngpus && hd->nwaiting; g++) {
+    if (hd->gpus[g].nclients == 0)
+      continue;
+    int64_t v = deadlock_victim(h, g);
+    if (v < 0)
+      continue;
+    ledger_waiter_t *wt = &h->st->waiters[v];
+    cogpu__log(COGPU_LOG_WARN,
+               "GPU %u: every job holding memory waits for more; failing "
+               "the request of pid %d (%llu bytes) to break the deadlock",
+               g, h->st->slots[wt->slot].pid, (unsigned long long)wt->bytes);
+    cogpu__ledger_tx_set(h, &wt->state, W_REFUSED);
+    cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+    cogpu__ledger_tx_commit(h);
+    atomic_store_explicit(&wt->futex, 1, memory_order_release);
+    cogpu__ledger_wake_later((uint32_t)v);
+  }
+}
+
 void cogpu__ledger_serve(struct cogpu_s *h) {
   ledger_hdr_t *hd = &h->st->hdr;
   if (hd->nwaiting == 0)
@@ -182,4 +239,5 @@ void cogpu__ledger_serve(struct cogpu_s *h) {
       if (could_fit(h, wt, gpus[k]))
         blocked[gpus[k]] = true;
   }
+  deadlock_guard(h);
 }

@@ -120,14 +120,41 @@ static int64_t enqueue(cogpu_t *h, const reserve_req_t *r) {
 static int dequeue(cogpu_t *h, uint32_t w) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_waiter_t *wt = &h->st->waiters[w];
-  int gpu = wt->state == W_GRANTED ? (int)wt->granted_gpu : -1;
+  int gpu = wt->state == W_GRANTED   ? (int)wt->granted_gpu
+            : wt->state == W_REFUSED ? -2
+                                     : -1;
   if (wt->state == W_WAITING)
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
   cogpu__ledger_tx_set(h, &wt->state, W_FREE);
   cogpu__ledger_tx_commit(h);
-  if (gpu < 0)
+  if (gpu == -1)
     cogpu__ledger_serve(h); /* a fifo head leaving may unblock those behind */
   return gpu;
+}
+
+static int refused(const reserve_req_t *r) {
+  char need[32];
+  return cogpu__seterr(
+      COGPU_EDEADLOCK,
+      "request for %s refused: every job holding memory on the GPU was "
+      "waiting for more, so none could ever proceed (deadlock guard)",
+      r->exclusive ? "exclusive use"
+                   : cogpu__fmt_size(r->bytes, need, sizeof need));
+}
+
+/* A waiter that was answered (granted or refused): leave the queue and
+ * return 0 with the GPU, or the refusal. */
+static int answered(cogpu_t *h, uint32_t w, const reserve_req_t *r,
+                    int *gpu_out) {
+  int g = dequeue(h, w);
+  if (g == -2)
+    return refused(r);
+  *gpu_out = g;
+  return 0;
+}
+
+static bool is_answered(const ledger_waiter_t *wt) {
+  return wt->state == W_GRANTED || wt->state == W_REFUSED;
 }
 
 static int64_t ms_left(uint64_t deadline_ns) {
@@ -150,11 +177,11 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
     if (atomic_load_explicit(&wt->futex, memory_order_acquire) == 0 && left > 0)
       cogpu__ledger_futex_wait(&wt->futex, 0, left < tick ? left : tick);
     cogpu__ledger_lock(h);
-    if (wt->state == W_GRANTED) {
-      *gpu_out = dequeue(h, w);
+    if (is_answered(wt)) {
+      int rc = answered(h, w, r, gpu_out);
       cogpu__ledger_unlock(h);
       cogpu__fault(COGPU_FP_GRANTED);
-      return 0;
+      return rc;
     }
     if (deadline != UINT64_MAX && ms_left(deadline) == 0) {
       dequeue(h, w);
@@ -183,9 +210,10 @@ static int reserve_queue(cogpu_t *h, const reserve_req_t *r, int64_t *w) {
     return cogpu__seterr(-ENOSPC, "the wait queue is full (%u waiters)",
                          LEDGER_MAX_WAITERS);
   cogpu__ledger_serve(h);
-  if (h->st->waiters[*w].state == W_GRANTED)
-    return dequeue(h, (uint32_t)*w);
-  return -1;
+  if (!is_answered(&h->st->waiters[*w]))
+    return -1;
+  int g = -1, rc = answered(h, (uint32_t)*w, r, &g);
+  return rc ? rc : g;
 }
 
 /* Not served at once: bring the figures up to date (memory of dead clients,
@@ -197,9 +225,11 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
   cogpu__ledger_lock(h);
   if (cogpu__ledger_sweep(h))
     cogpu__ledger_serve(h);
-  if (h->st->waiters[w].state == W_GRANTED || r->timeout_ms == 0) {
+  if (is_answered(&h->st->waiters[w]) || r->timeout_ms == 0) {
     int g = dequeue(h, w);
     cogpu__ledger_unlock(h);
+    if (g == -2)
+      return refused(r);
     if (g >= 0) {
       *gpu_out = g;
       return 0;

@@ -183,3 +183,44 @@ TEST_IMPL(policy_fifo_queues_are_per_gpu) {
   th_wait(p, th_ms(5000));
   cogpu_detach(h);
 }
+
+TEST_IMPL(policy_deadlock_guard) {
+  /* Two jobs each hold 8G of 16G and each waits for 4G more: nobody can
+   * proceed. The guard fails the lower-priority one (then the newer). */
+  setenv("COGPU_MARGIN", "0", 1);
+  pid_t a = th_spawn_helper("grab_then_grow", (const char *[]){"a", "5", NULL});
+  lt_wait_nclients(0, 1, 5000);
+  pid_t b = th_spawn_helper("grab_then_grow", (const char *[]){"b", "1", NULL});
+  /* b is refused (exit 3); a then gets its 4G from b's release. */
+  ASSERT_EQ(th_exit_code(th_wait(b, th_ms(10000))), 3);
+  ASSERT_EQ(th_exit_code(th_wait(a, th_ms(10000))), 0);
+}
+
+HELPER_IMPL(grab_then_grow) {
+  (void)argc;
+  cogpu_attach_opts_t o = {.command = argv[0], .priority = atoi(argv[1])};
+  cogpu_t *h;
+  if (cogpu_attach(&o, &h))
+    return 1;
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = 8 * GiB,
+                       .timeout_ms = 0,
+                       .priority = COGPU_PRIORITY_DEFAULT};
+  if (cogpu_reserve(h, &r, NULL))
+    return 2;
+  /* Wait until both hold their 8G, so the second request deadlocks. */
+  for (int i = 0;
+       i < 500 && lt_reserved_by(0, "a") + lt_reserved_by(0, "b") < 16 * GiB;
+       i++)
+    th_sleep_ms(10);
+  r.bytes = 4 * GiB;
+  r.timeout_ms = 20000;
+  int rc = cogpu_reserve(h, &r, NULL);
+  if (rc == COGPU_EDEADLOCK) {
+    if (!strstr(cogpu_last_error(), "deadlock"))
+      return 4;
+    cogpu_release(h, 0, COGPU_ALL);
+    return 3;
+  }
+  return rc == 0 ? 0 : 5;
+}
