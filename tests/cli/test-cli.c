@@ -1454,6 +1454,18 @@ static const struct {
     {"LOG", "loud"},
     {"TIMEOUT", "xyz"},
     {"TIMEOUT", "-1"},
+    {"MEM", "lots"},
+    {"MEM", "1.5G"},
+    {"LIMIT", "-1G"},
+    {"PRIORITY", "1001"},
+    {"PRIORITY", "high"},
+    {"JOB_ID", NULL},
+    {"JOB_TOKEN", NULL},
+    {"JOB_BASE", "x"},
+    {"CONTEXT_BYTES", "big"},
+    {"GROW_STEP", "1e6"},
+    {"GROW_WAIT", "maybe"},
+    {"REPORT_TOTAL", "2"},
 };
 
 static const char *long_value(void) {
