@@ -41,7 +41,12 @@ TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c \
 BENCH_SRCS := $(sort $(wildcard bench/bench-*.c))
 FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
 
+PRELOAD_SRCS := $(sort $(wildcard src/preload/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+# The preload library gets its own copy of the core, built for the
+# initial-exec TLS model (it is loaded at start-up, and its thread-locals
+# are on allocation paths).
+PRELOAD_OBJS := $(PRELOAD_SRCS:%.c=$(B)/objp/%.o) $(LIB_SRCS:%.c=$(B)/objp/%.o)
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
@@ -49,9 +54,10 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 .PHONY: all lib cli tests check check-all bench install uninstall clean \
         format format-check
 
-all: lib cli tests
+all: lib cli preload tests
 
 lib: $(B)/libcogpu.a $(B)/libcogpu.so
+preload: $(B)/libcogpu-preload.so
 cli: $(B)/cogpu
 # The CLI tests run the built cogpu.
 tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1 $(B)/cogpu
@@ -60,6 +66,16 @@ $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "CC $<"
 	@$(CC) $(ALLCFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/objp/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "CC $< (preload)"
+	@$(CC) $(ALLCFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
+
+# Only the driver's entry points and dlsym leave the preload library.
+$(B)/libcogpu-preload.so: $(PRELOAD_OBJS) src/preload/preload.map
+	$(CC) $(ALLCFLAGS) -shared -Wl,--version-script=src/preload/preload.map \
+	    -o $@ $(PRELOAD_OBJS) $(LDLIBS)
 
 $(B)/libcogpu.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -113,9 +129,11 @@ check-all:
 bench: lib $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1
 	B=$(B) bench/run.sh
 
-install: lib cli $(B)/cogpu.pc
+install: lib cli preload $(B)/cogpu.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
+	install -d $(DESTDIR)$(LIBDIR)/cogpu
 	install -m 0755 $(B)/cogpu $(DESTDIR)$(BINDIR)/cogpu
+	install -m 0755 $(B)/libcogpu-preload.so $(DESTDIR)$(LIBDIR)/cogpu/libcogpu-preload.so
 	install -m 0644 $(B)/libcogpu.a $(DESTDIR)$(LIBDIR)/libcogpu.a
 	install -m 0755 $(B)/libcogpu.so $(DESTDIR)$(LIBDIR)/libcogpu.so.$(VERSION)
 	ln -sf libcogpu.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcogpu.so.0
@@ -124,6 +142,7 @@ install: lib cli $(B)/cogpu.pc
 	install -m 0644 $(B)/cogpu.pc $(DESTDIR)$(PCDIR)/cogpu.pc
 
 uninstall:
+	rm -rf $(DESTDIR)$(LIBDIR)/cogpu
 	rm -f $(DESTDIR)$(BINDIR)/cogpu $(DESTDIR)$(LIBDIR)/libcogpu.* \
 	      $(DESTDIR)$(INCDIR)/cogpu.h $(DESTDIR)$(INCDIR)/schedgpu.h \
 	      $(DESTDIR)$(PCDIR)/cogpu.pc
@@ -137,4 +156,5 @@ format-check:
 clean:
 	rm -rf build build-asan build-tsan
 
--include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_OBJS:.o=.d)
+-include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_OBJS:.o=.d) \
+         $(PRELOAD_OBJS:.o=.d)

@@ -145,6 +145,12 @@ enum cogpu__fault_point {
 };
 void cogpu__fault(int point);
 
+/* --- Ledger services for other components (ledger.c) ------------------- */
+/* Capacity of a GPU and what is free there now, read without the lock
+ * (a moment's view, for reporting such as cuMemGetInfo). */
+int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,
+                       uint64_t *free_bytes);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t cogpu__now_ns(void);
 

@@ -226,6 +226,28 @@ int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out) {
   return rc;
 }
 
+static int check_gpu(cogpu_t *h, int gpu) {
+  if (gpu < 0 || (uint32_t)gpu >= h->st->hdr.ngpus)
+    return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)", gpu,
+                         h->st->hdr.ngpus);
+  return 0;
+}
+
+int cogpu__ledger_room(struct cogpu_s *h, int gpu, uint64_t *capacity,
+                       uint64_t *free_bytes) {
+  int rc = check_handle(h);
+  if (rc == 0)
+    rc = check_gpu(h, gpu);
+  if (rc)
+    return rc;
+  ledger_gpu_t *g = &h->st->hdr.gpus[gpu];
+  uint64_t cap = cogpu__ledger_capacity(g);
+  uint64_t res = __atomic_load_n(&g->reserved, __ATOMIC_RELAXED);
+  *capacity = cap;
+  *free_bytes = cap > res ? cap - res : 0;
+  return 0;
+}
+
 int cogpu_job_token(cogpu_t *h, char *buf, size_t len) {
   int rc = check_handle(h);
   if (rc)
@@ -256,13 +278,6 @@ int cogpu_detach(cogpu_t *h) {
 int cogpu_gpu_count(cogpu_t *h) {
   int rc = check_handle(h);
   return rc ? rc : (int)h->st->hdr.ngpus;
-}
-
-static int check_gpu(cogpu_t *h, int gpu) {
-  if (gpu < 0 || (uint32_t)gpu >= h->st->hdr.ngpus)
-    return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)", gpu,
-                         h->st->hdr.ngpus);
-  return 0;
 }
 
 int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu) {

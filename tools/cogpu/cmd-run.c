@@ -23,6 +23,7 @@ typedef struct run_opts_s {
   long priority;
   int64_t timeout_ms;
   bool exclusive;
+  bool no_preload;
   const char *job_id;
   char **cmd;
 } run_opts_t;
@@ -30,7 +31,8 @@ typedef struct run_opts_s {
 static int run_usage(const char *msg, const char *arg) {
   cli_err("run: %s%s%s", msg, arg ? " " : "", arg ? arg : "");
   fputs("usage: cogpu run [--mem SIZE] [--gpu auto|INDEX|UUID] [--priority N]"
-        " [--timeout DURATION] [--exclusive] [--job-id ID] -- COMMAND "
+        " [--timeout DURATION] [--exclusive] [--job-id ID] [--no-preload] -- "
+        "COMMAND "
         "[ARGS]\n",
         stderr);
   return CLI_EXIT_USAGE;
@@ -45,6 +47,7 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
       {"timeout", required_argument, NULL, 't'},
       {"exclusive", no_argument, NULL, 'x'},
       {"job-id", required_argument, NULL, 'j'},
+      {"no-preload", no_argument, NULL, 'n'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   *o = (run_opts_t){.gpu = "auto",
@@ -66,6 +69,8 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
       rc = cogpu__parse_duration_ms("--timeout", optarg, &o->timeout_ms);
     else if (c == 'x')
       o->exclusive = true;
+    else if (c == 'n')
+      o->no_preload = true;
     else if (c == 'j')
       o->job_id = optarg;
     else if (c == 'h')
@@ -206,7 +211,57 @@ static void run_sigset(sigset_t *set) {
   }
 }
 
-static void run_env(cogpu_t *h, int gpu, uint64_t mem) {
+/* The preload library: beside the cogpu binary (a build tree), or where
+ * `make install` puts it. */
+static bool run_find_preload(char *path, size_t len) {
+  char exe[3001];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0)
+    return false;
+  exe[n] = 0;
+  char *slash = strrchr(exe, '/');
+  if (!slash)
+    return false;
+  *slash = 0;
+  static const char *const rel[] = {"libcogpu-preload.so",
+                                    "../lib/cogpu/libcogpu-preload.so"};
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(rel); i++) {
+    if ((size_t)snprintf(path, len, "%.3000s/%s", exe, rel[i]) >= len)
+      return false;
+    if (access(path, R_OK) == 0)
+      return true;
+  }
+  return false;
+}
+
+/* Transparent mode: the command's CUDA allocations are accounted by the
+ * preload library, against this job's reservation (the job token), with
+ * --mem as its starting share. Appended to LD_PRELOAD, so a sanitizer
+ * runtime or another tool that must come first stays first. */
+static void run_env_preload(cogpu_t *h, const run_opts_t *o) {
+  char lib[4096], tok[32], buf[64];
+  if (o->no_preload || !run_find_preload(lib, sizeof lib) ||
+      cogpu_job_token(h, tok, sizeof tok) != 0)
+    return;
+  const char *old = getenv("LD_PRELOAD");
+  char *pre = malloc(strlen(lib) + (old ? strlen(old) : 0) + 2);
+  if (!pre)
+    return;
+  sprintf(pre, "%s%s%s", old && *old ? old : "", old && *old ? " " : "", lib);
+  setenv("LD_PRELOAD", pre, 1);
+  free(pre);
+  setenv("COGPU_JOB_TOKEN", tok, 1);
+  snprintf(buf, sizeof buf, "%llu", (unsigned long long)o->mem);
+  setenv("COGPU_JOB_BASE", buf, 1);
+  setenv("COGPU_MEM", buf, 1);
+  snprintf(buf, sizeof buf, "%ld", o->priority);
+  setenv("COGPU_PRIORITY", buf, 1);
+  if (o->job_id)
+    setenv("COGPU_JOB_ID", o->job_id, 1);
+}
+
+static void run_env(cogpu_t *h, int gpu, const run_opts_t *o) {
+  run_env_preload(h, o);
   if (gpu < 0)
     return;
   cogpu_status_t *st;
@@ -217,7 +272,7 @@ static void run_env(cogpu_t *h, int gpu, uint64_t mem) {
   }
   snprintf(buf, sizeof buf, "%d", gpu);
   setenv("COGPU_GPU", buf, 1);
-  snprintf(buf, sizeof buf, "%llu", (unsigned long long)mem);
+  snprintf(buf, sizeof buf, "%llu", (unsigned long long)o->mem);
   setenv("COGPU_RESERVED_BYTES", buf, 1);
 }
 
@@ -290,7 +345,7 @@ int cli_run(int argc, char **argv) {
     cogpu_detach(h);
     return rc;
   }
-  run_env(h, gpu, o.mem);
+  run_env(h, gpu, &o);
   int st = run_exec(o.cmd);
   cogpu_detach(h);
   if (st == -1)

@@ -1,0 +1,426 @@
+/*
+ * account.c: a process's GPU memory, counted against its job's reservation
+ * in the node ledger.
+ *
+ * Per CUDA device the process keeps `used` (what its allocations hold) and
+ * `reserved` (what it may use: the job's base handed over by cogpu run, plus
+ * what it grew itself). An allocation adds to `used`; while that stays
+ * within `reserved` it costs one atomic add, no lock and no system call.
+ * Beyond it the reservation grows through the ledger: in reserve mode (mem
+ * set) only if memory is free now (or waiting, with grow_wait), otherwise
+ * out-of-memory; on demand, waiting in the node's queue per its policy.
+ * Frees shrink an on-demand reservation again, keeping one grow_step spare.
+ *
+ * Nothing here may crash or stop the application: when the ledger cannot
+ * be used, the process runs unaccounted, and says so once.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "preload/preload-int.h"
+#include "preload/table.h"
+
+#define PL_MAX_DEVS 64
+#define PL_MAX_POOLS 256
+
+enum { DEV_UNKNOWN = 0, DEV_ACCOUNTED, DEV_UNACCOUNTED };
+
+typedef struct pl_dev_s {
+  _Atomic int state;
+  int gpu; /* ledger index */
+  _Atomic int64_t used;
+  _Atomic int64_t reserved;
+  uint64_t base;         /* part of reserved that was the job's base */
+  uint64_t primary_refs; /* primary context retains */
+  pthread_mutex_t mu;    /* mapping, growing, shrinking */
+} pl_dev_t;
+
+typedef struct pl_pool_s {
+  CUmemoryPool pool;
+  CUdevice dev;
+  uint64_t accounted; /* the pool's reserved footprint, as last charged */
+} pl_pool_t;
+
+static pl_dev_t pl_devs[PL_MAX_DEVS];
+static pl_pool_t pl_pools[PL_MAX_POOLS];
+static size_t pl_npools;
+static pthread_mutex_t pl_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static pthread_mutex_t pl_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int pl_attached; /* 0 not tried, 1 attached, 2 unaccounted */
+static cogpu_t *pl_h;
+static cogpu__config_t pl_cfg;
+static uint64_t pl_job_base; /* from cogpu run, for this process only */
+static int pl_job_gpu = -1;
+static pl_table_t pl_tables[4]; /* pointers, VMM handles, arrays, contexts */
+
+static pl_table_t *table_for(pl_kind_t k) {
+  switch (k) {
+  case PL_KIND_MEM:
+  case PL_KIND_POOL:
+    return &pl_tables[0];
+  case PL_KIND_HANDLE:
+    return &pl_tables[1];
+  case PL_KIND_ARRAY:
+  case PL_KIND_MIPMAP:
+    return &pl_tables[2];
+  default:
+    return &pl_tables[3];
+  }
+}
+
+static void pl_fork_child(void) {
+  /* CUDA does not survive fork: the child starts from nothing and attaches
+   * on its own if it uses CUDA. The ledger marks the handle as the
+   * parent's. */
+  pl_h = NULL;
+  atomic_store(&pl_attached, 0);
+  for (int i = 0; i < PL_MAX_DEVS; i++) {
+    atomic_store(&pl_devs[i].state, DEV_UNKNOWN);
+    atomic_store(&pl_devs[i].used, 0);
+    atomic_store(&pl_devs[i].reserved, 0);
+    pl_devs[i].base = pl_devs[i].primary_refs = 0;
+    pthread_mutex_init(&pl_devs[i].mu, NULL);
+  }
+  pl_npools = 0;
+  pthread_mutex_init(&pl_mu, NULL);
+  pthread_mutex_init(&pl_pool_mu, NULL);
+  for (int i = 0; i < 4; i++)
+    cogpu__pl_table_clear(&pl_tables[i]);
+  pl_job_base = 0;
+}
+
+/* Runs before main, single-threaded: take this process's share of the
+ * job's reservation and keep it from the processes it starts. */
+__attribute__((constructor)) static void pl_init(void) {
+  for (int i = 0; i < PL_MAX_DEVS; i++)
+    pthread_mutex_init(&pl_devs[i].mu, NULL);
+  static const size_t caps[4] = {1u << 20, 1u << 16, 1u << 16, 1u << 12};
+  for (int i = 0; i < 4; i++)
+    cogpu__pl_table_init(&pl_tables[i], caps[i]);
+  const char *base = getenv("COGPU_JOB_BASE");
+  const char *gpu = getenv("COGPU_GPU");
+  if (base && gpu && cogpu__parse_size("COGPU_JOB_BASE", base,
+                                       &pl_job_base) == 0)
+    pl_job_gpu = atoi(gpu);
+  unsetenv("COGPU_JOB_BASE");
+  pthread_atfork(NULL, NULL, pl_fork_child);
+}
+
+static bool pl_attach(void) {
+  int st = atomic_load_explicit(&pl_attached, memory_order_acquire);
+  if (st)
+    return st == 1;
+  pthread_mutex_lock(&pl_mu);
+  if (atomic_load(&pl_attached) == 0) {
+    int rc = cogpu__config_load(&pl_cfg);
+    cogpu_attach_opts_t o = {.priority = (int)pl_cfg.v[COGPU_OPT_PRIORITY].i,
+                             .job_id = pl_cfg.v[COGPU_OPT_JOB_ID].s,
+                             .join = pl_cfg.v[COGPU_OPT_JOB_TOKEN].s};
+    if (rc == 0)
+      rc = cogpu_attach(&o, &pl_h);
+    if (rc == -ESRCH) {
+      cogpu__log(COGPU_LOG_WARN, "%s; reserving on its own",
+                 cogpu_last_error());
+      o.join = NULL;
+      pl_job_base = 0;
+      rc = cogpu_attach(&o, &pl_h);
+    }
+    if (rc)
+      cogpu__log(COGPU_LOG_ERROR,
+                 "GPU memory of this process is not accounted: %s",
+                 cogpu_last_error());
+    atomic_store_explicit(&pl_attached, rc ? 2 : 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&pl_mu);
+  return atomic_load(&pl_attached) == 1;
+}
+
+static void uuid_text(const CUuuid *u, char *buf, size_t len) {
+  const unsigned char *b = (const unsigned char *)u->bytes;
+  snprintf(buf, len,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+           "%02x%02x%02x%02x%02x%02x",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10],
+           b[11], b[12], b[13], b[14], b[15]);
+}
+
+/* Which ledger GPU a CUDA ordinal is: by UUID, never by index (CUDA
+ * ordinals and NVML indices differ under CUDA_VISIBLE_DEVICES). */
+static void dev_map(CUdevice dev, pl_dev_t *d) {
+  CUuuid u;
+  char text[64];
+  cuDeviceGetUuid_ft *get = REAL(cuDeviceGetUuid);
+  int gpu = -1;
+  if (pl_attach() && get && get(&u, dev) == CUDA_SUCCESS) {
+    uuid_text(&u, text, sizeof text);
+    if (cogpu_gpu_lookup(pl_h, text, &gpu) != 0)
+      cogpu__log(COGPU_LOG_WARN, "CUDA device %d (%s) is not in the node "
+                                 "ledger: not accounted", dev, text);
+  }
+  d->gpu = gpu;
+  if (gpu >= 0 && gpu == pl_job_gpu && pl_job_base) {
+    uint64_t held = 0;
+    cogpu_held(pl_h, gpu, &held);
+    d->base = pl_job_base < held ? pl_job_base : held;
+    atomic_store(&d->reserved, (int64_t)d->base);
+    pl_job_base = 0;
+  }
+  atomic_store_explicit(&d->state, gpu >= 0 ? DEV_ACCOUNTED : DEV_UNACCOUNTED,
+                        memory_order_release);
+}
+
+static pl_dev_t *dev_get(CUdevice dev) {
+  if (dev < 0 || dev >= PL_MAX_DEVS)
+    return NULL;
+  pl_dev_t *d = &pl_devs[dev];
+  int st = atomic_load_explicit(&d->state, memory_order_acquire);
+  if (st == DEV_UNKNOWN) {
+    pthread_mutex_lock(&d->mu);
+    if (atomic_load(&d->state) == DEV_UNKNOWN)
+      dev_map(dev, d);
+    pthread_mutex_unlock(&d->mu);
+    st = atomic_load(&d->state);
+  }
+  return st == DEV_ACCOUNTED ? d : NULL;
+}
+
+CUdevice cogpu__pl_current_device(void) {
+  CUdevice dev = -1;
+  cuCtxGetDevice_ft *get = REAL(cuCtxGetDevice);
+  if (!get || get(&dev) != CUDA_SUCCESS)
+    return -1;
+  return dev;
+}
+
+static uint64_t cfg_u(int id) { return pl_cfg.v[id].u; }
+
+uint64_t cogpu__pl_context_bytes(void) {
+  pl_attach();
+  return cfg_u(COGPU_OPT_CONTEXT_BYTES);
+}
+
+/* Reserve `bytes` more for d through the ledger; prints one line when it
+ * has to wait. */
+static int dev_reserve(pl_dev_t *d, uint64_t bytes, int64_t timeout_ms) {
+  cogpu_request_t r = {.gpu = d->gpu,
+                       .bytes = bytes,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = COGPU_NOWAIT};
+  int rc = cogpu_reserve(pl_h, &r, NULL);
+  if (rc != -EAGAIN || timeout_ms == COGPU_NOWAIT)
+    return rc;
+  char need[32];
+  cogpu__log(COGPU_LOG_WARN, "waiting for %s of GPU memory on GPU %d",
+             cogpu__fmt_size(bytes, need, sizeof need), d->gpu);
+  r.timeout_ms = timeout_ms;
+  return cogpu_reserve(pl_h, &r, NULL);
+}
+
+/* Grow d's reservation until it covers `used`; d->mu held. */
+static CUresult dev_grow(pl_dev_t *d) {
+  uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), limit = cfg_u(COGPU_OPT_LIMIT);
+  bool reserve_mode = cfg_u(COGPU_OPT_MEM) > 0;
+  int64_t timeout = reserve_mode && !pl_cfg.v[COGPU_OPT_GROW_WAIT].i
+                        ? COGPU_NOWAIT
+                        : pl_cfg.v[COGPU_OPT_TIMEOUT].i;
+  for (;;) {
+    int64_t used = atomic_load(&d->used), res = atomic_load(&d->reserved);
+    if (used <= res)
+      return CUDA_SUCCESS;
+    uint64_t need = (uint64_t)(used - res);
+    uint64_t want = need > step ? need : step;
+    if (limit && (uint64_t)res + want > limit)
+      want = need;
+    int rc = dev_reserve(d, want, COGPU_NOWAIT);
+    if (rc == -EAGAIN && want > need)
+      rc = dev_reserve(d, want = need, timeout);
+    else if (rc == -EAGAIN)
+      rc = dev_reserve(d, want, timeout);
+    if (rc) {
+      cogpu__log(COGPU_LOG_WARN, "GPU %d: out of memory for this job: %s",
+                 d->gpu, cogpu_last_error());
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    atomic_fetch_add(&d->reserved, (int64_t)want);
+  }
+}
+
+CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
+  pl_dev_t *d = dev_get(dev);
+  if (!d || bytes == 0)
+    return CUDA_SUCCESS;
+  int64_t used = atomic_fetch_add(&d->used, (int64_t)bytes) + (int64_t)bytes;
+  uint64_t limit = cfg_u(COGPU_OPT_LIMIT);
+  if (limit && (uint64_t)used > limit) {
+    atomic_fetch_sub(&d->used, (int64_t)bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (used <= atomic_load_explicit(&d->reserved, memory_order_relaxed))
+    return CUDA_SUCCESS;
+  pthread_mutex_lock(&d->mu);
+  CUresult rc = dev_grow(d);
+  pthread_mutex_unlock(&d->mu);
+  if (rc != CUDA_SUCCESS)
+    atomic_fetch_sub(&d->used, (int64_t)bytes);
+  return rc;
+}
+
+/* Give back what an on-demand reservation holds beyond one spare step (in
+ * reserve mode, beyond mem); never the job's base. */
+static void dev_shrink(pl_dev_t *d) {
+  uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), floor = cfg_u(COGPU_OPT_MEM);
+  int64_t used = atomic_load(&d->used), res = atomic_load(&d->reserved);
+  uint64_t keep = (uint64_t)(used > 0 ? used : 0) + step;
+  keep = keep > floor ? keep : floor;
+  keep = keep > d->base ? keep : d->base;
+  if ((uint64_t)res <= keep + step)
+    return;
+  uint64_t excess = (uint64_t)res - keep;
+  if (cogpu_release(pl_h, d->gpu, excess) == 0)
+    atomic_fetch_sub(&d->reserved, (int64_t)excess);
+}
+
+void cogpu__pl_uncharge(CUdevice dev, uint64_t bytes) {
+  pl_dev_t *d = dev_get(dev);
+  if (!d || bytes == 0)
+    return;
+  int64_t used = atomic_fetch_sub(&d->used, (int64_t)bytes) - (int64_t)bytes;
+  uint64_t step = cfg_u(COGPU_OPT_GROW_STEP);
+  if (atomic_load(&d->reserved) - used > (int64_t)(3 * step) &&
+      pthread_mutex_trylock(&d->mu) == 0) {
+    dev_shrink(d);
+    pthread_mutex_unlock(&d->mu);
+  }
+}
+
+void cogpu__pl_adjust(CUdevice dev, int64_t delta) {
+  pl_dev_t *d = dev_get(dev);
+  if (d && delta)
+    atomic_fetch_add(&d->used, delta);
+}
+
+/* Entries pack device (8 bits), kind (8 bits) and bytes (48 bits). */
+void cogpu__pl_track(pl_kind_t kind, uint64_t key, CUdevice dev,
+                     uint64_t bytes) {
+  uint64_t v = ((uint64_t)(dev & 0xff) << 56) | ((uint64_t)kind << 48) |
+               (bytes & 0xffffffffffffull);
+  if (!cogpu__pl_table_put(table_for(kind), key, v))
+    cogpu__log(COGPU_LOG_WARN, "allocation table full: an allocation is "
+                               "not tracked");
+}
+
+bool cogpu__pl_untrack(pl_kind_t table, uint64_t key, CUdevice *dev,
+                       uint64_t *bytes, pl_kind_t *kind) {
+  uint64_t v;
+  if (!cogpu__pl_table_take(table_for(table), key, &v))
+    return false;
+  *dev = (CUdevice)(v >> 56);
+  *bytes = v & 0xffffffffffffull;
+  *kind = (pl_kind_t)((v >> 48) & 0xff);
+  return true;
+}
+
+/* Before the first context on dev: attach, map it, and in reserve mode take
+ * the reservation, waiting for it. */
+CUresult cogpu__pl_context_prepare(CUdevice dev) {
+  pl_dev_t *d = dev_get(dev);
+  uint64_t mem = d ? cfg_u(COGPU_OPT_MEM) : 0;
+  if (!d || mem == 0)
+    return CUDA_SUCCESS;
+  CUresult rc = CUDA_SUCCESS;
+  pthread_mutex_lock(&d->mu);
+  int64_t res = atomic_load(&d->reserved);
+  if ((uint64_t)res < mem) {
+    int r = dev_reserve(d, mem - (uint64_t)res, pl_cfg.v[COGPU_OPT_TIMEOUT].i);
+    if (r == 0)
+      atomic_fetch_add(&d->reserved, (int64_t)(mem - (uint64_t)res));
+    else {
+      cogpu__log(COGPU_LOG_ERROR, "cannot reserve GPU memory: %s",
+                 cogpu_last_error());
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_mutex_unlock(&d->mu);
+  return rc;
+}
+
+bool cogpu__pl_meminfo(CUdevice dev, uint64_t *free_b, uint64_t *total_b,
+                       uint64_t real_free) {
+  pl_dev_t *d = dev_get(dev);
+  if (!d)
+    return false;
+  int64_t used = atomic_load(&d->used), res = atomic_load(&d->reserved);
+  uint64_t u = used > 0 ? (uint64_t)used : 0;
+  uint64_t limit = cfg_u(COGPU_OPT_LIMIT), mem = cfg_u(COGPU_OPT_MEM);
+  uint64_t share = limit ? limit : mem ? (mem > (uint64_t)res ? mem
+                                                                : (uint64_t)res)
+                                       : 0;
+  uint64_t fr;
+  if (share) {
+    *total_b = share;
+    fr = share > u ? share - u : 0;
+  } else {
+    uint64_t cap = 0, gfree = 0;
+    cogpu__ledger_room(pl_h, d->gpu, &cap, &gfree);
+    *total_b = cap;
+    fr = gfree + (res > used ? (uint64_t)(res - used) : 0);
+  }
+  *free_b = fr < real_free ? fr : real_free;
+  return true;
+}
+
+bool cogpu__pl_report_total(CUdevice dev, uint64_t *total) {
+  if (!pl_attach() || !pl_cfg.v[COGPU_OPT_REPORT_TOTAL].i)
+    return false;
+  uint64_t fr;
+  return cogpu__pl_meminfo(dev, &fr, total, UINT64_MAX);
+}
+
+uint64_t cogpu__pl_pool_index(CUmemoryPool pool, CUdevice dev) {
+  pthread_mutex_lock(&pl_pool_mu);
+  size_t i = 0;
+  while (i < pl_npools && pl_pools[i].pool != pool)
+    i++;
+  if (i == pl_npools && pl_npools < PL_MAX_POOLS)
+    pl_pools[pl_npools++] = (pl_pool_t){pool, dev, 0};
+  pthread_mutex_unlock(&pl_pool_mu);
+  return i;
+}
+
+CUmemoryPool cogpu__pl_pool_at(uint64_t index, CUdevice *dev) {
+  CUmemoryPool p = NULL;
+  pthread_mutex_lock(&pl_pool_mu);
+  if (index < pl_npools) {
+    p = pl_pools[index].pool;
+    *dev = pl_pools[index].dev;
+  }
+  pthread_mutex_unlock(&pl_pool_mu);
+  return p;
+}
+
+/* A pool keeps more than its live allocations (granules, freed memory not
+ * yet trimmed): what it reserves from the device is what counts. */
+void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev) {
+  cuMemPoolGetAttribute_ft *get = REAL(cuMemPoolGetAttribute);
+  cuuint64_t now = 0;
+  if (!pool || !get ||
+      get(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &now) != CUDA_SUCCESS)
+    return;
+  uint64_t i = cogpu__pl_pool_index(pool, dev);
+  pthread_mutex_lock(&pl_pool_mu);
+  int64_t delta = 0;
+  if (i < pl_npools) {
+    delta = (int64_t)now - (int64_t)pl_pools[i].accounted;
+    pl_pools[i].accounted = now;
+  }
+  pthread_mutex_unlock(&pl_pool_mu);
+  if (delta > 0)
+    cogpu__pl_adjust(dev, delta);
+  else if (delta < 0)
+    cogpu__pl_uncharge(dev, (uint64_t)-delta);
+}

@@ -1,0 +1,86 @@
+/*
+ * driver.c: the real CUDA driver behind the hooks. libcuda.so.1 is found
+ * the way the system loader finds it (so LD_LIBRARY_PATH works), loaded on
+ * first need, and its entry points are resolved with glibc's own dlsym,
+ * never through our dlsym override.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "preload/preload-int.h"
+
+static const char *const pl_names[PL__COUNT] = {
+#define HOOK(n) #n,
+#define NEED(n) #n,
+#include "preload/hooks.def"
+#undef HOOK
+#undef NEED
+};
+
+/* Our hooks, by entry point; NULL for NEED entries. */
+static void *const pl_hooks[PL__COUNT] = {
+#define HOOK(n) (void *)n,
+#define NEED(n) NULL,
+#include "preload/hooks.def"
+#undef HOOK
+#undef NEED
+};
+
+static void *pl_real_fn[PL__COUNT];
+static void *pl_handle;
+static pthread_once_t pl_once = PTHREAD_ONCE_INIT;
+typedef void *dlsym_ft(void *, const char *);
+static dlsym_ft *_Atomic pl_dlsym;
+
+void *cogpu__pl_real_dlsym(void *handle, const char *name) {
+  dlsym_ft *fn = atomic_load_explicit(&pl_dlsym, memory_order_acquire);
+  if (!fn) {
+    /* dlvsym is not overridden, so this cannot recurse. glibc 2.34 moved
+     * dlsym into libc with a new version; older ones have 2.2.5. */
+    fn = (dlsym_ft *)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!fn)
+      fn = (dlsym_ft *)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    atomic_store_explicit(&pl_dlsym, fn, memory_order_release);
+  }
+  return fn ? fn(handle, name) : NULL;
+}
+
+static void pl_load(void) {
+  pl_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!pl_handle) {
+    cogpu__log(COGPU_LOG_WARN,
+               "cannot load the CUDA driver (libcuda.so.1): %s; CUDA calls "
+               "will fail as they would without cogpu",
+               dlerror());
+    return;
+  }
+  for (int i = 0; i < PL__COUNT; i++)
+    pl_real_fn[i] = cogpu__pl_real_dlsym(pl_handle, pl_names[i]);
+}
+
+void *cogpu__pl_driver(void) {
+  pthread_once(&pl_once, pl_load);
+  return pl_handle;
+}
+
+void *cogpu__pl_real(int fn) {
+  pthread_once(&pl_once, pl_load);
+  return fn >= 0 && fn < PL__COUNT ? pl_real_fn[fn] : NULL;
+}
+
+void *cogpu__pl_redirect(void *addr) {
+  pthread_once(&pl_once, pl_load);
+  for (int i = 0; addr && i < PL__COUNT; i++)
+    if (pl_hooks[i] && pl_real_fn[i] == addr)
+      return pl_hooks[i];
+  return addr;
+}
+
+void *cogpu__pl_hook_by_name(const char *name) {
+  for (int i = 0; name && i < PL__COUNT; i++)
+    if (pl_hooks[i] && strcmp(pl_names[i], name) == 0)
+      return pl_hooks[i];
+  return NULL;
+}

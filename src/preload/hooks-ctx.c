@@ -1,0 +1,185 @@
+/*
+ * hooks-ctx.c: contexts and what a program is told about memory.
+ * A context costs device memory (context_bytes, counted once per primary
+ * context and per created context); in reserve mode the first context on a
+ * device is where the job waits for its reservation. cuMemGetInfo reports
+ * the job's share, so frameworks size their caches to it.
+ */
+#include <pthread.h>
+
+#include "preload/preload-int.h"
+
+static CUresult not_loaded(void) { return CUDA_ERROR_NOT_INITIALIZED; }
+
+static uint64_t ctx_bytes(void) { return cogpu__pl_context_bytes(); }
+
+/* Prepare the device, charge a context, create it; undo on failure. */
+static CUresult ctx_create(CUdevice dev, CUcontext *pctx,
+                           CUresult (*call)(void *), void *args) {
+  CUresult rc = cogpu__pl_context_prepare(dev);
+  if (rc == CUDA_SUCCESS)
+    rc = cogpu__pl_charge(dev, ctx_bytes());
+  if (rc != CUDA_SUCCESS)
+    return rc;
+  rc = call(args);
+  if (rc == CUDA_SUCCESS && pctx)
+    cogpu__pl_track(PL_KIND_CTX, (uintptr_t)*pctx, dev, ctx_bytes());
+  else
+    cogpu__pl_uncharge(dev, ctx_bytes());
+  return rc;
+}
+
+typedef struct ctx_args_s {
+  void *fn;
+  CUcontext *pctx;
+  void *params;
+  int nparams;
+  unsigned int flags;
+  CUdevice dev;
+} ctx_args_t;
+
+static CUresult call_v2(void *a) {
+  ctx_args_t *x = a;
+  return ((cuCtxCreate_v2_ft *)x->fn)(x->pctx, x->flags, x->dev);
+}
+static CUresult call_v3(void *a) {
+  ctx_args_t *x = a;
+  return ((cuCtxCreate_v3_ft *)x->fn)(x->pctx, x->params, x->nparams, x->flags,
+                                      x->dev);
+}
+static CUresult call_v4(void *a) {
+  ctx_args_t *x = a;
+  return ((cuCtxCreate_v4_ft *)x->fn)(x->pctx, x->params, x->flags, x->dev);
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  ctx_args_t a = {(void *)REAL(cuCtxCreate_v2), pctx, NULL, 0, flags, dev};
+  return a.fn ? ctx_create(dev, pctx, call_v2, &a) : not_loaded();
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n,
+                        unsigned int flags, CUdevice dev) {
+  ctx_args_t a = {(void *)REAL(cuCtxCreate_v3), pctx, params, n, flags, dev};
+  return a.fn ? ctx_create(dev, pctx, call_v3, &a) : not_loaded();
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags,
+                        CUdevice dev) {
+  ctx_args_t a = {(void *)REAL(cuCtxCreate_v4), pctx, params, 0, flags, dev};
+  return a.fn ? ctx_create(dev, pctx, call_v4, &a) : not_loaded();
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  cuCtxDestroy_v2_ft *real = REAL(cuCtxDestroy_v2);
+  if (!real)
+    return not_loaded();
+  CUdevice dev;
+  uint64_t bytes;
+  pl_kind_t kind;
+  bool known = cogpu__pl_untrack(PL_KIND_CTX, (uintptr_t)ctx, &dev, &bytes,
+                                 &kind);
+  CUresult rc = real(ctx);
+  if (known && rc == CUDA_SUCCESS)
+    cogpu__pl_uncharge(dev, bytes);
+  else if (known)
+    cogpu__pl_track(kind, (uintptr_t)ctx, dev, bytes);
+  return rc;
+}
+
+/* Primary contexts are reference counted by the driver: the memory is
+ * charged at the first retain and credited at the last release. */
+static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t primary_refs[64];
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+  cuDevicePrimaryCtxRetain_ft *real = REAL(cuDevicePrimaryCtxRetain);
+  if (!real)
+    return not_loaded();
+  if (dev < 0 || dev >= 64)
+    return real(pctx, dev);
+  pthread_mutex_lock(&primary_mu);
+  bool first = primary_refs[dev] == 0;
+  CUresult rc = CUDA_SUCCESS;
+  if (first)
+    rc = cogpu__pl_context_prepare(dev);
+  if (first && rc == CUDA_SUCCESS)
+    rc = cogpu__pl_charge(dev, ctx_bytes());
+  if (rc == CUDA_SUCCESS) {
+    rc = real(pctx, dev);
+    if (rc == CUDA_SUCCESS)
+      primary_refs[dev]++;
+    else if (first)
+      cogpu__pl_uncharge(dev, ctx_bytes());
+  }
+  pthread_mutex_unlock(&primary_mu);
+  return rc;
+}
+
+static CUresult primary_release(cuDevicePrimaryCtxRelease_ft *real,
+                                CUdevice dev) {
+  if (!real)
+    return not_loaded();
+  if (dev < 0 || dev >= 64)
+    return real(dev);
+  pthread_mutex_lock(&primary_mu);
+  CUresult rc = real(dev);
+  if (rc == CUDA_SUCCESS && primary_refs[dev] > 0 && --primary_refs[dev] == 0)
+    cogpu__pl_uncharge(dev, ctx_bytes());
+  pthread_mutex_unlock(&primary_mu);
+  return rc;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return primary_release(REAL(cuDevicePrimaryCtxRelease), dev);
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return primary_release(REAL(cuDevicePrimaryCtxRelease_v2), dev);
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
+  cuMemGetInfo_v2_ft *real = REAL(cuMemGetInfo_v2);
+  if (!real)
+    return not_loaded();
+  size_t rf = 0, rt = 0;
+  /* NULL arguments are the driver's to judge. */
+  CUresult rc = real(free_b ? &rf : NULL, total_b ? &rt : NULL);
+  if (rc != CUDA_SUCCESS)
+    return rc;
+  uint64_t f = rf, t = rt;
+  cogpu__pl_meminfo(cogpu__pl_current_device(), &f, &t, rf);
+  if (free_b)
+    *free_b = f;
+  if (total_b)
+    *total_b = t;
+  return rc;
+}
+
+CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b) {
+  cuMemGetInfo_ft *real = REAL(cuMemGetInfo);
+  if (!real)
+    return not_loaded();
+  unsigned int rf = 0, rt = 0;
+  CUresult rc = real(free_b ? &rf : NULL, total_b ? &rt : NULL);
+  if (rc != CUDA_SUCCESS)
+    return rc;
+  uint64_t f = rf, t = rt;
+  cogpu__pl_meminfo(cogpu__pl_current_device(), &f, &t, rf);
+  if (free_b)
+    *free_b = f > UINT32_MAX ? UINT32_MAX : (unsigned int)f;
+  if (total_b)
+    *total_b = t > UINT32_MAX ? UINT32_MAX : (unsigned int)t;
+  return rc;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+  cuDeviceTotalMem_v2_ft *real = REAL(cuDeviceTotalMem_v2);
+  if (!real)
+    return not_loaded();
+  CUresult rc = real(bytes, dev);
+  uint64_t share;
+  if (rc == CUDA_SUCCESS && bytes && cogpu__pl_report_total(dev, &share) &&
+      share && share < *bytes)
+    *bytes = share;
+  return rc;
+}

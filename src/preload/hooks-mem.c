@@ -1,0 +1,382 @@
+/*
+ * hooks-mem.c: every way a CUDA program takes device memory, charged to
+ * the device it came from before the driver is asked, and credited back to
+ * that same device when freed. A free of memory cogpu never saw is passed
+ * to the driver untouched; only the driver's own results are returned.
+ */
+#include "preload/preload-int.h"
+
+/* Charge, allocate, track; undo the charge if the driver fails. */
+#define ALLOC_ON(dev, bytes, kind, key_expr, call)                             \
+  do {                                                                         \
+    CUresult rc_ = cogpu__pl_charge((dev), (bytes));                           \
+    if (rc_ != CUDA_SUCCESS)                                                   \
+      return rc_;                                                              \
+    rc_ = (call);                                                              \
+    if (rc_ == CUDA_SUCCESS)                                                   \
+      cogpu__pl_track((kind), (uint64_t)(key_expr), (dev), (bytes));           \
+    else                                                                       \
+      cogpu__pl_uncharge((dev), (bytes));                                      \
+    return rc_;                                                                \
+  } while (0)
+
+static CUresult not_loaded(void) { return CUDA_ERROR_NOT_INITIALIZED; }
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+  cuMemAlloc_v2_ft *real = REAL(cuMemAlloc_v2);
+  if (!real)
+    return not_loaded();
+  CUdevice dev = cogpu__pl_current_device();
+  if (!dptr)
+    return real(dptr, bytes);
+  ALLOC_ON(dev, bytes, PL_KIND_MEM, *dptr, real(dptr, bytes));
+}
+
+CUresult cuMemAlloc(CUdeviceptr *dptr, unsigned int bytes) {
+  cuMemAlloc_ft *real = REAL(cuMemAlloc);
+  if (!real)
+    return not_loaded();
+  CUdevice dev = cogpu__pl_current_device();
+  if (!dptr)
+    return real(dptr, bytes);
+  ALLOC_ON(dev, bytes, PL_KIND_MEM, *dptr, real(dptr, bytes));
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes,
+                           unsigned int flags) {
+  cuMemAllocManaged_ft *real = REAL(cuMemAllocManaged);
+  if (!real)
+    return not_loaded();
+  /* Managed memory lives on the current device until it migrates. */
+  CUdevice dev = cogpu__pl_current_device();
+  if (!dptr)
+    return real(dptr, bytes, flags);
+  ALLOC_ON(dev, bytes, PL_KIND_MEM, *dptr, real(dptr, bytes, flags));
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                            size_t height, unsigned int elem) {
+  cuMemAllocPitch_v2_ft *real = REAL(cuMemAllocPitch_v2);
+  if (!real)
+    return not_loaded();
+  CUdevice dev = cogpu__pl_current_device();
+  if (!dptr || !pitch)
+    return real(dptr, pitch, width, height, elem);
+  /* The driver picks the pitch: charge a generous estimate, then the
+   * real pitch x height. */
+  uint64_t guess = ((width + 511) / 512 * 512) * height;
+  CUresult rc = cogpu__pl_charge(dev, guess);
+  if (rc != CUDA_SUCCESS)
+    return rc;
+  rc = real(dptr, pitch, width, height, elem);
+  if (rc != CUDA_SUCCESS) {
+    cogpu__pl_uncharge(dev, guess);
+    return rc;
+  }
+  uint64_t bytes = (uint64_t)*pitch * height;
+  cogpu__pl_adjust(dev, (int64_t)bytes - (int64_t)guess);
+  cogpu__pl_track(PL_KIND_MEM, *dptr, dev, bytes);
+  return rc;
+}
+
+/* Frees: the entry says which device, and whether a pool is behind it. */
+static void credit(CUdeviceptr p, CUdevice dev, uint64_t bytes,
+                   pl_kind_t kind) {
+  (void)p;
+  if (kind == PL_KIND_POOL) {
+    CUdevice pdev;
+    CUmemoryPool pool = cogpu__pl_pool_at(bytes, &pdev);
+    cogpu__pl_pool_sync(pool, pdev);
+  } else {
+    cogpu__pl_uncharge(dev, bytes);
+  }
+}
+
+static CUresult free_with(CUresult (*real)(CUdeviceptr), CUdeviceptr p) {
+  CUdevice dev;
+  uint64_t bytes;
+  pl_kind_t kind;
+  if (!cogpu__pl_untrack(PL_KIND_MEM, p, &dev, &bytes, &kind))
+    return real(p);
+  CUresult rc = real(p);
+  if (rc == CUDA_SUCCESS)
+    credit(p, dev, bytes, kind);
+  else
+    cogpu__pl_track(kind, p, dev, bytes); /* still allocated */
+  return rc;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  cuMemFree_v2_ft *real = REAL(cuMemFree_v2);
+  return real ? free_with(real, p) : not_loaded();
+}
+
+CUresult cuMemFree(CUdeviceptr p) {
+  cuMemFree_ft *real = REAL(cuMemFree);
+  return real ? free_with(real, p) : not_loaded();
+}
+
+/* --- Stream-ordered allocation: what a pool reserves is what counts. --- */
+
+static CUresult async_alloc(CUdeviceptr *dptr, size_t bytes,
+                            CUmemoryPool pool, CUdevice dev,
+                            CUresult (*call)(void *), void *ctx) {
+  CUresult rc = cogpu__pl_charge(dev, bytes);
+  if (rc != CUDA_SUCCESS)
+    return rc;
+  rc = call(ctx);
+  /* The request only reserved room; the pool's footprint is the charge. */
+  cogpu__pl_adjust(dev, -(int64_t)bytes);
+  if (rc == CUDA_SUCCESS && dptr && pool) {
+    cogpu__pl_track(PL_KIND_POOL, *dptr, dev, cogpu__pl_pool_index(pool, dev));
+    cogpu__pl_pool_sync(pool, dev);
+  }
+  return rc;
+}
+
+typedef struct async_args_s {
+  void *fn;
+  CUdeviceptr *dptr;
+  size_t bytes;
+  CUmemoryPool pool;
+  CUstream stream;
+} async_args_t;
+
+static CUresult call_default_pool(void *a) {
+  async_args_t *x = a;
+  return ((cuMemAllocAsync_ft *)x->fn)(x->dptr, x->bytes, x->stream);
+}
+
+static CUresult call_from_pool(void *a) {
+  async_args_t *x = a;
+  return ((cuMemAllocFromPoolAsync_ft *)x->fn)(x->dptr, x->bytes, x->pool,
+                                                x->stream);
+}
+
+static CUmemoryPool current_pool(CUdevice dev) {
+  cuDeviceGetMemPool_ft *get = REAL(cuDeviceGetMemPool);
+  CUmemoryPool pool = NULL;
+  if (!get || dev < 0 || get(&pool, dev) != CUDA_SUCCESS)
+    return NULL;
+  return pool;
+}
+
+static CUresult alloc_async(void *real, CUdeviceptr *dptr, size_t bytes,
+                            CUstream s) {
+  if (!real)
+    return not_loaded();
+  CUdevice dev = cogpu__pl_current_device();
+  async_args_t a = {real, dptr, bytes, NULL, s};
+  if (!dptr)
+    return call_default_pool(&a);
+  return async_alloc(dptr, bytes, current_pool(dev), dev, call_default_pool,
+                     &a);
+}
+
+static CUresult alloc_from_pool(void *real, CUdeviceptr *dptr, size_t bytes,
+                                CUmemoryPool pool, CUstream s) {
+  if (!real)
+    return not_loaded();
+  CUdevice dev = cogpu__pl_current_device();
+  async_args_t a = {real, dptr, bytes, pool, s};
+  if (!dptr)
+    return call_from_pool(&a);
+  return async_alloc(dptr, bytes, pool, dev, call_from_pool, &a);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+  return alloc_async((void *)REAL(cuMemAllocAsync), dptr, bytes, s);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+  return alloc_async((void *)REAL(cuMemAllocAsync_ptsz), dptr, bytes, s);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes,
+                                 CUmemoryPool pool, CUstream s) {
+  return alloc_from_pool((void *)REAL(cuMemAllocFromPoolAsync), dptr, bytes,
+                         pool, s);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+                                      CUmemoryPool pool, CUstream s) {
+  return alloc_from_pool((void *)REAL(cuMemAllocFromPoolAsync_ptsz), dptr,
+                         bytes, pool, s);
+}
+
+static CUresult free_async(CUresult (*real)(CUdeviceptr, CUstream),
+                           CUdeviceptr p, CUstream s) {
+  if (!real)
+    return not_loaded();
+  CUdevice dev;
+  uint64_t val;
+  pl_kind_t kind;
+  if (!cogpu__pl_untrack(PL_KIND_MEM, p, &dev, &val, &kind))
+    return real(p, s);
+  CUresult rc = real(p, s);
+  if (rc == CUDA_SUCCESS)
+    credit(p, dev, val, kind);
+  else
+    cogpu__pl_track(kind, p, dev, val);
+  return rc;
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+  return free_async(REAL(cuMemFreeAsync), p, s);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+  return free_async(REAL(cuMemFreeAsync_ptsz), p, s);
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  cuMemPoolTrimTo_ft *real = REAL(cuMemPoolTrimTo);
+  if (!real)
+    return not_loaded();
+  CUresult rc = real(pool, keep);
+  CUdevice dev = -1;
+  uint64_t i = cogpu__pl_pool_index(pool, cogpu__pl_current_device());
+  if (rc == CUDA_SUCCESS && cogpu__pl_pool_at(i, &dev))
+    cogpu__pl_pool_sync(pool, dev);
+  return rc;
+}
+
+/* --- Virtual memory management: the physical handle is what costs. --- */
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop,
+                     unsigned long long flags) {
+  cuMemCreate_ft *real = REAL(cuMemCreate);
+  if (!real)
+    return not_loaded();
+  if (!handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return real(handle, size, prop, flags);
+  CUdevice dev = prop->location.id;
+  ALLOC_ON(dev, size, PL_KIND_HANDLE, *handle,
+           real(handle, size, prop, flags));
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  cuMemRelease_ft *real = REAL(cuMemRelease);
+  if (!real)
+    return not_loaded();
+  CUdevice dev;
+  uint64_t bytes;
+  pl_kind_t kind;
+  if (!cogpu__pl_untrack(PL_KIND_HANDLE, handle, &dev, &bytes, &kind))
+    return real(handle);
+  CUresult rc = real(handle);
+  if (rc == CUDA_SUCCESS)
+    cogpu__pl_uncharge(dev, bytes);
+  else
+    cogpu__pl_track(kind, handle, dev, bytes);
+  return rc;
+}
+
+/* --- Arrays. --- */
+
+static uint64_t format_bytes(int format) {
+  switch (format) {
+  case CU_AD_FORMAT_UNSIGNED_INT16:
+  case CU_AD_FORMAT_SIGNED_INT16:
+  case CU_AD_FORMAT_HALF:
+    return 2;
+  case CU_AD_FORMAT_UNSIGNED_INT32:
+  case CU_AD_FORMAT_SIGNED_INT32:
+  case CU_AD_FORMAT_FLOAT:
+    return 4;
+  default:
+    return format >= 0x50 ? 16 : 1; /* block-compressed and wider formats */
+  }
+}
+
+static uint64_t dim(size_t v) { return v ? v : 1; }
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, int format,
+                            unsigned channels) {
+  return dim(w) * dim(h) * dim(d) * format_bytes(format) * dim(channels);
+}
+
+CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
+  cuArrayCreate_v2_ft *real = REAL(cuArrayCreate_v2);
+  if (!real)
+    return not_loaded();
+  if (!arr || !desc)
+    return real(arr, desc);
+  CUdevice dev = cogpu__pl_current_device();
+  uint64_t bytes =
+      array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+  ALLOC_ON(dev, bytes, PL_KIND_ARRAY, (uintptr_t)*arr, real(arr, desc));
+}
+
+CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+  cuArray3DCreate_v2_ft *real = REAL(cuArray3DCreate_v2);
+  if (!real)
+    return not_loaded();
+  if (!arr || !desc)
+    return real(arr, desc);
+  CUdevice dev = cogpu__pl_current_device();
+  uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth,
+                               desc->Format, desc->NumChannels);
+  ALLOC_ON(dev, bytes, PL_KIND_ARRAY, (uintptr_t)*arr, real(arr, desc));
+}
+
+static CUresult array_free(CUresult (*real)(void *), void *arr,
+                           pl_kind_t table) {
+  CUdevice dev;
+  uint64_t bytes;
+  pl_kind_t kind;
+  if (!cogpu__pl_untrack(table, (uintptr_t)arr, &dev, &bytes, &kind))
+    return real(arr);
+  CUresult rc = real(arr);
+  if (rc == CUDA_SUCCESS)
+    cogpu__pl_uncharge(dev, bytes);
+  else
+    cogpu__pl_track(kind, (uintptr_t)arr, dev, bytes);
+  return rc;
+}
+
+static cuArrayDestroy_ft *array_destroy_real;
+static CUresult array_destroy_call(void *a) {
+  return array_destroy_real((CUarray)a);
+}
+
+CUresult cuArrayDestroy(CUarray arr) {
+  array_destroy_real = REAL(cuArrayDestroy);
+  if (!array_destroy_real)
+    return not_loaded();
+  return array_free(array_destroy_call, arr, PL_KIND_ARRAY);
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr,
+                                const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                unsigned int levels) {
+  cuMipmappedArrayCreate_ft *real = REAL(cuMipmappedArrayCreate);
+  if (!real)
+    return not_loaded();
+  if (!arr || !desc)
+    return real(arr, desc, levels);
+  CUdevice dev = cogpu__pl_current_device();
+  uint64_t bytes = 0;
+  size_t w = desc->Width, h = desc->Height, d = desc->Depth;
+  for (unsigned l = 0; l < (levels ? levels : 1); l++) {
+    bytes += array_bytes(w, h, d, desc->Format, desc->NumChannels);
+    w = w > 1 ? w / 2 : w;
+    h = h > 1 ? h / 2 : h;
+    d = d > 1 ? d / 2 : d;
+  }
+  ALLOC_ON(dev, bytes, PL_KIND_MIPMAP, (uintptr_t)*arr,
+           real(arr, desc, levels));
+}
+
+static cuMipmappedArrayDestroy_ft *mipmap_destroy_real;
+static CUresult mipmap_destroy_call(void *a) {
+  return mipmap_destroy_real((CUmipmappedArray)a);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
+  mipmap_destroy_real = REAL(cuMipmappedArrayDestroy);
+  if (!mipmap_destroy_real)
+    return not_loaded();
+  return array_free(mipmap_destroy_call, arr, PL_KIND_MIPMAP);
+}

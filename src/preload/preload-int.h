@@ -1,0 +1,146 @@
+/*
+ * preload-int.h: internals of libcogpu-preload.so, the library that makes
+ * unmodified CUDA programs account their GPU memory in the node ledger.
+ *
+ * driver.c   finds the real libcuda.so.1 and its entry points (hooks.def)
+ * entry.c    the routes into the hooks: dlsym and cuGetProcAddress
+ * account.c  per-process accounting against the job's reservation
+ * hooks-*.c  the hooks themselves
+ */
+#ifndef COGPU_PRELOAD_INT_H
+#define COGPU_PRELOAD_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cogpu.h"
+#include "internal.h"
+#include "preload/cuda-abi.h"
+
+#define PRELOAD_EXPORT __attribute__((visibility("default")))
+
+enum preload_fn {
+#define HOOK(n) PL_##n,
+#define NEED(n) PL_##n,
+#include "preload/hooks.def"
+#undef HOOK
+#undef NEED
+  PL__COUNT
+};
+
+/* Signatures of every entry point in hooks.def. */
+typedef CUresult cuInit_ft(unsigned int);
+typedef CUresult cuGetProcAddress_ft(const char *, void **, int,
+                                        cuuint64_t);
+typedef CUresult cuGetProcAddress_v2_ft(const char *, void **, int,
+                                           cuuint64_t,
+                                           CUdriverProcAddressQueryResult *);
+typedef CUresult cuMemAlloc_ft(CUdeviceptr *, unsigned int);
+typedef CUresult cuMemAlloc_v2_ft(CUdeviceptr *, size_t);
+typedef CUresult cuMemAllocPitch_v2_ft(CUdeviceptr *, size_t *, size_t,
+                                          size_t, unsigned int);
+typedef CUresult cuMemAllocManaged_ft(CUdeviceptr *, size_t, unsigned int);
+typedef CUresult cuMemFree_ft(CUdeviceptr);
+typedef CUresult cuMemFree_v2_ft(CUdeviceptr);
+typedef CUresult cuMemGetInfo_ft(unsigned int *, unsigned int *);
+typedef CUresult cuMemGetInfo_v2_ft(size_t *, size_t *);
+typedef CUresult cuMemAllocAsync_ft(CUdeviceptr *, size_t, CUstream);
+typedef CUresult cuMemAllocAsync_ptsz_ft(CUdeviceptr *, size_t, CUstream);
+typedef CUresult cuMemAllocFromPoolAsync_ft(CUdeviceptr *, size_t,
+                                               CUmemoryPool, CUstream);
+typedef CUresult cuMemAllocFromPoolAsync_ptsz_ft(CUdeviceptr *, size_t,
+                                                    CUmemoryPool, CUstream);
+typedef CUresult cuMemFreeAsync_ft(CUdeviceptr, CUstream);
+typedef CUresult cuMemFreeAsync_ptsz_ft(CUdeviceptr, CUstream);
+typedef CUresult cuMemPoolTrimTo_ft(CUmemoryPool, size_t);
+typedef CUresult cuMemCreate_ft(CUmemGenericAllocationHandle *, size_t,
+                                   const CUmemAllocationProp *,
+                                   unsigned long long);
+typedef CUresult cuMemRelease_ft(CUmemGenericAllocationHandle);
+typedef CUresult cuArrayCreate_v2_ft(CUarray *,
+                                        const CUDA_ARRAY_DESCRIPTOR *);
+typedef CUresult cuArray3DCreate_v2_ft(CUarray *,
+                                          const CUDA_ARRAY3D_DESCRIPTOR *);
+typedef CUresult cuArrayDestroy_ft(CUarray);
+typedef CUresult cuMipmappedArrayCreate_ft(CUmipmappedArray *,
+                                              const CUDA_ARRAY3D_DESCRIPTOR *,
+                                              unsigned int);
+typedef CUresult cuMipmappedArrayDestroy_ft(CUmipmappedArray);
+typedef CUresult cuCtxCreate_v2_ft(CUcontext *, unsigned int, CUdevice);
+typedef CUresult cuCtxCreate_v3_ft(CUcontext *, void *, int, unsigned int,
+                                      CUdevice);
+typedef CUresult cuCtxCreate_v4_ft(CUcontext *, void *, unsigned int,
+                                      CUdevice);
+typedef CUresult cuCtxDestroy_v2_ft(CUcontext);
+typedef CUresult cuDevicePrimaryCtxRetain_ft(CUcontext *, CUdevice);
+typedef CUresult cuDevicePrimaryCtxRelease_ft(CUdevice);
+typedef CUresult cuDevicePrimaryCtxRelease_v2_ft(CUdevice);
+typedef CUresult cuDeviceTotalMem_v2_ft(size_t *, CUdevice);
+typedef CUresult cuCtxGetDevice_ft(CUdevice *);
+typedef CUresult cuDeviceGetUuid_ft(CUuuid *, CUdevice);
+typedef CUresult cuDeviceGetMemPool_ft(CUmemoryPool *, CUdevice);
+typedef CUresult cuMemPoolGetAttribute_ft(CUmemoryPool, int, void *);
+
+/* The hooks, exported under the driver's names. */
+#define HOOK(n) PRELOAD_EXPORT n##_ft n;
+#define NEED(n)
+#include "preload/hooks.def"
+#undef HOOK
+#undef NEED
+
+/* --- driver.c ----------------------------------------------------------- */
+/* The real driver's entry point, or NULL (no driver, or no such symbol). */
+void *cogpu__pl_real(int fn);
+#define REAL(name) ((name##_ft *)cogpu__pl_real(PL_##name))
+/* If addr is the real address of a hooked entry point, our hook for it;
+ * otherwise addr. */
+void *cogpu__pl_redirect(void *addr);
+/* Our hook for an exported name, or NULL. */
+void *cogpu__pl_hook_by_name(const char *name);
+/* dlsym as glibc implements it (never our override). */
+void *cogpu__pl_real_dlsym(void *handle, const char *name);
+/* The handle of the real libcuda.so.1, or NULL. */
+void *cogpu__pl_driver(void);
+
+/* --- account.c ----------------------------------------------------------- */
+typedef enum {
+  PL_KIND_MEM = 1, /* plain, pitched, managed */
+  PL_KIND_POOL,    /* stream-ordered; value holds the pool's index */
+  PL_KIND_HANDLE,  /* VMM physical allocation */
+  PL_KIND_ARRAY,
+  PL_KIND_MIPMAP,
+  PL_KIND_CTX
+} pl_kind_t;
+
+/* Charge `bytes` on CUDA device `dev` before allocating them: 0, or a
+ * CUresult (CUDA_ERROR_OUT_OF_MEMORY) when the job may not have them. */
+CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes);
+/* Give back what an allocation held (after it was freed, or failed). */
+void cogpu__pl_uncharge(CUdevice dev, uint64_t bytes);
+/* Adjust a charge after the fact (e.g. the real pitch), without waiting. */
+void cogpu__pl_adjust(CUdevice dev, int64_t delta);
+/* The current context's device, or -1. */
+CUdevice cogpu__pl_current_device(void);
+/* Remember / forget an allocation: key, device, bytes. */
+void cogpu__pl_track(pl_kind_t kind, uint64_t key, CUdevice dev,
+                     uint64_t bytes);
+/* Forget the allocation `key` in the table that holds `table`'s kind;
+ * false if it was never tracked (then forward the free untouched). */
+bool cogpu__pl_untrack(pl_kind_t table, uint64_t key, CUdevice *dev,
+                       uint64_t *bytes, pl_kind_t *kind);
+/* Before a context is created on dev: attach, map the device, take the
+ * mode's initial reservation (waiting for it). */
+CUresult cogpu__pl_context_prepare(CUdevice dev);
+/* The job's view of a device's memory, for cuMemGetInfo; false when the
+ * device is not accounted (report the driver's figures). */
+bool cogpu__pl_meminfo(CUdevice dev, uint64_t *free_b, uint64_t *total_b,
+                       uint64_t real_free);
+bool cogpu__pl_report_total(CUdevice dev, uint64_t *total);
+/* Device memory counted for one CUDA context. */
+uint64_t cogpu__pl_context_bytes(void);
+/* Stream-ordered pools: account a pool's reserved footprint. */
+void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev);
+uint64_t cogpu__pl_pool_index(CUmemoryPool pool, CUdevice dev);
+CUmemoryPool cogpu__pl_pool_at(uint64_t index, CUdevice *dev);
+
+#endif /* COGPU_PRELOAD_INT_H */
