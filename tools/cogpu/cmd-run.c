@@ -9,6 +9,7 @@
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -282,6 +283,7 @@ static int run_exec(char **cmd) {
   signal(SIGCHLD, SIG_DFL);
   run_sigset(&set);
   sigprocmask(SIG_BLOCK, &set, &old);
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     cli_err("run: fork: %s", strerror(errno));
@@ -289,6 +291,11 @@ static int run_exec(char **cmd) {
     return -1;
   }
   if (pid == 0) {
+    /* The reservation dies with cogpu: so must the command, or it would
+     * go on using memory the ledger has given to others. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(CLI_EXIT_FAIL);
     sigprocmask(SIG_SETMASK, &old, NULL);
     execvp(cmd[0], cmd);
     int e = errno;
