@@ -36,7 +36,7 @@ VERSION := 0.1.0
 
 LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/ledger/*.c))
 CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
-TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c \
+TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c tests/preload/test-*.c \
                tests/multiproc/*.c tests/fault/*.c tests/cli/*.c))
 BENCH_SRCS := $(sort $(wildcard bench/bench-*.c))
 FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
@@ -60,7 +60,8 @@ lib: $(B)/libcogpu.a $(B)/libcogpu.so
 preload: $(B)/libcogpu-preload.so
 cli: $(B)/cogpu
 # The CLI tests run the built cogpu.
-tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1 $(B)/cogpu
+tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1 $(B)/cogpu \
+       $(B)/tests/fakes/libcuda.so.1
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -93,11 +94,23 @@ $(B)/tests/fakes/libnvidia-ml.so.1: $(FAKE_NVML_SRCS)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $^ $(LDLIBS)
 
+$(B)/tests/fakes/libcuda.so.1: $(sort $(wildcard tests/fakes/cuda/*.c))
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $^ $(LDLIBS)
+
 $(B)/tests/run-tests: $(TEST_OBJS) $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a $(LDLIBS)
 
 $(TEST_OBJS): ALLCFLAGS += -Itests/harness
+
+# A CUDA driver program for the preload tests; its direct route links
+# against the test double.
+$(B)/tests/cudaprog: tests/preload/cudaprog.c $(B)/tests/fakes/libcuda.so.1
+	$(CC) $(ALLCFLAGS) -Wno-missing-prototypes -o $@ $< \
+	    -L$(B)/tests/fakes -l:libcuda.so.1 $(LDLIBS)
+
+tests: $(B)/tests/cudaprog $(B)/libcogpu-preload.so
 
 $(B)/bench/%: bench/%.c bench/bench.h $(B)/libcogpu.a
 	@mkdir -p $(dir $@)

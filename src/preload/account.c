@@ -104,8 +104,8 @@ __attribute__((constructor)) static void pl_init(void) {
     cogpu__pl_table_init(&pl_tables[i], caps[i]);
   const char *base = getenv("COGPU_JOB_BASE");
   const char *gpu = getenv("COGPU_GPU");
-  if (base && gpu && cogpu__parse_size("COGPU_JOB_BASE", base,
-                                       &pl_job_base) == 0)
+  if (base && gpu &&
+      cogpu__parse_size("COGPU_JOB_BASE", base, &pl_job_base) == 0)
     pl_job_gpu = atoi(gpu);
   unsetenv("COGPU_JOB_BASE");
   pthread_atfork(NULL, NULL, pl_fork_child);
@@ -159,8 +159,10 @@ static void dev_map(CUdevice dev, pl_dev_t *d) {
   if (pl_attach() && get && get(&u, dev) == CUDA_SUCCESS) {
     uuid_text(&u, text, sizeof text);
     if (cogpu_gpu_lookup(pl_h, text, &gpu) != 0)
-      cogpu__log(COGPU_LOG_WARN, "CUDA device %d (%s) is not in the node "
-                                 "ledger: not accounted", dev, text);
+      cogpu__log(COGPU_LOG_WARN,
+                 "CUDA device %d (%s) is not in the node "
+                 "ledger: not accounted",
+                 dev, text);
   }
   d->gpu = gpu;
   if (gpu >= 0 && gpu == pl_job_gpu && pl_job_base) {
@@ -197,7 +199,9 @@ CUdevice cogpu__pl_current_device(void) {
   return dev;
 }
 
-static uint64_t cfg_u(int id) { return pl_cfg.v[id].u; }
+static uint64_t cfg_u(int id) {
+  return pl_cfg.v[id].u;
+}
 
 uint64_t cogpu__pl_context_bytes(void) {
   pl_attach();
@@ -221,13 +225,18 @@ static int dev_reserve(pl_dev_t *d, uint64_t bytes, int64_t timeout_ms) {
   return cogpu_reserve(pl_h, &r, NULL);
 }
 
-/* Grow d's reservation until it covers `used`; d->mu held. */
-static CUresult dev_grow(pl_dev_t *d) {
-  uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), limit = cfg_u(COGPU_OPT_LIMIT);
+/* How long growing may wait: in reserve mode not at all (unless
+ * grow_wait), on demand as the node's queue decides. */
+static int64_t grow_timeout(void) {
   bool reserve_mode = cfg_u(COGPU_OPT_MEM) > 0;
-  int64_t timeout = reserve_mode && !pl_cfg.v[COGPU_OPT_GROW_WAIT].i
-                        ? COGPU_NOWAIT
-                        : pl_cfg.v[COGPU_OPT_TIMEOUT].i;
+  return reserve_mode && !pl_cfg.v[COGPU_OPT_GROW_WAIT].i
+             ? COGPU_NOWAIT
+             : pl_cfg.v[COGPU_OPT_TIMEOUT].i;
+}
+
+/* Grow d's reservation until it covers `used`; d->mu held. */
+static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
+  uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), limit = cfg_u(COGPU_OPT_LIMIT);
   for (;;) {
     int64_t used = atomic_load(&d->used), res = atomic_load(&d->reserved);
     if (used <= res)
@@ -263,7 +272,7 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
   if (used <= atomic_load_explicit(&d->reserved, memory_order_relaxed))
     return CUDA_SUCCESS;
   pthread_mutex_lock(&d->mu);
-  CUresult rc = dev_grow(d);
+  CUresult rc = dev_grow(d, grow_timeout());
   pthread_mutex_unlock(&d->mu);
   if (rc != CUDA_SUCCESS)
     atomic_fetch_sub(&d->used, (int64_t)bytes);
@@ -300,8 +309,16 @@ void cogpu__pl_uncharge(CUdevice dev, uint64_t bytes) {
 
 void cogpu__pl_adjust(CUdevice dev, int64_t delta) {
   pl_dev_t *d = dev_get(dev);
-  if (d && delta)
-    atomic_fetch_add(&d->used, delta);
+  if (!d || !delta)
+    return;
+  int64_t used = atomic_fetch_add(&d->used, delta) + delta;
+  /* The driver already holds it: cover it if memory is free now; if not,
+   * the job is over its reservation until it frees. */
+  if (delta > 0 && used > atomic_load(&d->reserved)) {
+    pthread_mutex_lock(&d->mu);
+    dev_grow(d, COGPU_NOWAIT);
+    pthread_mutex_unlock(&d->mu);
+  }
 }
 
 /* Entries pack device (8 bits), kind (8 bits) and bytes (48 bits). */
@@ -357,9 +374,9 @@ bool cogpu__pl_meminfo(CUdevice dev, uint64_t *free_b, uint64_t *total_b,
   int64_t used = atomic_load(&d->used), res = atomic_load(&d->reserved);
   uint64_t u = used > 0 ? (uint64_t)used : 0;
   uint64_t limit = cfg_u(COGPU_OPT_LIMIT), mem = cfg_u(COGPU_OPT_MEM);
-  uint64_t share = limit ? limit : mem ? (mem > (uint64_t)res ? mem
-                                                                : (uint64_t)res)
-                                       : 0;
+  uint64_t share = limit ? limit
+                   : mem ? (mem > (uint64_t)res ? mem : (uint64_t)res)
+                         : 0;
   uint64_t fr;
   if (share) {
     *total_b = share;

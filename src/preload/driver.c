@@ -78,6 +78,13 @@ void *cogpu__pl_redirect(void *addr) {
   return addr;
 }
 
+bool cogpu__pl_is_hook(const void *addr) {
+  for (int i = 0; addr && i < PL__COUNT; i++)
+    if (pl_hooks[i] == addr)
+      return true;
+  return false;
+}
+
 void *cogpu__pl_hook_by_name(const char *name) {
   for (int i = 0; name && i < PL__COUNT; i++)
     if (pl_hooks[i] && strcmp(pl_names[i], name) == 0)

@@ -66,7 +66,7 @@ static void entry_unknown(const char *symbol) {
 
 static void *entry_proc(const char *symbol, void *p) {
   void *q = cogpu__pl_redirect(p);
-  if (q == p && cogpu__pl_hook_by_name(symbol))
+  if (q == p && !cogpu__pl_is_hook(p) && cogpu__pl_hook_by_name(symbol))
     entry_unknown(symbol);
   return q;
 }

@@ -9,9 +9,13 @@
 
 #include "preload/preload-int.h"
 
-static CUresult not_loaded(void) { return CUDA_ERROR_NOT_INITIALIZED; }
+static CUresult not_loaded(void) {
+  return CUDA_ERROR_NOT_INITIALIZED;
+}
 
-static uint64_t ctx_bytes(void) { return cogpu__pl_context_bytes(); }
+static uint64_t ctx_bytes(void) {
+  return cogpu__pl_context_bytes();
+}
 
 /* Prepare the device, charge a context, create it; undo on failure. */
 static CUresult ctx_create(CUdevice dev, CUcontext *pctx,
@@ -76,8 +80,8 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   CUdevice dev;
   uint64_t bytes;
   pl_kind_t kind;
-  bool known = cogpu__pl_untrack(PL_KIND_CTX, (uintptr_t)ctx, &dev, &bytes,
-                                 &kind);
+  bool known =
+      cogpu__pl_untrack(PL_KIND_CTX, (uintptr_t)ctx, &dev, &bytes, &kind);
   CUresult rc = real(ctx);
   if (known && rc == CUDA_SUCCESS)
     cogpu__pl_uncharge(dev, bytes);

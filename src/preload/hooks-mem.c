@@ -20,7 +20,9 @@
     return rc_;                                                                \
   } while (0)
 
-static CUresult not_loaded(void) { return CUDA_ERROR_NOT_INITIALIZED; }
+static CUresult not_loaded(void) {
+  return CUDA_ERROR_NOT_INITIALIZED;
+}
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
   cuMemAlloc_v2_ft *real = REAL(cuMemAlloc_v2);
@@ -118,9 +120,8 @@ CUresult cuMemFree(CUdeviceptr p) {
 
 /* --- Stream-ordered allocation: what a pool reserves is what counts. --- */
 
-static CUresult async_alloc(CUdeviceptr *dptr, size_t bytes,
-                            CUmemoryPool pool, CUdevice dev,
-                            CUresult (*call)(void *), void *ctx) {
+static CUresult async_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                            CUdevice dev, CUresult (*call)(void *), void *ctx) {
   CUresult rc = cogpu__pl_charge(dev, bytes);
   if (rc != CUDA_SUCCESS)
     return rc;
@@ -150,7 +151,7 @@ static CUresult call_default_pool(void *a) {
 static CUresult call_from_pool(void *a) {
   async_args_t *x = a;
   return ((cuMemAllocFromPoolAsync_ft *)x->fn)(x->dptr, x->bytes, x->pool,
-                                                x->stream);
+                                               x->stream);
 }
 
 static CUmemoryPool current_pool(CUdevice dev) {
@@ -252,8 +253,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
   if (!handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return real(handle, size, prop, flags);
   CUdevice dev = prop->location.id;
-  ALLOC_ON(dev, size, PL_KIND_HANDLE, *handle,
-           real(handle, size, prop, flags));
+  ALLOC_ON(dev, size, PL_KIND_HANDLE, *handle, real(handle, size, prop, flags));
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -290,7 +290,9 @@ static uint64_t format_bytes(int format) {
   }
 }
 
-static uint64_t dim(size_t v) { return v ? v : 1; }
+static uint64_t dim(size_t v) {
+  return v ? v : 1;
+}
 
 static uint64_t array_bytes(size_t w, size_t h, size_t d, int format,
                             unsigned channels) {
@@ -304,8 +306,8 @@ CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
   if (!arr || !desc)
     return real(arr, desc);
   CUdevice dev = cogpu__pl_current_device();
-  uint64_t bytes =
-      array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+  uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->Format,
+                               desc->NumChannels);
   ALLOC_ON(dev, bytes, PL_KIND_ARRAY, (uintptr_t)*arr, real(arr, desc));
 }
 

@@ -30,15 +30,13 @@ enum preload_fn {
 
 /* Signatures of every entry point in hooks.def. */
 typedef CUresult cuInit_ft(unsigned int);
-typedef CUresult cuGetProcAddress_ft(const char *, void **, int,
-                                        cuuint64_t);
-typedef CUresult cuGetProcAddress_v2_ft(const char *, void **, int,
-                                           cuuint64_t,
-                                           CUdriverProcAddressQueryResult *);
+typedef CUresult cuGetProcAddress_ft(const char *, void **, int, cuuint64_t);
+typedef CUresult cuGetProcAddress_v2_ft(const char *, void **, int, cuuint64_t,
+                                        CUdriverProcAddressQueryResult *);
 typedef CUresult cuMemAlloc_ft(CUdeviceptr *, unsigned int);
 typedef CUresult cuMemAlloc_v2_ft(CUdeviceptr *, size_t);
-typedef CUresult cuMemAllocPitch_v2_ft(CUdeviceptr *, size_t *, size_t,
-                                          size_t, unsigned int);
+typedef CUresult cuMemAllocPitch_v2_ft(CUdeviceptr *, size_t *, size_t, size_t,
+                                       unsigned int);
 typedef CUresult cuMemAllocManaged_ft(CUdeviceptr *, size_t, unsigned int);
 typedef CUresult cuMemFree_ft(CUdeviceptr);
 typedef CUresult cuMemFree_v2_ft(CUdeviceptr);
@@ -46,31 +44,29 @@ typedef CUresult cuMemGetInfo_ft(unsigned int *, unsigned int *);
 typedef CUresult cuMemGetInfo_v2_ft(size_t *, size_t *);
 typedef CUresult cuMemAllocAsync_ft(CUdeviceptr *, size_t, CUstream);
 typedef CUresult cuMemAllocAsync_ptsz_ft(CUdeviceptr *, size_t, CUstream);
-typedef CUresult cuMemAllocFromPoolAsync_ft(CUdeviceptr *, size_t,
-                                               CUmemoryPool, CUstream);
+typedef CUresult cuMemAllocFromPoolAsync_ft(CUdeviceptr *, size_t, CUmemoryPool,
+                                            CUstream);
 typedef CUresult cuMemAllocFromPoolAsync_ptsz_ft(CUdeviceptr *, size_t,
-                                                    CUmemoryPool, CUstream);
+                                                 CUmemoryPool, CUstream);
 typedef CUresult cuMemFreeAsync_ft(CUdeviceptr, CUstream);
 typedef CUresult cuMemFreeAsync_ptsz_ft(CUdeviceptr, CUstream);
 typedef CUresult cuMemPoolTrimTo_ft(CUmemoryPool, size_t);
 typedef CUresult cuMemCreate_ft(CUmemGenericAllocationHandle *, size_t,
-                                   const CUmemAllocationProp *,
-                                   unsigned long long);
+                                const CUmemAllocationProp *,
+                                unsigned long long);
 typedef CUresult cuMemRelease_ft(CUmemGenericAllocationHandle);
-typedef CUresult cuArrayCreate_v2_ft(CUarray *,
-                                        const CUDA_ARRAY_DESCRIPTOR *);
+typedef CUresult cuArrayCreate_v2_ft(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 typedef CUresult cuArray3DCreate_v2_ft(CUarray *,
-                                          const CUDA_ARRAY3D_DESCRIPTOR *);
+                                       const CUDA_ARRAY3D_DESCRIPTOR *);
 typedef CUresult cuArrayDestroy_ft(CUarray);
 typedef CUresult cuMipmappedArrayCreate_ft(CUmipmappedArray *,
-                                              const CUDA_ARRAY3D_DESCRIPTOR *,
-                                              unsigned int);
+                                           const CUDA_ARRAY3D_DESCRIPTOR *,
+                                           unsigned int);
 typedef CUresult cuMipmappedArrayDestroy_ft(CUmipmappedArray);
 typedef CUresult cuCtxCreate_v2_ft(CUcontext *, unsigned int, CUdevice);
 typedef CUresult cuCtxCreate_v3_ft(CUcontext *, void *, int, unsigned int,
-                                      CUdevice);
-typedef CUresult cuCtxCreate_v4_ft(CUcontext *, void *, unsigned int,
-                                      CUdevice);
+                                   CUdevice);
+typedef CUresult cuCtxCreate_v4_ft(CUcontext *, void *, unsigned int, CUdevice);
 typedef CUresult cuCtxDestroy_v2_ft(CUcontext);
 typedef CUresult cuDevicePrimaryCtxRetain_ft(CUcontext *, CUdevice);
 typedef CUresult cuDevicePrimaryCtxRelease_ft(CUdevice);
@@ -95,6 +91,8 @@ void *cogpu__pl_real(int fn);
 /* If addr is the real address of a hooked entry point, our hook for it;
  * otherwise addr. */
 void *cogpu__pl_redirect(void *addr);
+/* Is addr one of our hooks? */
+bool cogpu__pl_is_hook(const void *addr);
 /* Our hook for an exported name, or NULL. */
 void *cogpu__pl_hook_by_name(const char *name);
 /* dlsym as glibc implements it (never our override). */

@@ -80,9 +80,9 @@ bool cogpu__pl_table_take(pl_table_t *t, uint64_t key, uint64_t *val) {
       continue;
     *val = atomic_load_explicit(&t->e[k].val, memory_order_acquire);
     /* Only one of two racing frees of the same pointer wins. */
-    return atomic_compare_exchange_strong_explicit(
-        &t->e[k].key, &cur, KEY_TOMB, memory_order_acq_rel,
-        memory_order_relaxed);
+    return atomic_compare_exchange_strong_explicit(&t->e[k].key, &cur, KEY_TOMB,
+                                                   memory_order_acq_rel,
+                                                   memory_order_relaxed);
   }
   return false;
 }

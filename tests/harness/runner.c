@@ -262,6 +262,8 @@ static void test_env(void) {
   setenv("COGPU_CONFIG", "", 1);
   setenv("COGPU_LOG", "error", 1);
   setenv("FAKE_NVML_GPUS", "16G", 1);
+  snprintf(buf, sizeof buf, "%s/fake-cuda", tmpdir);
+  setenv("FAKE_CUDA_STATE", buf, 1);
   snprintf(buf, sizeof buf, "%s:%s", builddir,
            getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
   setenv("PATH", buf, 1);

@@ -9,9 +9,9 @@
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>

@@ -17,6 +17,11 @@
  *                    procs (process queries: unknown error), zero (no GPU).
  *   FAKE_NVML_CALLS  file to which nvmlInit and every process query append
  *                    one line with their name.
+ *   FAKE_CUDA_STATE  the fake libcuda.so.1's state file (tests/fakes/cuda):
+ *                    if it exists, every live process holding fake CUDA
+ *                    memory on a GPU is also one of its compute processes
+ *                    (its bytes added to a FAKE_NVML_PROCS line of the same
+ *                    pid), and counts in the GPU's used memory.
  */
 #include <ctype.h>
 #include <fcntl.h>
@@ -26,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "../cuda/fake-cuda-state.h"
 
 #define FAKE_API __attribute__((visibility("default")))
 
@@ -210,6 +217,53 @@ static bool fake_parse_proc(const char *line, fake_proc_t *p) {
   return p->kinds != 0 && fake_parse_size(bytes, &p->bytes);
 }
 
+/* Appends p to the malloc'd array (*out, *n) of capacity *cap. */
+static bool fake_push_proc(fake_proc_t **out, size_t *n, size_t *cap,
+                           const fake_proc_t *p) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 64;
+    fake_proc_t *v = realloc(*out, c * sizeof *v);
+    if (!v)
+      return false;
+    *out = v;
+    *cap = c;
+  }
+  (*out)[(*n)++] = *p;
+  return true;
+}
+
+/* Merges the live processes of the fake CUDA state (FAKE_CUDA_STATE) that
+ * hold memory on GPU `index`, as compute processes: a pid already listed
+ * as a compute process gets the bytes added. */
+static bool fake_cuda_procs(unsigned index, fake_proc_t **out, size_t *n,
+                            size_t *cap) {
+  const char *path = getenv("FAKE_CUDA_STATE");
+  const fake_cuda_state_t *st = path && *path && index < FAKE_CUDA_MAX_GPUS
+                                    ? fake_cuda_state_map_ro(path)
+                                    : NULL;
+  bool ok = true;
+  for (int i = 0; st && ok && i < FAKE_CUDA_MAX_PROCS; i++) {
+    const fake_cuda_proc_state_t *e = &st->proc[i];
+    int pid = __atomic_load_n(&e->pid, __ATOMIC_ACQUIRE);
+    uint64_t used = __atomic_load_n(&e->used[index], __ATOMIC_ACQUIRE);
+    if (pid <= 0 || used == 0 || !fake_cuda_entry_alive(e))
+      continue;
+    size_t k = 0;
+    while (k < *n && !((*out)[k].pid == (unsigned)pid &&
+                       ((*out)[k].kinds & FAKE_COMPUTE)))
+      k++;
+    if (k == *n) {
+      fake_proc_t p = {index, (unsigned)pid, used, FAKE_COMPUTE};
+      ok = fake_push_proc(out, n, cap, &p);
+    } else if ((*out)[k].bytes != NVML_VALUE_NOT_AVAILABLE_ULL) {
+      (*out)[k].bytes += used;
+    }
+  }
+  if (st)
+    munmap((void *)st, sizeof *st);
+  return ok;
+}
+
 /* The processes of GPU `index` that have one of `kinds`, into a malloc'd
  * array (*out, *n). False on an unreadable line. */
 static bool fake_procs(unsigned index, int kinds, fake_proc_t **out,
@@ -218,30 +272,23 @@ static bool fake_procs(unsigned index, int kinds, fake_proc_t **out,
   *out = NULL;
   *n = 0;
   FILE *f = path ? fopen(path, "re") : NULL;
-  if (!f)
-    return true;
   char line[512];
   bool ok = true;
   size_t cap = 0;
-  while (ok && fgets(line, sizeof line, f)) {
+  while (ok && f && fgets(line, sizeof line, f)) {
     const char *s = line + strspn(line, " \t");
     fake_proc_t p;
     if (*s == '#' || *s == '\n' || *s == 0)
       continue;
     if (!(ok = fake_parse_proc(s, &p)))
       fprintf(stderr, "fake-nvml: bad line in %s: %s", path, line);
-    else if (p.index == index && (p.kinds & kinds)) {
-      if (*n == cap) {
-        cap = cap ? cap * 2 : 64;
-        fake_proc_t *v = realloc(*out, cap * sizeof *v);
-        if (!(ok = v != NULL))
-          break;
-        *out = v;
-      }
-      (*out)[(*n)++] = p;
-    }
+    else if (p.index == index && (p.kinds & kinds))
+      ok = fake_push_proc(out, n, &cap, &p);
   }
-  fclose(f);
+  if (f)
+    fclose(f);
+  if (ok && (kinds & FAKE_COMPUTE))
+    ok = fake_cuda_procs(index, out, n, &cap);
   if (!ok) {
     free(*out);
     *out = NULL;

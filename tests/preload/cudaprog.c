@@ -1,0 +1,437 @@
+/*
+ * cudaprog.c: a CUDA driver program for the preload tests. It reaches the
+ * driver by one of the routes real programs use, then runs a list of
+ * actions, checking data it writes to device memory.
+ *
+ *   cudaprog ROUTE ACTION...
+ *   ROUTE:  direct    calls the exported symbols it links against
+ *           dlsym     dlopen("libcuda.so.1") + dlsym
+ *           runtime   like the CUDA runtime: dlsym only cuGetProcAddress_v2,
+ *                     ask it for cuGetProcAddress itself, then resolve
+ *                     everything through that, for CUDA 12.8, with the
+ *                     per-thread default stream
+ *           legacy    like an old runtime: cuGetProcAddress (v1), CUDA 11.4
+ *   ACTION: init ctx ctxcreate ctxdestroy alloc:SIZE free freeall
+ *           pitch:W:H managed:SIZE async:SIZE asyncfree trim
+ *           vmm:SIZE vmmfree array:W:H arrayfree mipmap:W:H:LEVELS
+ *           mipmapfree info total freeunknown exporttable hold:MS
+ * Exit: 0 done, 2 an allocation got CUDA_ERROR_OUT_OF_MEMORY, 3 other
+ * error, 4 wrong data read back. Each action prints a line on stdout.
+ */
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "preload/cuda-abi.h"
+
+#define MAXP 256
+
+static struct api_s {
+  CUresult (*init)(unsigned);
+  CUresult (*primary)(CUcontext *, CUdevice);
+  CUresult (*set_current)(CUcontext);
+  CUresult (*ctx_create_v2)(CUcontext *, unsigned, CUdevice);
+  CUresult (*ctx_create_v4)(CUcontext *, void *, unsigned, CUdevice);
+  CUresult (*ctx_destroy)(CUcontext);
+  CUresult (*alloc)(CUdeviceptr *, size_t);
+  CUresult (*free)(CUdeviceptr);
+  CUresult (*pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+  CUresult (*managed)(CUdeviceptr *, size_t, unsigned);
+  CUresult (*async)(CUdeviceptr *, size_t, CUstream);
+  CUresult (*async_free)(CUdeviceptr, CUstream);
+  CUresult (*pool_of)(CUmemoryPool *, CUdevice);
+  CUresult (*trim)(CUmemoryPool, size_t);
+  CUresult (*create)(CUmemGenericAllocationHandle *, size_t,
+                     const CUmemAllocationProp *, unsigned long long);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*array)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+  CUresult (*array_destroy)(CUarray);
+  CUresult (*mipmap)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *,
+                     unsigned);
+  CUresult (*mipmap_destroy)(CUmipmappedArray);
+  CUresult (*info)(size_t *, size_t *);
+  CUresult (*total)(size_t *, CUdevice);
+  CUresult (*memset8)(CUdeviceptr, unsigned char, size_t);
+  CUresult (*dtoh)(void *, CUdeviceptr, size_t);
+  CUresult (*export_table)(const void **, const CUuuid *);
+} api;
+
+/* The direct route links against these (the test double in tests). */
+__typeof__(*((struct api_s *)0)->init) cuInit;
+__typeof__(*((struct api_s *)0)->primary) cuDevicePrimaryCtxRetain;
+__typeof__(*((struct api_s *)0)->set_current) cuCtxSetCurrent;
+__typeof__(*((struct api_s *)0)->ctx_create_v2) cuCtxCreate_v2;
+__typeof__(*((struct api_s *)0)->ctx_destroy) cuCtxDestroy_v2;
+__typeof__(*((struct api_s *)0)->alloc) cuMemAlloc_v2;
+__typeof__(*((struct api_s *)0)->free) cuMemFree_v2;
+__typeof__(*((struct api_s *)0)->pitch) cuMemAllocPitch_v2;
+__typeof__(*((struct api_s *)0)->managed) cuMemAllocManaged;
+__typeof__(*((struct api_s *)0)->async) cuMemAllocAsync;
+__typeof__(*((struct api_s *)0)->async_free) cuMemFreeAsync;
+__typeof__(*((struct api_s *)0)->pool_of) cuDeviceGetMemPool;
+__typeof__(*((struct api_s *)0)->trim) cuMemPoolTrimTo;
+__typeof__(*((struct api_s *)0)->create) cuMemCreate;
+__typeof__(*((struct api_s *)0)->release) cuMemRelease;
+__typeof__(*((struct api_s *)0)->array) cuArrayCreate_v2;
+__typeof__(*((struct api_s *)0)->array_destroy) cuArrayDestroy;
+__typeof__(*((struct api_s *)0)->mipmap) cuMipmappedArrayCreate;
+__typeof__(*((struct api_s *)0)->mipmap_destroy) cuMipmappedArrayDestroy;
+__typeof__(*((struct api_s *)0)->info) cuMemGetInfo_v2;
+__typeof__(*((struct api_s *)0)->total) cuDeviceTotalMem_v2;
+__typeof__(*((struct api_s *)0)->memset8) cuMemsetD8_v2;
+__typeof__(*((struct api_s *)0)->dtoh) cuMemcpyDtoH_v2;
+__typeof__(*((struct api_s *)0)->export_table) cuGetExportTable;
+
+static bool use_v4;
+
+typedef CUresult gpa2_t(const char *, void **, int, cuuint64_t,
+                        CUdriverProcAddressQueryResult *);
+typedef CUresult gpa1_t(const char *, void **, int, cuuint64_t);
+
+static void *lib;
+static gpa2_t *gpa2;
+static gpa1_t *gpa1;
+static int version;
+static cuuint64_t ptds;
+
+static void *by_name(const char *route, const char *exported,
+                     const char *base) {
+  void *p = NULL;
+  if (!strcmp(route, "dlsym"))
+    p = dlsym(lib, exported);
+  else if (gpa2)
+    gpa2(base, &p, version, ptds, NULL);
+  else if (gpa1)
+    gpa1(base, &p, version, ptds);
+  return p;
+}
+
+#define BIND(field, exported, base)                                            \
+  api.field = (__typeof__(api.field))by_name(route, exported, base)
+
+static void bind_direct(void) {
+  api.init = cuInit;
+  api.primary = cuDevicePrimaryCtxRetain;
+  api.set_current = cuCtxSetCurrent;
+  api.ctx_create_v2 = cuCtxCreate_v2;
+  api.ctx_destroy = cuCtxDestroy_v2;
+  api.alloc = cuMemAlloc_v2;
+  api.free = cuMemFree_v2;
+  api.pitch = cuMemAllocPitch_v2;
+  api.managed = cuMemAllocManaged;
+  api.async = cuMemAllocAsync;
+  api.async_free = cuMemFreeAsync;
+  api.pool_of = cuDeviceGetMemPool;
+  api.trim = cuMemPoolTrimTo;
+  api.create = cuMemCreate;
+  api.release = cuMemRelease;
+  api.array = cuArrayCreate_v2;
+  api.array_destroy = cuArrayDestroy;
+  api.mipmap = cuMipmappedArrayCreate;
+  api.mipmap_destroy = cuMipmappedArrayDestroy;
+  api.info = cuMemGetInfo_v2;
+  api.total = cuDeviceTotalMem_v2;
+  api.memset8 = cuMemsetD8_v2;
+  api.dtoh = cuMemcpyDtoH_v2;
+  api.export_table = cuGetExportTable;
+}
+
+static int bind(const char *route) {
+  lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) {
+    fprintf(stderr, "cudaprog: %s\n", dlerror());
+    return 3;
+  }
+  if (!strcmp(route, "runtime")) {
+    /* Everything, cuGetProcAddress included, through cuGetProcAddress. */
+    gpa2_t *first = (gpa2_t *)dlsym(lib, "cuGetProcAddress_v2");
+    version = 12080;
+    ptds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    if (!first || first("cuGetProcAddress", (void **)&gpa2, version, 0,
+                        NULL) != CUDA_SUCCESS)
+      return 3;
+    use_v4 = true;
+  } else if (!strcmp(route, "legacy")) {
+    gpa1 = (gpa1_t *)dlsym(lib, "cuGetProcAddress");
+    version = 11040;
+    if (!gpa1)
+      return 3;
+  } else if (!strcmp(route, "direct")) {
+    bind_direct();
+    return 0;
+  } else if (strcmp(route, "dlsym")) {
+    fprintf(stderr, "cudaprog: unknown route %s\n", route);
+    return 3;
+  }
+  BIND(init, "cuInit", "cuInit");
+  BIND(primary, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
+  BIND(set_current, "cuCtxSetCurrent", "cuCtxSetCurrent");
+  BIND(ctx_create_v2, "cuCtxCreate_v2", "cuCtxCreate");
+  if (use_v4) /* "cuCtxCreate" at 12.8 is cuCtxCreate_v4 */
+    api.ctx_create_v4 =
+        (__typeof__(api.ctx_create_v4))(void *)api.ctx_create_v2;
+  BIND(ctx_destroy, "cuCtxDestroy_v2", "cuCtxDestroy");
+  BIND(alloc, "cuMemAlloc_v2", "cuMemAlloc");
+  BIND(free, "cuMemFree_v2", "cuMemFree");
+  BIND(pitch, "cuMemAllocPitch_v2", "cuMemAllocPitch");
+  BIND(managed, "cuMemAllocManaged", "cuMemAllocManaged");
+  BIND(async, "cuMemAllocAsync", "cuMemAllocAsync");
+  BIND(async_free, "cuMemFreeAsync", "cuMemFreeAsync");
+  BIND(pool_of, "cuDeviceGetMemPool", "cuDeviceGetMemPool");
+  BIND(trim, "cuMemPoolTrimTo", "cuMemPoolTrimTo");
+  BIND(create, "cuMemCreate", "cuMemCreate");
+  BIND(release, "cuMemRelease", "cuMemRelease");
+  BIND(array, "cuArrayCreate_v2", "cuArrayCreate");
+  BIND(array_destroy, "cuArrayDestroy", "cuArrayDestroy");
+  BIND(mipmap, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate");
+  BIND(mipmap_destroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy");
+  BIND(info, "cuMemGetInfo_v2", "cuMemGetInfo");
+  BIND(total, "cuDeviceTotalMem_v2", "cuDeviceTotalMem");
+  BIND(memset8, "cuMemsetD8_v2", "cuMemsetD8");
+  BIND(dtoh, "cuMemcpyDtoH_v2", "cuMemcpyDtoH");
+  BIND(export_table, "cuGetExportTable", "cuGetExportTable");
+  return 0;
+}
+
+static unsigned long long size_arg(const char *s) {
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  switch (*end) {
+  case 'G':
+    return v << 30;
+  case 'M':
+    return v << 20;
+  case 'K':
+    return v << 10;
+  default:
+    return v;
+  }
+}
+
+static CUdeviceptr ptrs[MAXP];
+static int nptrs;
+static CUdeviceptr asyncs[MAXP];
+static int nasync;
+static CUmemGenericAllocationHandle handles[MAXP];
+static int nhandles;
+static CUarray arrays[MAXP];
+static int narrays;
+static CUmipmappedArray mipmaps[MAXP];
+static int nmipmaps;
+static CUcontext created;
+
+static int result(const char *what, CUresult rc) {
+  if (rc == CUDA_SUCCESS)
+    return 0;
+  printf("%s: error %d\n", what, rc);
+  return rc == CUDA_ERROR_OUT_OF_MEMORY ? 2 : 3;
+}
+
+/* Writes a byte pattern over the allocation and reads a sample back. */
+static int check_data(CUdeviceptr p, size_t bytes, unsigned char v) {
+  if (!api.memset8 || !api.dtoh || bytes == 0)
+    return 0;
+  size_t n = bytes < 4096 ? bytes : 4096;
+  unsigned char buf[4096];
+  if (api.memset8(p, v, n) != CUDA_SUCCESS ||
+      api.dtoh(buf, p, n) != CUDA_SUCCESS)
+    return 3;
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != v)
+      return 4;
+  return 0;
+}
+
+static int act_alloc(const char *arg) {
+  size_t bytes = size_arg(arg);
+  CUdeviceptr p = 0;
+  int rc = result("alloc", api.alloc(&p, bytes));
+  if (rc == 0 && nptrs < MAXP) {
+    ptrs[nptrs++] = p;
+    rc = check_data(p, bytes, (unsigned char)(nptrs * 7));
+    printf("alloc %zu ok\n", bytes);
+  }
+  return rc;
+}
+
+static int act_async(const char *arg) {
+  CUdeviceptr p = 0;
+  int rc = result("async", api.async(&p, size_arg(arg), NULL));
+  if (rc == 0 && nasync < MAXP)
+    asyncs[nasync++] = p;
+  return rc;
+}
+
+static int act_vmm(const char *arg) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = 1;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle h = 0;
+  int rc = result("vmm", api.create(&h, size_arg(arg), &prop, 0));
+  if (rc == 0 && nhandles < MAXP)
+    handles[nhandles++] = h;
+  return rc;
+}
+
+static int act_array(const char *arg) {
+  CUDA_ARRAY_DESCRIPTOR d = {0};
+  d.Width = strtoul(arg, NULL, 10);
+  d.Height = strtoul(strchr(arg, ':') ? strchr(arg, ':') + 1 : "1", NULL, 10);
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 4;
+  CUarray a = NULL;
+  int rc = result("array", api.array(&a, &d));
+  if (rc == 0 && narrays < MAXP)
+    arrays[narrays++] = a;
+  return rc;
+}
+
+static int act_mipmap(const char *arg) {
+  unsigned w = 0, h = 0, l = 0;
+  sscanf(arg, "%u:%u:%u", &w, &h, &l);
+  CUDA_ARRAY3D_DESCRIPTOR d = {0};
+  d.Width = w;
+  d.Height = h;
+  d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  d.NumChannels = 1;
+  CUmipmappedArray m = NULL;
+  int rc = result("mipmap", api.mipmap(&m, &d, l));
+  if (rc == 0 && nmipmaps < MAXP)
+    mipmaps[nmipmaps++] = m;
+  return rc;
+}
+
+static int act_ctx(bool create) {
+  CUcontext c = NULL;
+  int rc;
+  if (!create)
+    rc = result("ctx", api.primary(&c, 0));
+  else if (use_v4)
+    rc = result("ctxcreate", api.ctx_create_v4(&c, NULL, 0, 0));
+  else
+    rc = result("ctxcreate", api.ctx_create_v2(&c, 0, 0));
+  if (rc == 0 && create)
+    created = c;
+  if (rc == 0)
+    rc = result("setcurrent", api.set_current(c));
+  return rc;
+}
+
+static int act_info(bool total) {
+  size_t f = 0, t = 0;
+  int rc = total ? result("total", api.total(&t, 0))
+                 : result("info", api.info(&f, &t));
+  if (rc == 0)
+    printf(total ? "total=%zu\n" : "free=%zu total=%zu\n",
+           total ? t : f, t);
+  return rc;
+}
+
+static int act_export_table(void) {
+  const void *table = NULL;
+  CUuuid id = {{0}};
+  int rc = result("exporttable", api.export_table(&table, &id));
+  void *marker = dlsym(lib, "fake_cuda_export_table");
+  printf("exporttable %s\n", table == marker ? "same" : "different");
+  return rc;
+}
+
+static int act_simple(const char *a) {
+  if (!strcmp(a, "free") && nptrs)
+    return result("free", api.free(ptrs[--nptrs]));
+  if (!strcmp(a, "freeall")) {
+    while (nptrs)
+      if (result("free", api.free(ptrs[--nptrs])))
+        return 3;
+    return 0;
+  }
+  if (!strcmp(a, "asyncfree") && nasync)
+    return result("asyncfree", api.async_free(asyncs[--nasync], NULL));
+  if (!strcmp(a, "trim")) {
+    CUmemoryPool pool = NULL;
+    int rc = result("pool", api.pool_of(&pool, 0));
+    return rc ? rc : result("trim", api.trim(pool, 0));
+  }
+  if (!strcmp(a, "vmmfree") && nhandles)
+    return result("vmmfree", api.release(handles[--nhandles]));
+  if (!strcmp(a, "arrayfree") && narrays)
+    return result("arrayfree", api.array_destroy(arrays[--narrays]));
+  if (!strcmp(a, "mipmapfree") && nmipmaps)
+    return result("mipmapfree", api.mipmap_destroy(mipmaps[--nmipmaps]));
+  if (!strcmp(a, "ctxdestroy") && created) {
+    CUcontext c = created;
+    created = NULL;
+    return result("ctxdestroy", api.ctx_destroy(c));
+  }
+  if (!strcmp(a, "freeunknown")) {
+    CUresult r = api.free((CUdeviceptr)0xdead0000ull);
+    printf("freeunknown=%d\n", r);
+    return 0;
+  }
+  fprintf(stderr, "cudaprog: unknown action %s\n", a);
+  return 3;
+}
+
+static int act(const char *a) {
+  const char *arg = strchr(a, ':') ? strchr(a, ':') + 1 : "";
+  if (!strcmp(a, "init"))
+    return result("init", api.init(0));
+  if (!strcmp(a, "ctx") || !strcmp(a, "ctxcreate"))
+    return act_ctx(!strcmp(a, "ctxcreate"));
+  if (!strncmp(a, "alloc:", 6))
+    return act_alloc(arg);
+  if (!strncmp(a, "pitch:", 6)) {
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    int rc = result("pitch", api.pitch(&p, &pitch, strtoul(arg, NULL, 10),
+                                       size_arg(strchr(arg, ':') + 1), 4));
+    if (rc == 0 && nptrs < MAXP)
+      ptrs[nptrs++] = p;
+    printf("pitch=%zu\n", pitch);
+    return rc;
+  }
+  if (!strncmp(a, "managed:", 8)) {
+    CUdeviceptr p = 0;
+    int rc = result("managed", api.managed(&p, size_arg(arg), 1));
+    if (rc == 0 && nptrs < MAXP)
+      ptrs[nptrs++] = p;
+    return rc;
+  }
+  if (!strncmp(a, "async:", 6))
+    return act_async(arg);
+  if (!strncmp(a, "vmm:", 4))
+    return act_vmm(arg);
+  if (!strncmp(a, "array:", 6))
+    return act_array(arg);
+  if (!strncmp(a, "mipmap:", 7))
+    return act_mipmap(arg);
+  if (!strcmp(a, "info") || !strcmp(a, "total"))
+    return act_info(!strcmp(a, "total"));
+  if (!strcmp(a, "exporttable"))
+    return act_export_table();
+  if (!strncmp(a, "hold:", 5)) {
+    long ms = strtol(arg, NULL, 10);
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    return 0;
+  }
+  return act_simple(a);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: cudaprog ROUTE ACTION...\n");
+    return 3;
+  }
+  int rc = bind(argv[1]);
+  for (int i = 2; rc == 0 && i < argc; i++) {
+    rc = act(argv[i]);
+    fflush(stdout);
+  }
+  return rc;
+}

@@ -1,0 +1,322 @@
+/*
+ * test-preload.c: unmodified CUDA programs (tests/preload/cudaprog.c, on the
+ * fake driver) under `cogpu run`: every entry route and memory path is
+ * accounted in the ledger, cuMemGetInfo shows the job's share, errors pass
+ * through, and the headline: eight jobs that together need 2.4 GPUs all
+ * complete, where without cogpu some die of out-of-memory.
+ */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ledger-helpers.h"
+
+static void preload_env(void) {
+  setenv("COGPU_MARGIN", "0", 1);
+  setenv("COGPU_CONTEXT_BYTES", "300M", 1);
+  setenv("FAKE_CUDA_CTX_BYTES", "300M", 1);
+  setenv("COGPU_LOG", "warn", 1);
+}
+
+static const char *prog(void) {
+  static char p[4096];
+  snprintf(p, sizeof p, "%s/tests/cudaprog", th_build_dir());
+  return p;
+}
+
+/* Start argv (NULL-ended) with stdout and stderr in th_path(tag). */
+static pid_t spawn(const char *tag, const char *const argv[]) {
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    int fd = open(th_path(tag), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+static char *slurp(const char *tag) {
+  static char buf[65536];
+  int fd = open(th_path(tag), O_RDONLY);
+  ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : 0;
+  if (fd >= 0)
+    close(fd);
+  buf[n > 0 ? n : 0] = 0;
+  return buf;
+}
+
+static int finish(pid_t pid, const char *tag) {
+  int code = th_exit_code(th_wait(pid, th_ms(30000)));
+  if (code != 0)
+    fprintf(stderr, "[%s exit %d]\n%s\n", tag, code, slurp(tag));
+  return code;
+}
+
+/* The job's reservation, once it equals `want` (bounded wait). */
+static void expect_job(const char *cmd_prefix, uint64_t want, uint64_t slack) {
+  uint64_t got = 0;
+  for (int i = 0; i < th_ms(10000) / 20; i++) {
+    cogpu_status_t *st = lt_status();
+    got = 0;
+    for (size_t c = 0; c < st->gpus[0].nclients; c++)
+      if (!strncmp(st->gpus[0].clients[c].command, cmd_prefix,
+                   strlen(cmd_prefix)))
+        got += st->gpus[0].clients[c].reserved_bytes;
+    cogpu_status_free(st);
+    if (got >= want && got <= want + slack)
+      return;
+    th_sleep_ms(20);
+  }
+  th_fail(__FILE__, __LINE__, "job '%s' reserves %llu, expected %llu (+%llu)",
+          cmd_prefix, (unsigned long long)got, (unsigned long long)want,
+          (unsigned long long)slack);
+}
+
+static void route_accounted(const char *route) {
+  preload_env();
+  const char *argv[] = {"cogpu", "run", "--", prog(), route, "init", "ctx",
+                        "alloc:1G", "hold:1500", "free", "hold:1500", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s %s", prog(), route);
+  expect_job(job, 300 * MiB + GiB, 0);
+  /* After the free, the job keeps one growth step spare. */
+  expect_job(job, 300 * MiB, 64 * MiB);
+  ASSERT_EQ(finish(p, "out"), 0);
+  lt_check_invariants();
+}
+
+TEST_IMPL(preload_route_direct) { route_accounted("direct"); }
+TEST_IMPL(preload_route_dlsym) { route_accounted("dlsym"); }
+TEST_IMPL(preload_route_runtime) { route_accounted("runtime"); }
+TEST_IMPL(preload_route_legacy_procaddress) { route_accounted("legacy"); }
+
+TEST_IMPL(preload_reserve_mode) {
+  preload_env();
+  const char *argv[] = {"cogpu", "run", "--mem", "2G", "--", prog(),
+                        "direct", "init", "ctx", "alloc:1G", "alloc:512M",
+                        "info", "hold:1000", "alloc:1G", "hold:1000", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  expect_job(job, 2 * GiB, 0);
+  /* Past --mem it grows, since the memory is free: 300M + 2.5G. */
+  expect_job(job, 300 * MiB + 2 * GiB + 512 * MiB, 0);
+  ASSERT_EQ(finish(p, "out"), 0);
+  /* cuMemGetInfo showed the job's share: 2G, of which 1.8G used. */
+  char want[128];
+  snprintf(want, sizeof want, "free=%llu total=%llu",
+           (unsigned long long)(2 * GiB - 300 * MiB - GiB - 512 * MiB),
+           (unsigned long long)(2 * GiB));
+  ASSERT_CONTAINS(slurp("out"), want);
+}
+
+TEST_IMPL(preload_reserve_mode_out_of_memory) {
+  preload_env();
+  pid_t other = lt_hold("other", 0, 13 * GiB, 0, 0, -1);
+  lt_wait_nclients(0, 1, 5000);
+  /* 3G reserved; growing past it finds nothing free: out-of-memory. */
+  const char *argv[] = {"cogpu", "run", "--mem", "3G", "--", prog(), "direct",
+                        "init", "ctx", "alloc:2G", "alloc:1G", NULL};
+  pid_t p = spawn("out", argv);
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(30000))), 2);
+  ASSERT_CONTAINS(slurp("out"), "alloc: error 2");
+  kill(other, SIGKILL);
+  th_wait(other, th_ms(5000));
+}
+
+TEST_IMPL(preload_memory_paths) {
+  preload_env();
+  setenv("COGPU_GROW_STEP", "1M", 1);
+  /* Each step holds a known amount; the reservation follows within a
+   * few steps' slack. */
+  const char *argv[] = {"cogpu", "run", "--", prog(), "direct", "init", "ctx",
+                        "hold:700", "pitch:1000:1024", "hold:700",
+                        "managed:64M", "hold:700", "vmm:256M", "hold:700",
+                        "array:1024:1024", "hold:700", "mipmap:1024:1024:3",
+                        "hold:700", "mipmapfree", "arrayfree", "vmmfree",
+                        "freeall", "hold:700", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  uint64_t base = 300 * MiB, slack = 4 * MiB;
+  expect_job(job, base, slack);
+  expect_job(job, base + MiB, slack);               /* pitch 1024 x 1024 */
+  expect_job(job, base + MiB + 64 * MiB, slack);    /* managed */
+  expect_job(job, base + 321 * MiB, slack);         /* + VMM handle */
+  expect_job(job, base + 337 * MiB, slack);         /* + float4 array */
+  expect_job(job, base + 337 * MiB + 1376256, slack); /* + 3 mip levels */
+  expect_job(job, base, slack);                     /* all freed */
+  ASSERT_EQ(finish(p, "out"), 0);
+}
+
+TEST_IMPL(preload_stream_ordered_pool) {
+  preload_env();
+  setenv("COGPU_GROW_STEP", "1M", 1);
+  /* A pool reserves 2 MiB granules and keeps freed memory until trimmed:
+   * the job is charged what the pool holds. */
+  const char *argv[] = {"cogpu", "run", "--", prog(), "runtime", "init", "ctx",
+                        "async:1M", "hold:700", "asyncfree", "hold:700",
+                        "trim", "hold:700", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s runtime", prog());
+  expect_job(job, 302 * MiB, 3 * MiB); /* granule held */
+  expect_job(job, 302 * MiB, 3 * MiB); /* freed, still in the pool */
+  expect_job(job, 300 * MiB, 3 * MiB); /* trimmed */
+  ASSERT_EQ(finish(p, "out"), 0);
+}
+
+TEST_IMPL(preload_passes_errors_and_unknown_frees) {
+  preload_env();
+  setenv("FAKE_CUDA_FAIL", "cuMemAlloc_v2:1", 1);
+  const char *argv[] = {"cogpu", "run", "--", prog(), "direct", "init", "ctx",
+                        "alloc:1G", NULL};
+  pid_t p = spawn("out", argv);
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(30000))), 3);
+  ASSERT_CONTAINS(slurp("out"), "alloc: error 999");
+  unsetenv("FAKE_CUDA_FAIL");
+  const char *argv2[] = {"cogpu", "run", "--", prog(), "direct", "init", "ctx",
+                         "freeunknown", "exporttable", NULL};
+  p = spawn("out2", argv2);
+  ASSERT_EQ(finish(p, "out2"), 0);
+  ASSERT_CONTAINS(slurp("out2"), "freeunknown=1"); /* the driver's answer */
+  ASSERT_CONTAINS(slurp("out2"), "exporttable same");
+}
+
+TEST_IMPL(preload_meminfo_on_demand) {
+  preload_env();
+  pid_t other = lt_hold("other", 0, 6 * GiB, 0, 0, -1);
+  lt_wait_nclients(0, 1, 5000);
+  const char *argv[] = {"cogpu", "run", "--", prog(), "direct", "init", "ctx",
+                        "alloc:1G", "info", NULL};
+  pid_t p = spawn("out", argv);
+  ASSERT_EQ(finish(p, "out"), 0);
+  /* Free: 16G - 6G (other) - 1.3G (own), plus nothing spare. */
+  char want[128];
+  snprintf(want, sizeof want, "free=%llu total=%llu",
+           (unsigned long long)(10 * GiB - 300 * MiB - GiB),
+           (unsigned long long)(16 * GiB));
+  ASSERT_CONTAINS(slurp("out"), want);
+  kill(other, SIGKILL);
+  th_wait(other, th_ms(5000));
+}
+
+TEST_IMPL(preload_unaccounted_without_ledger) {
+  preload_env();
+  th_write_file(th_path("state"), "not a directory");
+  char pre[4200];
+  snprintf(pre, sizeof pre, "LD_PRELOAD=%s/libcogpu-preload.so",
+           th_build_dir());
+  const char *argv[] = {prog(), "direct", "init", "ctx", "alloc:1G", "free",
+                        NULL};
+  const char *env[] = {pre, NULL};
+  char out[4096], err[4096];
+  ASSERT_EQ(th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(20000)),
+            0);
+  ASSERT_CONTAINS(err, "not accounted");
+}
+
+/* --- The headline ------------------------------------------------------- */
+
+typedef void stats_fn(int, unsigned long long *, unsigned long long *,
+                      unsigned long long *);
+
+static void fake_stats(unsigned long long *peak, unsigned long long *ooms) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  ASSERT(lib != NULL);
+  stats_fn *stats = (stats_fn *)dlsym(lib, "fake_cuda_stats");
+  ASSERT(stats != NULL);
+  unsigned long long used;
+  stats(0, &used, peak, ooms);
+}
+
+/* Eight jobs of ~30% of the GPU each, started together. */
+static int eight_jobs(bool with_cogpu, const char *mem, int kill_one) {
+  enum { N = 8 };
+  pid_t p[N];
+  char tag[N][16];
+  for (int i = 0; i < N; i++) {
+    snprintf(tag[i], sizeof tag[i], "job%d", i);
+    const char *direct[] = {prog(), "direct", "init", "ctx", "alloc:4800M",
+                            "hold:300", "freeall", NULL};
+    const char *under[] = {"cogpu", "run", "--mem", mem, "--", prog(),
+                           "direct", "init", "ctx", "alloc:4800M",
+                           "hold:300", "freeall", NULL};
+    const char *on_demand[] = {"cogpu", "run", "--", prog(), "direct",
+                               "init", "ctx", "alloc:4800M", "hold:300",
+                               "freeall", NULL};
+    p[i] = spawn(tag[i], !with_cogpu ? direct : mem ? under : on_demand);
+  }
+  if (kill_one >= 0) {
+    /* Kill the job itself (the child of its cogpu run) midway. */
+    char path[64], buf[64] = "";
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", p[kill_one],
+             p[kill_one]);
+    for (int t = 0; t < 200 && !atoi(buf); t++) {
+      th_sleep_ms(10);
+      int fd = open(path, O_RDONLY);
+      ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : 0;
+      buf[n > 0 ? n : 0] = 0;
+      if (fd >= 0)
+        close(fd);
+    }
+    ASSERT_GT(atoi(buf), 0);
+    th_sleep_ms(100);
+    kill(atoi(buf), SIGKILL);
+  }
+  int failed = 0;
+  for (int i = 0; i < N; i++) {
+    int code = th_exit_code(th_wait(p[i], th_ms(60000)));
+    if (i == kill_one)
+      continue;
+    if (code != 0) {
+      failed++;
+      if (with_cogpu)
+        fprintf(stderr, "[%s exit %d]\n%s\n", tag[i], code, slurp(tag[i]));
+    }
+  }
+  return failed;
+}
+
+static void headline(const char *policy, const char *mem, int kill_one) {
+  preload_env();
+  setenv("COGPU_POLICY", policy, 1);
+  ASSERT_EQ(eight_jobs(true, mem, kill_one), 0);
+  unsigned long long peak, ooms;
+  fake_stats(&peak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  ASSERT_ULE(peak, 16 * GiB);
+  lt_check_invariants();
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+}
+
+TEST_IMPL_T(preload_headline_without_cogpu_some_fail, 120) {
+  preload_env();
+  ASSERT_GT(eight_jobs(false, NULL, -1), 0);
+  unsigned long long peak, ooms;
+  fake_stats(&peak, &ooms);
+  ASSERT_GT(ooms, 0);
+}
+
+TEST_IMPL_T(preload_headline_fifo, 120) { headline("fifo", NULL, -1); }
+TEST_IMPL_T(preload_headline_mmu, 120) { headline("mmu", NULL, -1); }
+TEST_IMPL_T(preload_headline_priority_fifo, 120) {
+  headline("priority-fifo", NULL, -1);
+}
+TEST_IMPL_T(preload_headline_priority_mmu, 120) {
+  headline("priority-mmu", NULL, -1);
+}
+TEST_IMPL_T(preload_headline_reserve_mode, 120) {
+  headline("fifo", "5200M", -1);
+}
+TEST_IMPL_T(preload_headline_one_killed, 120) { headline("fifo", NULL, 3); }
