@@ -92,6 +92,7 @@ typedef struct ledger_waiter_s {
   uint64_t since_ns;
   uint64_t exclusive;
   int64_t granted_gpu;
+  uint64_t nowait; /* only asking: leaves the queue at once if not served */
 } ledger_waiter_t;
 
 typedef struct ledger_txent_s {

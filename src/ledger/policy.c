@@ -147,12 +147,22 @@ static bool could_fit(struct cogpu_s *h, const ledger_waiter_t *wt,
          wt->bytes <= cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
 }
 
-/* Does slot s wait for memory on GPU g (or on any GPU)? */
-static bool slot_waits_on(struct cogpu_s *h, uint64_t s, uint32_t g) {
+/* A waiter that counts for the deadlock guard: really waiting (not just
+ * asking), for g, for longer than one housekeeping tick, so that a job
+ * whose other thread is about to release is not failed in passing. */
+static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
+                          uint32_t g, uint64_t now) {
+  return wt->state == W_WAITING && !wt->nowait &&
+         (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g) &&
+         now - wt->since_ns >= h->st->hdr.sweep_interval_ms * 1000000u;
+}
+
+/* Does slot s wait for memory on GPU g? */
+static bool slot_waits_on(struct cogpu_s *h, uint64_t s, uint32_t g,
+                          uint64_t now) {
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     const ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->state == W_WAITING && wt->slot == s &&
-        (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g))
+    if (wt->slot == s && guard_waiting(h, wt, g, now))
       return true;
   }
   return false;
@@ -163,17 +173,17 @@ static bool slot_waits_on(struct cogpu_s *h, uint64_t s, uint32_t g) {
  * victim is the waiting holder of lowest priority, then the newest. */
 static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
   int64_t victim = -1;
+  uint64_t now = cogpu__now_ns();
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     const ledger_slot_t *sl = &h->st->slots[s];
     bool holds = sl->state == SLOT_ACTIVE &&
                  (sl->held[g] > 0 || h->st->hdr.gpus[g].excl_slot == s + 1);
-    if (holds && !slot_waits_on(h, s, g))
+    if (holds && !slot_waits_on(h, s, g, now))
       return -1; /* someone can still make progress and release */
   }
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     const ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->state != W_WAITING || h->st->slots[wt->slot].held[g] == 0 ||
-        (wt->gpu != COGPU_GPU_AUTO && wt->gpu != (int64_t)g))
+    if (!guard_waiting(h, wt, g, now) || h->st->slots[wt->slot].held[g] == 0)
       continue;
     const ledger_waiter_t *v = victim < 0 ? NULL : &h->st->waiters[victim];
     if (!v || wt->priority < v->priority ||

@@ -105,6 +105,7 @@ static int64_t enqueue(cogpu_t *h, const reserve_req_t *r) {
     wt->priority = r->priority;
     wt->since_ns = cogpu__now_ns();
     wt->exclusive = r->exclusive;
+    wt->nowait = r->timeout_ms == 0;
     wt->granted_gpu = -1;
     cogpu__ledger_tx_set(h, &wt->ticket, hd->next_ticket);
     cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
@@ -193,9 +194,10 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
                                ? "exclusive use"
                                : cogpu__fmt_size(r->bytes, need, sizeof need));
     }
-    /* Housekeeping tick: dead clients and foreign memory may have moved. */
-    if (cogpu__ledger_sweep(h))
-      cogpu__ledger_serve(h);
+    /* Housekeeping tick: dead clients and foreign memory may have moved,
+     * and the deadlock guard looks at waiters that have waited a tick. */
+    cogpu__ledger_sweep(h);
+    cogpu__ledger_serve(h);
     cogpu__ledger_unlock(h);
     cogpu__ledger_foreign_refresh(h, false);
   }

@@ -9,7 +9,8 @@
  * Beyond it the reservation grows through the ledger: in reserve mode (mem
  * set) only if memory is free now (or waiting, with grow_wait), otherwise
  * out-of-memory; on demand, waiting in the node's queue per its policy.
- * Frees shrink an on-demand reservation again, keeping one grow_step spare.
+ * Frees shrink an on-demand reservation again once more than two grow_steps
+ * are spare, down to one.
  *
  * Nothing here may crash or stop the application: when the ledger cannot
  * be used, the process runs unaccounted, and says so once.
@@ -34,9 +35,10 @@ typedef struct pl_dev_s {
   int gpu; /* ledger index */
   _Atomic int64_t used;
   _Atomic int64_t reserved;
-  uint64_t base;         /* part of reserved that was the job's base */
-  uint64_t primary_refs; /* primary context retains */
-  pthread_mutex_t mu;    /* mapping, growing, shrinking */
+  uint64_t base;              /* part of reserved that was the job's base */
+  uint64_t primary_refs;      /* primary context retains */
+  _Atomic int shrink_pending; /* a free found mu taken: shrink at unlock */
+  pthread_mutex_t mu;         /* mapping, growing, shrinking */
 } pl_dev_t;
 
 typedef struct pl_pool_s {
@@ -259,26 +261,6 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
   }
 }
 
-CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
-  pl_dev_t *d = dev_get(dev);
-  if (!d || bytes == 0)
-    return CUDA_SUCCESS;
-  int64_t used = atomic_fetch_add(&d->used, (int64_t)bytes) + (int64_t)bytes;
-  uint64_t limit = cfg_u(COGPU_OPT_LIMIT);
-  if (limit && (uint64_t)used > limit) {
-    atomic_fetch_sub(&d->used, (int64_t)bytes);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  if (used <= atomic_load_explicit(&d->reserved, memory_order_relaxed))
-    return CUDA_SUCCESS;
-  pthread_mutex_lock(&d->mu);
-  CUresult rc = dev_grow(d, grow_timeout());
-  pthread_mutex_unlock(&d->mu);
-  if (rc != CUDA_SUCCESS)
-    atomic_fetch_sub(&d->used, (int64_t)bytes);
-  return rc;
-}
-
 /* Give back what an on-demand reservation holds beyond one spare step (in
  * reserve mode, beyond mem); never the job's base. */
 static void dev_shrink(pl_dev_t *d) {
@@ -294,17 +276,46 @@ static void dev_shrink(pl_dev_t *d) {
     atomic_fetch_sub(&d->reserved, (int64_t)excess);
 }
 
+/* Release d->mu, first doing a shrink that a free asked for meanwhile. */
+static void dev_unlock(pl_dev_t *d) {
+  if (atomic_exchange(&d->shrink_pending, 0))
+    dev_shrink(d);
+  pthread_mutex_unlock(&d->mu);
+}
+
+CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
+  pl_dev_t *d = dev_get(dev);
+  if (!d || bytes == 0)
+    return CUDA_SUCCESS;
+  int64_t used = atomic_fetch_add(&d->used, (int64_t)bytes) + (int64_t)bytes;
+  uint64_t limit = cfg_u(COGPU_OPT_LIMIT);
+  if (limit && (uint64_t)used > limit) {
+    atomic_fetch_sub(&d->used, (int64_t)bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (used <= atomic_load_explicit(&d->reserved, memory_order_relaxed))
+    return CUDA_SUCCESS;
+  pthread_mutex_lock(&d->mu);
+  CUresult rc = dev_grow(d, grow_timeout());
+  dev_unlock(d);
+  if (rc != CUDA_SUCCESS)
+    atomic_fetch_sub(&d->used, (int64_t)bytes);
+  return rc;
+}
+
 void cogpu__pl_uncharge(CUdevice dev, uint64_t bytes) {
   pl_dev_t *d = dev_get(dev);
   if (!d || bytes == 0)
     return;
   int64_t used = atomic_fetch_sub(&d->used, (int64_t)bytes) - (int64_t)bytes;
   uint64_t step = cfg_u(COGPU_OPT_GROW_STEP);
-  if (atomic_load(&d->reserved) - used > (int64_t)(3 * step) &&
-      pthread_mutex_trylock(&d->mu) == 0) {
-    dev_shrink(d);
-    pthread_mutex_unlock(&d->mu);
-  }
+  if (atomic_load(&d->reserved) - used <= (int64_t)(2 * step))
+    return;
+  /* A free never blocks: if another thread holds the device, it shrinks
+   * on its way out. Retry once in case it left just now. */
+  atomic_store(&d->shrink_pending, 1);
+  if (pthread_mutex_trylock(&d->mu) == 0)
+    dev_unlock(d);
 }
 
 void cogpu__pl_adjust(CUdevice dev, int64_t delta) {
@@ -317,7 +328,7 @@ void cogpu__pl_adjust(CUdevice dev, int64_t delta) {
   if (delta > 0 && used > atomic_load(&d->reserved)) {
     pthread_mutex_lock(&d->mu);
     dev_grow(d, COGPU_NOWAIT);
-    pthread_mutex_unlock(&d->mu);
+    dev_unlock(d);
   }
 }
 

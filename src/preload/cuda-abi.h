@@ -13,6 +13,7 @@
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
+typedef unsigned int CUdeviceptr_v1; /* the legacy (pre-3.2) 32-bit pointer */
 typedef unsigned long long cuuint64_t;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;

@@ -34,7 +34,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
   ALLOC_ON(dev, bytes, PL_KIND_MEM, *dptr, real(dptr, bytes));
 }
 
-CUresult cuMemAlloc(CUdeviceptr *dptr, unsigned int bytes) {
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytes) {
   cuMemAlloc_ft *real = REAL(cuMemAlloc);
   if (!real)
     return not_loaded();
@@ -113,9 +113,14 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
   return real ? free_with(real, p) : not_loaded();
 }
 
-CUresult cuMemFree(CUdeviceptr p) {
-  cuMemFree_ft *real = REAL(cuMemFree);
-  return real ? free_with(real, p) : not_loaded();
+static cuMemFree_ft *free_v1_real;
+static CUresult free_v1_call(CUdeviceptr p) {
+  return free_v1_real((CUdeviceptr_v1)p);
+}
+
+CUresult cuMemFree(CUdeviceptr_v1 p) {
+  free_v1_real = REAL(cuMemFree);
+  return free_v1_real ? free_with(free_v1_call, p) : not_loaded();
 }
 
 /* --- Stream-ordered allocation: what a pool reserves is what counts. --- */

@@ -33,12 +33,12 @@ typedef CUresult cuInit_ft(unsigned int);
 typedef CUresult cuGetProcAddress_ft(const char *, void **, int, cuuint64_t);
 typedef CUresult cuGetProcAddress_v2_ft(const char *, void **, int, cuuint64_t,
                                         CUdriverProcAddressQueryResult *);
-typedef CUresult cuMemAlloc_ft(CUdeviceptr *, unsigned int);
+typedef CUresult cuMemAlloc_ft(CUdeviceptr_v1 *, unsigned int);
 typedef CUresult cuMemAlloc_v2_ft(CUdeviceptr *, size_t);
 typedef CUresult cuMemAllocPitch_v2_ft(CUdeviceptr *, size_t *, size_t, size_t,
                                        unsigned int);
 typedef CUresult cuMemAllocManaged_ft(CUdeviceptr *, size_t, unsigned int);
-typedef CUresult cuMemFree_ft(CUdeviceptr);
+typedef CUresult cuMemFree_ft(CUdeviceptr_v1);
 typedef CUresult cuMemFree_v2_ft(CUdeviceptr);
 typedef CUresult cuMemGetInfo_ft(unsigned int *, unsigned int *);
 typedef CUresult cuMemGetInfo_v2_ft(size_t *, size_t *);

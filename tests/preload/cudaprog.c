@@ -19,11 +19,14 @@
  * error, 4 wrong data read back. Each action prints a line on stdout.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "preload/cuda-abi.h"
 
@@ -150,8 +153,8 @@ static int bind(const char *route) {
     gpa2_t *first = (gpa2_t *)dlsym(lib, "cuGetProcAddress_v2");
     version = 12080;
     ptds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-    if (!first || first("cuGetProcAddress", (void **)&gpa2, version, 0,
-                        NULL) != CUDA_SUCCESS)
+    if (!first || first("cuGetProcAddress", (void **)&gpa2, version, 0, NULL) !=
+                      CUDA_SUCCESS)
       return 3;
     use_v4 = true;
   } else if (!strcmp(route, "legacy")) {
@@ -222,6 +225,7 @@ static int narrays;
 static CUmipmappedArray mipmaps[MAXP];
 static int nmipmaps;
 static CUcontext created;
+static CUcontext current; /* made current in every thread */
 
 static int result(const char *what, CUresult rc) {
   if (rc == CUDA_SUCCESS)
@@ -319,6 +323,8 @@ static int act_ctx(bool create) {
     created = c;
   if (rc == 0)
     rc = result("setcurrent", api.set_current(c));
+  if (rc == 0)
+    current = c;
   return rc;
 }
 
@@ -327,8 +333,7 @@ static int act_info(bool total) {
   int rc = total ? result("total", api.total(&t, 0))
                  : result("info", api.info(&f, &t));
   if (rc == 0)
-    printf(total ? "total=%zu\n" : "free=%zu total=%zu\n",
-           total ? t : f, t);
+    printf(total ? "total=%zu\n" : "free=%zu total=%zu\n", total ? t : f, t);
   return rc;
 }
 
@@ -377,6 +382,61 @@ static int act_simple(const char *a) {
   return 3;
 }
 
+/* threads:N:SIZE:ITERS: N threads allocate and free SIZE, ITERS times. */
+static size_t thr_bytes;
+static int thr_iters;
+static void *thr_main(void *arg) {
+  (void)arg;
+  if (api.set_current(current) != CUDA_SUCCESS)
+    return (void *)1;
+  for (int i = 0; i < thr_iters; i++) {
+    CUdeviceptr p = 0;
+    if (api.alloc(&p, thr_bytes) != CUDA_SUCCESS || api.free(p) != CUDA_SUCCESS)
+      return (void *)1;
+  }
+  return NULL;
+}
+
+static int act_threads(const char *arg) {
+  unsigned n = 0, iters = 0;
+  char size[32] = "";
+  if (sscanf(arg, "%u:%31[^:]:%u", &n, size, &iters) != 3 || n > 64)
+    return 3;
+  thr_bytes = size_arg(size);
+  thr_iters = (int)iters;
+  pthread_t t[64];
+  for (unsigned i = 0; i < n; i++)
+    pthread_create(&t[i], NULL, thr_main, NULL);
+  int bad = 0;
+  for (unsigned i = 0; i < n; i++) {
+    void *r;
+    pthread_join(t[i], &r);
+    bad += r != NULL;
+  }
+  printf("threads %u x %u: %d failed\n", n, iters, bad);
+  return bad ? 3 : 0;
+}
+
+/* fork: a child that creates its own context and allocates, as a process
+ * of the same job; the parent waits for it. */
+static int act_fork(const char *arg) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    CUcontext c = NULL;
+    CUdeviceptr p = 0;
+    api.init(0); /* a child initialises on its own */
+    CUresult r1 = api.primary(&c, 0), r2 = api.set_current(c),
+             r3 = api.alloc(&p, size_arg(arg)), r4 = api.free(p);
+    if (r1 || r2 || r3 || r4)
+      fprintf(stderr, "fork child: %d %d %d %d\n", r1, r2, r3, r4);
+    _exit(r1 || r2 || r3 || r4 ? 3 : 0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  printf("fork child exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 3;
+}
+
 static int act(const char *a) {
   const char *arg = strchr(a, ':') ? strchr(a, ':') + 1 : "";
   if (!strcmp(a, "init"))
@@ -414,6 +474,10 @@ static int act(const char *a) {
     return act_info(!strcmp(a, "total"));
   if (!strcmp(a, "exporttable"))
     return act_export_table();
+  if (!strncmp(a, "threads:", 8))
+    return act_threads(arg);
+  if (!strncmp(a, "fork:", 5))
+    return act_fork(arg);
   if (!strncmp(a, "hold:", 5)) {
     long ms = strtol(arg, NULL, 10);
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};

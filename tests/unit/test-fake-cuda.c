@@ -114,7 +114,7 @@ static int nvml_of(CUdevice dev) {
   return bus;
 }
 
-/* --- Devices --------------------------------------------------------------- */
+/* --- Devices -------------------------------------------------------------- */
 
 TEST_IMPL(fakecuda_devices) {
   int n = -1, v = 0;
@@ -229,11 +229,17 @@ TEST_IMPL(fakecuda_visible_devices) {
       {three, "1,7,0", CUDA_SUCCESS, 1, {1}}, /* stops at an invalid one */
       {three, "0,0,1", CUDA_SUCCESS, 1, {0}}, /* ... or a repeated one */
       {three, "1,-1,0", CUDA_SUCCESS, 1, {1}},
-      {three, "GPU-fa4e0000-0000-4000-8000-000000000002,1", CUDA_SUCCESS, 2,
+      {three,
+       "GPU-fa4e0000-0000-4000-8000-000000000002,1",
+       CUDA_SUCCESS,
+       2,
        {2, 1}},
       {three, "GPU-fa4e", CUDA_ERROR_NO_DEVICE, 0, {0}}, /* ambiguous */
       {"16G", "GPU-fa4e", CUDA_SUCCESS, 1, {0}},         /* unique prefix */
-      {seventeen, "GPU-fa4e0000-0000-4000-8000-00000000001,3", CUDA_SUCCESS, 2,
+      {seventeen,
+       "GPU-fa4e0000-0000-4000-8000-00000000001,3",
+       CUDA_SUCCESS,
+       2,
        {16, 3}},
       {three, "", CUDA_ERROR_NO_DEVICE, 0, {0}},
       {three, "-1", CUDA_ERROR_NO_DEVICE, 0, {0}},
@@ -248,7 +254,7 @@ TEST_IMPL(fakecuda_visible_devices) {
   }
 }
 
-/* --- Memory ------------------------------------------------------------------ */
+/* --- Memory --------------------------------------------------------------- */
 
 TEST_IMPL(fakecuda_alloc_copy) {
   CUdeviceptr d, d2, p;
@@ -372,7 +378,7 @@ TEST_IMPL(fakecuda_out_of_memory) {
   ASSERT_UEQ(ooms(0), 5);
 }
 
-/* --- Contexts ------------------------------------------------------------------ */
+/* --- Contexts ------------------------------------------------------------- */
 
 static void *no_context_thread(void *arg) {
   CUcontext ctx = arg, cur = (CUcontext)1;
@@ -469,7 +475,7 @@ TEST_IMPL(fakecuda_contexts) {
   ASSERT_EQ(F(cuCtxPopCurrent_v2)(&cur), CUDA_ERROR_INVALID_CONTEXT);
 }
 
-/* --- Processes ------------------------------------------------------------------ */
+/* --- Processes ------------------------------------------------------------ */
 
 typedef struct {
   int to_parent, from_parent;
@@ -514,7 +520,7 @@ static pid_t start_peer(peer_t *p) {
   }
   close(up[1]);
   close(down[0]);
-  p->to_parent = up[0];   /* the parent's ends */
+  p->to_parent = up[0]; /* the parent's ends */
   p->from_parent = down[1];
   return pid;
 }
@@ -602,7 +608,7 @@ TEST_IMPL(fakecuda_killed_process_reclaimed) {
   th_wait(pid, th_ms(10000));
 }
 
-/* --- Pools ------------------------------------------------------------------------ */
+/* --- Pools ---------------------------------------------------------------- */
 
 static uint64_t pool_attr(CUmemoryPool pool, int attr) {
   cuuint64_t v = ~0ull;
@@ -695,7 +701,7 @@ TEST_IMPL(fakecuda_pools) {
   CU_OK(F(cuStreamDestroy_v2)(s));
 }
 
-/* --- VMM and arrays --------------------------------------------------------------- */
+/* --- VMM and arrays ------------------------------------------------------- */
 
 TEST_IMPL(fakecuda_vmm_and_arrays) {
   fc_open("16G,8G", "0");
@@ -779,7 +785,7 @@ TEST_IMPL(fakecuda_vmm_and_arrays) {
   ASSERT_EQ(F(cuIpcCloseMemHandle)(0), CUDA_ERROR_NOT_SUPPORTED);
 }
 
-/* --- cuGetProcAddress ------------------------------------------------------------- */
+/* --- cuGetProcAddress ----------------------------------------------------- */
 
 /* cuGetProcAddress_v2's answer for (symbol, version, flags): the exported
  * variant `want`, or NULL for the failure `status`. */
@@ -833,8 +839,8 @@ TEST_IMPL(fakecuda_get_proc_address) {
   check_proc("cuCtxCreate", 12050, 0, "cuCtxCreate_v4", 0);
   check_proc("cuCtxCreate", 13000, 0, "cuCtxCreate_v4", 0);
   check_proc("cuCtxDestroy", 12000, 0, "cuCtxDestroy_v2", 0);
-  check_proc("cuDevicePrimaryCtxRelease", 10020, 0,
-             "cuDevicePrimaryCtxRelease", 0);
+  check_proc("cuDevicePrimaryCtxRelease", 10020, 0, "cuDevicePrimaryCtxRelease",
+             0);
   check_proc("cuDevicePrimaryCtxRelease", 11000, 0,
              "cuDevicePrimaryCtxRelease_v2", 0);
   check_proc("cuDeviceTotalMem", 12000, 0, "cuDeviceTotalMem_v2", 0);
@@ -867,7 +873,7 @@ TEST_IMPL(fakecuda_get_proc_address) {
   ASSERT_EQ(v, 13000);
 }
 
-/* --- Fault injection ------------------------------------------------------------------ */
+/* --- Fault injection ------------------------------------------------------ */
 
 static void fail_init_child(void *arg) {
   (void)arg;
@@ -905,7 +911,7 @@ TEST_IMPL(fakecuda_fault_injection) {
   ASSERT_EQ(in_child(fail_init_child, NULL), 0);
 }
 
-/* --- The fake NVML sees fake-CUDA processes --------------------------------------------- */
+/* --- The fake NVML sees fake-CUDA processes ------------------------------- */
 
 static const cogpu__gpu_proc_t *find_proc(const cogpu__gpu_proc_t *p, size_t n,
                                           unsigned pid) {
@@ -977,7 +983,9 @@ TEST_IMPL(fakecuda_nvml_lists_processes) {
   ASSERT_UEQ(find_proc(p, n, me)->used, 10 * MIB);
 }
 
-/* --- Threads --------------------------------------------------------------------------- */
+/* --- Threads
+ * ---------------------------------------------------------------------------
+ */
 
 typedef struct {
   CUcontext ctx;
@@ -1042,7 +1050,7 @@ TEST_IMPL(fakecuda_threads) {
   ASSERT_UEQ(used(0), 0);
 }
 
-/* --- Streams, modules, launches, export tables -------------------------------------------- */
+/* --- Streams, modules, launches, export tables ---------------------------- */
 
 static void launch_child(void *arg) {
   (void)arg;

@@ -44,18 +44,18 @@ bool fake_ready(void);
 void fake_lock(void);
 void fake_unlock(void);
 
-/* --- Devices (set by cuInit) ----------------------------------------------- */
+/* --- Devices (set by cuInit) ---------------------------------------------- */
 
 /* Whether dev is a valid ordinal; its NVML index into *nvml. */
 bool fake_device(CUdevice dev, unsigned *nvml);
 
-/* --- Contexts -------------------------------------------------------------- */
+/* --- Contexts ------------------------------------------------------------- */
 
 struct CUctx_st {
   int ordinal;
   unsigned nvml;
   bool primary;
-  unsigned refs; /* primary: retain count (0 inactive); others: 1 */
+  unsigned refs;         /* primary: retain count (0 inactive); others: 1 */
   struct CUctx_st *next; /* list of live non-primary contexts */
 };
 
@@ -67,8 +67,9 @@ CUcontext fake_current(void);
  * if the context is not alive. */
 CUresult fake_stream_ctx(CUstream stream, CUcontext *ctx);
 
-/* --- This process's objects -------------------------------------------------
- * Every allocation and handle the process holds, for frees, validation and
+/* --- This process's objects ----------------------------------------------- */
+
+/* Every allocation and handle the process holds, for frees, validation and
  * clean-up when a context goes. */
 
 typedef enum {
@@ -89,9 +90,9 @@ typedef enum {
    FAKE_MEM_VA)
 
 typedef struct {
-  uint64_t key;      /* the pointer, or the handle's value */
-  uint64_t bytes;    /* charged (to the GPU, or used in the pool) */
-  uint64_t length;   /* bytes mapped at key; 0 if nothing is */
+  uint64_t key;    /* the pointer, or the handle's value */
+  uint64_t bytes;  /* charged (to the GPU, or used in the pool) */
+  uint64_t length; /* bytes mapped at key; 0 if nothing is */
   fake_kind_t kind;
   unsigned nvml;     /* the GPU charged */
   CUcontext ctx;     /* owning context (freed with it), or NULL */
@@ -113,14 +114,14 @@ uint64_t fake_new_handle(void);
  * fake memory costs nothing. NULL on failure. */
 void *fake_map(uint64_t bytes, bool low32);
 
-/* --- Pools (memory.c) ------------------------------------------------------- */
+/* --- Pools (memory.c) ----------------------------------------------------- */
 
 /* Locked. `bytes` allocated from `pool` came back. */
 void fake_pool_put(CUmemoryPool pool, uint64_t bytes);
 /* Locked, in a forked child: forget the parent's pools. */
 void fake_pools_forget(void);
 
-/* --- Shared state (state.c) -------------------------------------------------- */
+/* --- Shared state (state.c) ----------------------------------------------- */
 
 /* Locked. Map the state file (once per process; a forked child keeps the
  * mapping). CUDA_ERROR_UNKNOWN, with a message on stderr, if it cannot. */

@@ -42,7 +42,7 @@ typedef struct {
 } fake_cuda_gpu_state_t;
 
 typedef struct {
-  int32_t pid;    /* owner; 0 free, FAKE_CUDA_PID_REAPING being reclaimed */
+  int32_t pid; /* owner; 0 free, FAKE_CUDA_PID_REAPING being reclaimed */
   uint32_t pad;
   uint64_t start; /* owner's start time (/proc/PID/stat), 0 if unknown */
   uint64_t used[FAKE_CUDA_MAX_GPUS]; /* bytes the owner holds per GPU */
@@ -104,7 +104,8 @@ static inline bool fake_cuda_entry_alive(const fake_cuda_proc_state_t *p) {
 
 /* Maps the state file at `path` read-only; NULL if it is missing or not a
  * state file. Unmap with munmap(st, sizeof *st). */
-static inline const fake_cuda_state_t *fake_cuda_state_map_ro(const char *path) {
+static inline const fake_cuda_state_t *
+fake_cuda_state_map_ro(const char *path) {
   struct stat sb;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)

@@ -42,7 +42,7 @@ void fake_unlock(void) {
   pthread_mutex_unlock(&g_mutex);
 }
 
-/* --- Configuration ---------------------------------------------------------- */
+/* --- Configuration -------------------------------------------------------- */
 
 static bool g_ready; /* cuInit succeeded; read without the lock */
 static bool g_init_done;
@@ -163,7 +163,7 @@ bool fake_device(CUdevice dev, unsigned *nvml) {
   return true;
 }
 
-/* --- Fault injection -------------------------------------------------------- */
+/* --- Fault injection ------------------------------------------------------ */
 
 typedef struct {
   char entry[64];
@@ -200,8 +200,8 @@ static void parse_rules(void) {
         }
       }
     }
-    fprintf(stderr, "fake-cuda: ignoring FAKE_CUDA_FAIL entry '%.*s'\n",
-            (int)n, s);
+    fprintf(stderr, "fake-cuda: ignoring FAKE_CUDA_FAIL entry '%.*s'\n", (int)n,
+            s);
     s += n + (s[n] == ',');
   }
 }
@@ -290,10 +290,10 @@ static void release_owned(CUcontext ctx) {
       fake_obj_release(&g_objs[i]);
 }
 
-/* --- Contexts ----------------------------------------------------------------- */
+/* --- Contexts ------------------------------------------------------------- */
 
 static struct CUctx_st g_primary[FAKE_CUDA_MAX_GPUS]; /* by ordinal */
-static struct CUctx_st *g_ctxs;                        /* others, alive */
+static struct CUctx_st *g_ctxs;                       /* others, alive */
 static __thread CUcontext tl_stack[FAKE_CTX_STACK];
 static __thread int tl_depth;
 
@@ -436,8 +436,9 @@ static CUresult ctx_sync(CUcontext ctx) {
   return ctx_device(ctx, &(CUdevice){0});
 }
 
-/* --- Fork ------------------------------------------------------------------------
- * A forked child starts with no CUDA state, as with a real driver: it must
+/* --- Fork ----------------------------------------------------------------- */
+
+/* A forked child starts with no CUDA state, as with a real driver: it must
  * call cuInit and make a context of its own. The parent's allocations are
  * the parent's (still charged to it); the child's copies are dropped. */
 
@@ -478,7 +479,7 @@ __attribute__((constructor)) static void fake_cuda_setup(void) {
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
-/* --- Initialisation --------------------------------------------------------- */
+/* --- Initialisation ------------------------------------------------------- */
 
 static CUresult init_locked(void) {
   if (!parse_gpus()) {
@@ -528,7 +529,7 @@ FAKE_API CUresult cuDriverGetVersion(int *driverVersion) {
   return CUDA_SUCCESS;
 }
 
-/* --- Errors ------------------------------------------------------------------ */
+/* --- Errors --------------------------------------------------------------- */
 
 static const struct {
   CUresult code;
@@ -589,7 +590,7 @@ FAKE_API CUresult cuGetExportTable(const void **ppExportTable,
   return CUDA_SUCCESS;
 }
 
-/* --- Devices ------------------------------------------------------------------ */
+/* --- Devices -------------------------------------------------------------- */
 
 FAKE_API CUresult cuDeviceGetCount(int *count) {
   FAKE_ENTER_INIT();
@@ -729,7 +730,7 @@ FAKE_API CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-/* --- Contexts ------------------------------------------------------------------ */
+/* --- Contexts ------------------------------------------------------------- */
 
 FAKE_API CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags,
                               CUdevice dev) {
@@ -880,7 +881,7 @@ FAKE_API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   return ctx_sync(ctx);
 }
 
-/* --- Streams --------------------------------------------------------------------- */
+/* --- Streams -------------------------------------------------------------- */
 
 #define FAKE_STREAM_LEGACY ((CUstream)0x1)     /* CU_STREAM_LEGACY */
 #define FAKE_STREAM_PER_THREAD ((CUstream)0x2) /* CU_STREAM_PER_THREAD */
@@ -959,14 +960,10 @@ FAKE_API CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   return stream_sync(hStream);
 }
 
-/* --- Modules and launches ----------------------------------------------------------- */
+/* --- Modules and launches ------------------------------------------------- */
 
-static struct CUmod_st {
-  char tag;
-} g_module;
-static struct CUfunc_st {
-  char tag;
-} g_function;
+static struct CUmod_st { char tag; } g_module;
+static struct CUfunc_st { char tag; } g_function;
 
 FAKE_API CUresult cuModuleLoadData(fake_CUmodule *module, const void *image) {
   FAKE_ENTER_INIT();

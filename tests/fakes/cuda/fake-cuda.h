@@ -18,7 +18,7 @@
 
 #define FAKE_API __attribute__((visibility("default")))
 
-/* --- Types missing from cuda-abi.h ------------------------------------- */
+/* --- Types missing from cuda-abi.h ---------------------------------------- */
 
 /* The legacy (CUDA 2.x, "v1") API's 32-bit device pointer. */
 typedef unsigned int fake_CUdeviceptr_v1;
@@ -46,7 +46,7 @@ typedef struct fake_CUipcMemHandle_st {
   char reserved[64];
 } fake_CUipcMemHandle;
 
-/* --- Test hooks ---------------------------------------------------------- */
+/* --- Test hooks ----------------------------------------------------------- */
 
 /* Device memory of the GPU with this NVML index, from the shared state
  * (all processes): bytes in use, the highest use, and the number of
@@ -63,7 +63,7 @@ FAKE_API unsigned long long fake_cuda_launch_count(void);
 /* What cuGetExportTable hands out, whatever table is asked for. */
 FAKE_API extern const unsigned long long fake_cuda_export_table[8];
 
-/* --- Initialisation, versions, errors ------------------------------------ */
+/* --- Initialisation, versions, errors ------------------------------------- */
 
 FAKE_API CUresult cuInit(unsigned int Flags);
 FAKE_API CUresult cuDriverGetVersion(int *driverVersion);
@@ -77,7 +77,7 @@ FAKE_API CUresult cuGetProcAddress_v2(
     const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
     CUdriverProcAddressQueryResult *symbolStatus);
 
-/* --- Devices ------------------------------------------------------------- */
+/* --- Devices -------------------------------------------------------------- */
 
 FAKE_API CUresult cuDeviceGetCount(int *count);
 FAKE_API CUresult cuDeviceGet(CUdevice *device, int ordinal);
@@ -88,7 +88,7 @@ FAKE_API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 FAKE_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 FAKE_API CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 
-/* --- Contexts ------------------------------------------------------------ */
+/* --- Contexts ------------------------------------------------------------- */
 
 FAKE_API CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags,
                               CUdevice dev);
@@ -119,7 +119,7 @@ FAKE_API CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 FAKE_API CUresult cuCtxSynchronize(void);
 FAKE_API CUresult cuCtxSynchronize_v2(CUcontext ctx);
 
-/* --- Streams, modules, launches ------------------------------------------ */
+/* --- Streams, modules, launches ------------------------------------------- */
 
 FAKE_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
 FAKE_API CUresult cuStreamDestroy(CUstream hStream);
@@ -142,7 +142,7 @@ FAKE_API CUresult cuLaunchKernel_ptsz(
     unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
     void **kernelParams, void **extra);
 
-/* --- Memory -------------------------------------------------------------- */
+/* --- Memory --------------------------------------------------------------- */
 
 FAKE_API CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
 FAKE_API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
@@ -234,9 +234,10 @@ FAKE_API CUresult cuArrayCreate_v2(CUarray *pHandle,
 FAKE_API CUresult cuArray3DCreate_v2(
     CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
 FAKE_API CUresult cuArrayDestroy(CUarray hArray);
-FAKE_API CUresult cuMipmappedArrayCreate(
-    CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
-    unsigned int numMipmapLevels);
+FAKE_API CUresult
+cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                       const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                       unsigned int numMipmapLevels);
 FAKE_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
 
 /* Inter-process handles: not supported by the fake. */

@@ -21,7 +21,7 @@
 
 #include "fake-cuda-int.h"
 
-/* --- Common ----------------------------------------------------------------- */
+/* --- Common --------------------------------------------------------------- */
 
 static uint64_t round_up(uint64_t v, uint64_t to) {
   return (v + to - 1) / to * to;
@@ -88,7 +88,7 @@ static CUresult mem_free(uint64_t key, unsigned kinds, bool anywhere) {
   return r;
 }
 
-/* --- Allocation -------------------------------------------------------------- */
+/* --- Allocation ----------------------------------------------------------- */
 
 FAKE_API CUresult cuMemAlloc(fake_CUdeviceptr_v1 *dptr, unsigned int bytesize) {
   FAKE_ENTER_INIT();
@@ -218,7 +218,7 @@ FAKE_API CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
   return r;
 }
 
-/* --- Copies and sets ---------------------------------------------------------- */
+/* --- Copies and sets ------------------------------------------------------ */
 
 /* Whether [p, p+n) lies in memory of this process's, with a context. */
 static CUresult mem_check(uint64_t p, uint64_t n) {
@@ -337,13 +337,14 @@ FAKE_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui,
   return set_d32(dstDevice, ui, N);
 }
 
-/* --- Memory pools -----------------------------------------------------------------
- * A pool holds `reserved` bytes of its GPU (charged, in 2 MiB granules),
+/* --- Memory pools --------------------------------------------------------- */
+
+/* A pool holds `reserved` bytes of its GPU (charged, in 2 MiB granules),
  * `used` of them by live allocations. An allocation that does not fit in
  * what is reserved grows the reservation; frees only lower `used`;
  * cuMemPoolTrimTo gives reserved memory back. (A real driver also trims at
- * synchronisation down to CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; the fake
- * does not.) */
+ * synchronisation down to CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; the fake does
+ * not.) */
 
 struct CUmemPoolHandle_st {
   int ordinal;
@@ -363,9 +364,8 @@ static CUmemoryPool default_pool(CUdevice dev) {
   if (!p->is_default) {
     unsigned nvml = 0;
     fake_device(dev, &nvml);
-    *p = (struct CUmemPoolHandle_st){.ordinal = dev,
-                                     .nvml = nvml,
-                                     .is_default = true};
+    *p = (struct CUmemPoolHandle_st){
+        .ordinal = dev, .nvml = nvml, .is_default = true};
   }
   return p;
 }
@@ -436,8 +436,8 @@ static CUresult pool_alloc(CUmemoryPool pool, uint64_t bytes,
     if (pool->reserved > pool->reserved_high)
       pool->reserved_high = pool->reserved;
   }
-  CUresult r = new_mapping(NULL, pool->nvml, bytes, 0, FAKE_MEM_POOL, pool,
-                           false, out);
+  CUresult r =
+      new_mapping(NULL, pool->nvml, bytes, 0, FAKE_MEM_POOL, pool, false, out);
   if (r != CUDA_SUCCESS)
     return r;
   pool->used += bytes;
@@ -680,7 +680,7 @@ FAKE_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr,
   return r;
 }
 
-/* --- Virtual memory management ------------------------------------------------- */
+/* --- Virtual memory management -------------------------------------------- */
 
 FAKE_API CUresult cuMemGetAllocationGranularity(size_t *granularity,
                                                 const CUmemAllocationProp *prop,
@@ -746,9 +746,8 @@ FAKE_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size,
   if (m + size + alignment > p + size)
     munmap(p + size, (size_t)(m + size + alignment - (p + size)));
   fake_lock();
-  fake_obj_t o = {.key = (uint64_t)(uintptr_t)p,
-                  .length = size,
-                  .kind = FAKE_MEM_VA};
+  fake_obj_t o = {
+      .key = (uint64_t)(uintptr_t)p, .length = size, .kind = FAKE_MEM_VA};
   bool ok = fake_obj_add(&o);
   fake_unlock();
   if (!ok) {
@@ -786,8 +785,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   fake_obj_t *h = fake_obj_find(handle, FAKE_MEM_VMM);
   bool ok = !flags && va_range(ptr, size) && h && offset <= h->bytes &&
             size <= h->bytes - offset &&
-            mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) ==
-                0;
+            mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) == 0;
   fake_unlock();
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -816,7 +814,7 @@ FAKE_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* --- Arrays ------------------------------------------------------------------------ */
+/* --- Arrays --------------------------------------------------------------- */
 
 /* Bytes of one channel of a CUarray_format; 0 if unknown. */
 static uint64_t format_bytes(int format) {
@@ -874,15 +872,15 @@ static CUresult array_new(uint64_t bytes, fake_kind_t kind, uint64_t *handle) {
   return r;
 }
 
-FAKE_API CUresult cuArrayCreate_v2(CUarray *pHandle,
-                                   const CUDA_ARRAY_DESCRIPTOR *pAllocateArray) {
+FAKE_API CUresult cuArrayCreate_v2(
+    CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray) {
   FAKE_ENTER_INIT();
   uint64_t bytes, h;
   if (!pHandle || !pAllocateArray)
     return CUDA_ERROR_INVALID_VALUE;
   const CUDA_ARRAY_DESCRIPTOR *a = pAllocateArray;
-  CUresult r = array_bytes(a->Width, a->Height, 1, a->Format, a->NumChannels,
-                           &bytes);
+  CUresult r =
+      array_bytes(a->Width, a->Height, 1, a->Format, a->NumChannels, &bytes);
   if (r == CUDA_SUCCESS)
     r = array_new(bytes, FAKE_MEM_ARRAY, &h);
   if (r == CUDA_SUCCESS)
@@ -913,9 +911,10 @@ FAKE_API CUresult cuArrayDestroy(CUarray hArray) {
 }
 
 /* Every level halves each extent, down to 1. */
-FAKE_API CUresult cuMipmappedArrayCreate(
-    CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
-    unsigned int numMipmapLevels) {
+FAKE_API CUresult
+cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                       const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                       unsigned int numMipmapLevels) {
   FAKE_ENTER_INIT();
   uint64_t total = 0, h;
   if (!pHandle || !pMipmappedArrayDesc || numMipmapLevels == 0)
@@ -947,7 +946,7 @@ FAKE_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
   return r == CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_HANDLE;
 }
 
-/* --- Inter-process handles: not supported ----------------------------------------- */
+/* --- Inter-process handles: not supported --------------------------------- */
 
 FAKE_API CUresult cuIpcGetMemHandle(fake_CUipcMemHandle *pHandle,
                                     CUdeviceptr dptr) {

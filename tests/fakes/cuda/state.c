@@ -89,8 +89,7 @@ static bool state_reap(void) {
     if (pid <= 0 || i == g_slot || fake_cuda_entry_alive(p))
       continue;
     if (!__atomic_compare_exchange_n(&p->pid, &pid, FAKE_CUDA_PID_REAPING,
-                                     false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE))
+                                     false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
       continue;
     for (int g = 0; g < FAKE_CUDA_MAX_GPUS; g++) {
       uint64_t u = __atomic_exchange_n(&p->used[g], 0, __ATOMIC_ACQ_REL);
@@ -184,7 +183,7 @@ void fake_state_refund(unsigned nvml, uint64_t bytes) {
   __atomic_sub_fetch(&g_st->gpu[nvml].used, bytes, __ATOMIC_ACQ_REL);
 }
 
-/* --- Test hooks ------------------------------------------------------------ */
+/* --- Test hooks ----------------------------------------------------------- */
 
 FAKE_API int fake_cuda_stats(int nvml_index, unsigned long long *used,
                              unsigned long long *peak,
