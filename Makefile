@@ -73,6 +73,12 @@ $(B)/objp/%.o: %.c
 	@echo "CC $< (preload)"
 	@$(CC) $(ALLCFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
 
+# Our dlsym runs inside the sanitizer runtimes' own start-up (they look up
+# the functions they wrap with dlsym(RTLD_NEXT, ...)), before they can
+# check anything: the code on that path is built uninstrumented.
+$(B)/objp/src/preload/entry.o $(B)/objp/src/preload/driver.o: \
+    ALLCFLAGS := $(BASEFLAGS) $(CFLAGS)
+
 # Only the driver's entry points and dlsym leave the preload library.
 $(B)/libcogpu-preload.so: $(PRELOAD_OBJS) src/preload/preload.map
 	$(CC) $(ALLCFLAGS) -shared -Wl,--version-script=src/preload/preload.map \
@@ -139,7 +145,8 @@ check-all:
 	$(MAKE) SAN=asan check
 	$(MAKE) SAN=tsan check
 
-bench: lib $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1
+bench: lib preload $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
+       $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog
 	B=$(B) bench/run.sh
 
 install: lib cli preload $(B)/cogpu.pc

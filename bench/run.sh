@@ -1,6 +1,8 @@
 #!/bin/sh
 # run.sh: runs every benchmark built by `make bench` against the fake NVML
-# test double, on a private, throw-away node state.
+# test double, on a private, throw-away node state. bench-preload runs three
+# times against the fake CUDA driver: without the preload library, with it
+# in reserve mode, and with it on demand.
 #
 # Usage: B=build bench/run.sh [> bench/results/DATE-DESC.jsonl]
 #   B          build directory holding bench/ and tests/fakes/ (build)
@@ -33,6 +35,9 @@ export COGPU_STATE_DIR="$tmp/state"
 export COGPU_CONFIG=    # set and empty: read no config file
 export FAKE_NVML_GPUS=80G
 export COGPU_LOG=error
+# The fake CUDA driver (bench-preload): same GPU, its own fresh state file.
+export FAKE_CUDA_STATE="$tmp/fake-cuda.state"
+export FAKE_CUDA_CTX_BYTES=300M
 
 # The commit the library was built from; "-dirty" when its sources differ
 # from it, so a result is never credited to a commit it did not come from.
@@ -53,21 +58,52 @@ fi
 export COGPU_BENCH_COMMIT
 
 status=0
-for bin in "$bdir"/bench/bench-*; do
-	[ -x "$bin" ] || continue
-	name=$(basename "$bin")
-	echo "run.sh: $name" >&2
-	rm -rf "$COGPU_STATE_DIR"
+
+# run_one LABEL [VAR=VALUE...] BIN: one run of a benchmark on fresh state.
+run_one() {
+	label=$1
+	shift
+	echo "run.sh: $label" >&2
+	rm -rf "$COGPU_STATE_DIR" "$FAKE_CUDA_STATE"
 	# Bounded: a wedged benchmark fails the suite instead of hanging it.
 	# Output goes through a file so that its exit status is not lost in a
 	# pipeline (POSIX sh has no pipefail).
-	if ! timeout -k 5 150 "$bin" >"$tmp/out"; then
-		echo "run.sh: $name failed" >&2
+	if ! timeout -k 5 150 env "$@" >"$tmp/out"; then
+		echo "run.sh: $label failed" >&2
 		status=1
 	fi
 	cat "$tmp/out"
 	if [ -n "${BENCH_OUT:-}" ]; then
 		cat "$tmp/out" >>"$BENCH_OUT"
 	fi
+}
+
+# bench-preload: the hooks' cost in reserve mode (every allocation inside
+# the reservation: the hot path), and on demand (growing by 64 MiB steps).
+run_preload() {
+	pbin=$1
+	pl=$bdir/libcogpu-preload.so
+	if [ ! -e "$pl" ] || [ ! -e "$fake/libcuda.so.1" ] ||
+		[ ! -x "$bdir/tests/cudaprog" ]; then
+		echo "run.sh: bench-preload skipped: $bdir lacks libcogpu-preload.so," \
+			"tests/fakes/libcuda.so.1 or tests/cudaprog" \
+			"(make B=$B preload tests)" >&2
+		return
+	fi
+	set -- BENCH_CUDAPROG="$bdir/tests/cudaprog" COGPU_CONTEXT_BYTES=300M
+	run_one "bench-preload (no preload)" "$@" "$pbin"
+	run_one "bench-preload (preload, reserve mode)" "$@" \
+		LD_PRELOAD="$pl" COGPU_MEM=8G "$pbin"
+	run_one "bench-preload (preload, on demand)" "$@" \
+		LD_PRELOAD="$pl" COGPU_GROW_STEP=64M "$pbin"
+}
+
+for bin in "$bdir"/bench/bench-*; do
+	[ -x "$bin" ] || continue
+	name=$(basename "$bin")
+	case $name in
+	bench-preload) run_preload "$bin" ;;
+	*) run_one "$name" "$bin" ;;
+	esac
 done
 exit $status

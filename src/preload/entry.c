@@ -30,18 +30,42 @@ static void *entry_swap(const char *name, void *p) {
   return cogpu__pl_redirect(p);
 }
 
-/* RTLD_NEXT must search after the object that called dlsym, not after us:
- * walk the link map from the caller's object and take the first later
- * object that defines the symbol itself. */
+/* Set once the process has finished loading (our constructor ran): before
+ * that, lookups come from runtimes starting up (sanitizers wrap functions
+ * with dlsym(RTLD_NEXT, ...)), which must not meet anything but glibc. */
+static _Atomic int entry_ready;
+
+__attribute__((constructor(65535))) static void entry_init(void) {
+  atomic_store(&entry_ready, 1);
+}
+
+/* Symbol defined by the object of link map l itself, not its deps. */
+static void *entry_defined_in(struct link_map *l, const char *name) {
+  if (!l->l_name || !l->l_name[0])
+    return NULL;
+  void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+  if (!h)
+    return NULL;
+  void *p = cogpu__pl_real_dlsym(h, name);
+  dlclose(h);
+  Dl_info info;
+  struct link_map *def = NULL;
+  if (p && dladdr1(p, &info, (void **)&def, RTLD_DL_LINKMAP) && def == l)
+    return p;
+  return NULL;
+}
+
+/* RTLD_NEXT must search after the object that called dlsym, not after us
+ * (glibc would take us for the caller): walk the link map from the
+ * caller's object and take the first later object that defines it. */
 static void *entry_dlsym_next(const char *name, const void *caller) {
   Dl_info info;
-  struct link_map *self = NULL;
-  if (!dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) || !self)
+  struct link_map *from = NULL;
+  if (!dladdr1(caller, &info, (void **)&from, RTLD_DL_LINKMAP) || !from)
     return NULL;
-  for (struct link_map *l = self->l_next; l; l = l->l_next) {
-    void *p = cogpu__pl_real_dlsym(l, name);
-    struct link_map *def = NULL;
-    if (p && dladdr1(p, &info, (void **)&def, RTLD_DL_LINKMAP) && def == l)
+  for (struct link_map *l = from->l_next; l; l = l->l_next) {
+    void *p = entry_defined_in(l, name);
+    if (p)
       return p;
   }
   return NULL;
@@ -49,6 +73,8 @@ static void *entry_dlsym_next(const char *name, const void *caller) {
 
 PRELOAD_EXPORT void *dlsym(void *handle, const char *name);
 PRELOAD_EXPORT void *dlsym(void *handle, const char *name) {
+  if (!atomic_load_explicit(&entry_ready, memory_order_acquire))
+    return cogpu__pl_real_dlsym(handle, name);
   void *p = handle == RTLD_NEXT
                 ? entry_dlsym_next(name, __builtin_return_address(0))
                 : cogpu__pl_real_dlsym(handle, name);

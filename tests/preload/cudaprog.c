@@ -472,6 +472,13 @@ static int act(const char *a) {
     return act_mipmap(arg);
   if (!strcmp(a, "info") || !strcmp(a, "total"))
     return act_info(!strcmp(a, "total"));
+  if (!strcmp(a, "rtldnext")) {
+    /* Interposers find the next definition with RTLD_NEXT: through our
+     * dlsym it must still be the one after the caller (libc's). */
+    void *p = dlsym(RTLD_NEXT, "getpid");
+    printf("rtldnext %s\n", p == (void *)getpid ? "same" : "different");
+    return 0;
+  }
   if (!strcmp(a, "exporttable"))
     return act_export_table();
   if (!strncmp(a, "threads:", 8))
