@@ -5,7 +5,7 @@
  * device is where the job waits for its reservation. cuMemGetInfo reports
  * the job's share, so frameworks size their caches to it.
  */
-#include <pthread.h>
+#include <stdatomic.h>
 
 #include "preload/preload-int.h"
 
@@ -91,9 +91,10 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
 }
 
 /* Primary contexts are reference counted by the driver: the memory is
- * charged at the first retain and credited at the last release. */
-static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint32_t primary_refs[64];
+ * charged at the first retain and credited at the last release. No lock is
+ * held around the driver or a wait for memory: two first retains racing
+ * both charge, and the one that was not first gives it back. */
+static _Atomic uint32_t primary_refs[64];
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   cuDevicePrimaryCtxRetain_ft *real = REAL(cuDevicePrimaryCtxRetain);
@@ -101,21 +102,22 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     return not_loaded();
   if (dev < 0 || dev >= 64)
     return real(pctx, dev);
-  pthread_mutex_lock(&primary_mu);
-  bool first = primary_refs[dev] == 0;
-  CUresult rc = CUDA_SUCCESS;
-  if (first)
-    rc = cogpu__pl_context_prepare(dev);
-  if (first && rc == CUDA_SUCCESS)
-    rc = cogpu__pl_charge(dev, ctx_bytes());
-  if (rc == CUDA_SUCCESS) {
-    rc = real(pctx, dev);
+  bool charged = false;
+  if (atomic_load(&primary_refs[dev]) == 0) {
+    CUresult rc = cogpu__pl_context_prepare(dev);
     if (rc == CUDA_SUCCESS)
-      primary_refs[dev]++;
-    else if (first)
-      cogpu__pl_uncharge(dev, ctx_bytes());
+      rc = cogpu__pl_charge(dev, ctx_bytes());
+    if (rc != CUDA_SUCCESS)
+      return rc;
+    charged = true;
   }
-  pthread_mutex_unlock(&primary_mu);
+  CUresult rc = real(pctx, dev);
+  bool first =
+      rc == CUDA_SUCCESS && atomic_fetch_add(&primary_refs[dev], 1) == 0;
+  if (charged && !first)
+    cogpu__pl_uncharge(dev, ctx_bytes());
+  else if (first && !charged)
+    cogpu__pl_adjust(dev, (int64_t)ctx_bytes());
   return rc;
 }
 
@@ -123,13 +125,15 @@ static CUresult primary_release(cuDevicePrimaryCtxRelease_ft *real,
                                 CUdevice dev) {
   if (!real)
     return not_loaded();
-  if (dev < 0 || dev >= 64)
-    return real(dev);
-  pthread_mutex_lock(&primary_mu);
   CUresult rc = real(dev);
-  if (rc == CUDA_SUCCESS && primary_refs[dev] > 0 && --primary_refs[dev] == 0)
-    cogpu__pl_uncharge(dev, ctx_bytes());
-  pthread_mutex_unlock(&primary_mu);
+  if (rc == CUDA_SUCCESS && dev >= 0 && dev < 64) {
+    uint32_t n = atomic_load(&primary_refs[dev]);
+    while (n > 0 &&
+           !atomic_compare_exchange_weak(&primary_refs[dev], &n, n - 1)) {
+    }
+    if (n == 1)
+      cogpu__pl_uncharge(dev, ctx_bytes());
+  }
   return rc;
 }
 

@@ -453,7 +453,9 @@ static void atfork_parent(void) {
 }
 
 static void atfork_child(void) {
-  pthread_mutex_init(&g_mutex, NULL);
+  /* Unlock (not re-initialise): the child's only thread held it across the
+   * fork, and thread sanitizers track it as held until unlocked. */
+  fake_unlock();
   for (size_t i = 0; i < g_nobjs; i++)
     if (g_objs[i].length)
       munmap((void *)(uintptr_t)g_objs[i].key, g_objs[i].length);
