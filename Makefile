@@ -68,20 +68,18 @@ $(B)/obj/%.o: %.c
 	@echo "CC $<"
 	@$(CC) $(ALLCFLAGS) -MMD -MP -c $< -o $@
 
+# It is built without sanitizers in every build: it is loaded into
+# arbitrary, uninstrumented programs, where an instrumented library cannot
+# run (the sanitizer runtime must be the first library of a process).
 $(B)/objp/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "CC $< (preload)"
-	@$(CC) $(ALLCFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
-
-# Our dlsym runs inside the sanitizer runtimes' own start-up (they look up
-# the functions they wrap with dlsym(RTLD_NEXT, ...)), before they can
-# check anything: the code on that path is built uninstrumented.
-$(B)/objp/src/preload/entry.o $(B)/objp/src/preload/driver.o: \
-    ALLCFLAGS := $(BASEFLAGS) $(CFLAGS)
+	@$(CC) $(BASEFLAGS) $(CFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
 
 # Only the driver's entry points and dlsym leave the preload library.
 $(B)/libcogpu-preload.so: $(PRELOAD_OBJS) src/preload/preload.map
-	$(CC) $(ALLCFLAGS) -shared -Wl,--version-script=src/preload/preload.map \
+	$(CC) $(BASEFLAGS) $(CFLAGS) -shared \
+	    -Wl,--version-script=src/preload/preload.map \
 	    -o $@ $(PRELOAD_OBJS) $(LDLIBS)
 
 $(B)/libcogpu.a: $(LIB_OBJS)

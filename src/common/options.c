@@ -127,7 +127,7 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v,
                      const char **why) {
   const cogpu__opt_desc_t *d = &cogpu__opt_table[id];
   long l;
-  bool b;
+  bool b = false;
   int rc = 0;
   *why = NULL;
   switch (d->type) {

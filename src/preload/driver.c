@@ -47,6 +47,33 @@ void *cogpu__pl_real_dlsym(void *handle, const char *name) {
   return fn ? fn(handle, name) : NULL;
 }
 
+/* glibc's own dlopen and dlclose: sanitizer runtimes wrap them, and their
+ * wrappers cannot run while they start up, which is when they ask for
+ * RTLD_NEXT lookups. */
+typedef void *dlopen_ft(const char *, int);
+typedef int dlclose_ft(void *);
+static dlopen_ft *_Atomic pl_dlopen;
+static dlclose_ft *_Atomic pl_dlclose;
+
+static void *pl_glibc(const char *name) {
+  void *p = dlvsym(RTLD_NEXT, name, "GLIBC_2.34");
+  return p ? p : dlvsym(RTLD_NEXT, name, "GLIBC_2.2.5");
+}
+
+void *cogpu__pl_real_dlopen(const char *file, int flags) {
+  dlopen_ft *fn = atomic_load(&pl_dlopen);
+  if (!fn)
+    atomic_store(&pl_dlopen, fn = (dlopen_ft *)pl_glibc("dlopen"));
+  return fn ? fn(file, flags) : NULL;
+}
+
+int cogpu__pl_real_dlclose(void *h) {
+  dlclose_ft *fn = atomic_load(&pl_dlclose);
+  if (!fn)
+    atomic_store(&pl_dlclose, fn = (dlclose_ft *)pl_glibc("dlclose"));
+  return fn ? fn(h) : -1;
+}
+
 static void pl_load(void) {
   pl_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (!pl_handle) {

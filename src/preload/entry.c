@@ -11,7 +11,6 @@
  * Everything else (cuGetExportTable included) passes through untouched.
  */
 #include <dlfcn.h>
-#include <link.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -23,62 +22,23 @@ static void *entry_swap(const char *name, void *p) {
   if (!p || !name || name[0] != 'c' || name[1] != 'u' ||
       !cogpu__pl_hook_by_name(name))
     return p;
-  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  void *h = cogpu__pl_real_dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (!h)
     return p;
-  dlclose(h);
+  cogpu__pl_real_dlclose(h);
   return cogpu__pl_redirect(p);
 }
 
-/* Set once the process has finished loading (our constructor ran): before
- * that, lookups come from runtimes starting up (sanitizers wrap functions
- * with dlsym(RTLD_NEXT, ...)), which must not meet anything but glibc. */
-static _Atomic int entry_ready;
-
-__attribute__((constructor(65535))) static void entry_init(void) {
-  atomic_store(&entry_ready, 1);
-}
-
-/* Symbol defined by the object of link map l itself, not its deps. */
-static void *entry_defined_in(struct link_map *l, const char *name) {
-  if (!l->l_name || !l->l_name[0])
-    return NULL;
-  void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
-  if (!h)
-    return NULL;
-  void *p = cogpu__pl_real_dlsym(h, name);
-  dlclose(h);
-  Dl_info info;
-  struct link_map *def = NULL;
-  if (p && dladdr1(p, &info, (void **)&def, RTLD_DL_LINKMAP) && def == l)
-    return p;
-  return NULL;
-}
-
-/* RTLD_NEXT must search after the object that called dlsym, not after us
- * (glibc would take us for the caller): walk the link map from the
- * caller's object and take the first later object that defines it. */
-static void *entry_dlsym_next(const char *name, const void *caller) {
-  Dl_info info;
-  struct link_map *from = NULL;
-  if (!dladdr1(caller, &info, (void **)&from, RTLD_DL_LINKMAP) || !from)
-    return NULL;
-  for (struct link_map *l = from->l_next; l; l = l->l_next) {
-    void *p = entry_defined_in(l, name);
-    if (p)
-      return p;
-  }
-  return NULL;
-}
-
+/* RTLD_NEXT is passed on as it is: glibc then searches after this
+ * library instead of after the caller. Every interposer loaded before us
+ * (cogpu run appends us to LD_PRELOAD; sanitizer runtimes come first) gets
+ * exactly what it would get without us; only a library loaded after us
+ * that looks up a function it defines itself could be handed its own. An
+ * emulation of the caller's view would have to call into the loader while
+ * sanitizer runtimes start up, when their wrappers cannot run. */
 PRELOAD_EXPORT void *dlsym(void *handle, const char *name);
 PRELOAD_EXPORT void *dlsym(void *handle, const char *name) {
-  if (!atomic_load_explicit(&entry_ready, memory_order_acquire))
-    return cogpu__pl_real_dlsym(handle, name);
-  void *p = handle == RTLD_NEXT
-                ? entry_dlsym_next(name, __builtin_return_address(0))
-                : cogpu__pl_real_dlsym(handle, name);
-  return entry_swap(name, p);
+  return entry_swap(name, cogpu__pl_real_dlsym(handle, name));
 }
 
 static void entry_unknown(const char *symbol) {
@@ -122,5 +82,12 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
 
 CUresult cuInit(unsigned int flags) {
   cuInit_ft *real = REAL(cuInit);
-  return real ? real(flags) : CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real ? real(flags) : CUDA_ERROR_NOT_INITIALIZED;
+  static _Atomic int said;
+  if (rc != CUDA_SUCCESS && !atomic_exchange(&said, 1))
+    cogpu__log(COGPU_LOG_WARN,
+               "cuInit failed with CUDA error %d: this is the driver's own "
+               "answer, passed on unchanged",
+               rc);
+  return rc;
 }

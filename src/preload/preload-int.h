@@ -97,6 +97,9 @@ bool cogpu__pl_is_hook(const void *addr);
 void *cogpu__pl_hook_by_name(const char *name);
 /* dlsym as glibc implements it (never our override). */
 void *cogpu__pl_real_dlsym(void *handle, const char *name);
+/* glibc's dlopen and dlclose, never a sanitizer's wrapper. */
+void *cogpu__pl_real_dlopen(const char *file, int flags);
+int cogpu__pl_real_dlclose(void *h);
 /* The handle of the real libcuda.so.1, or NULL. */
 void *cogpu__pl_driver(void);
 

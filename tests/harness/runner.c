@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <link.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -243,6 +244,30 @@ static void rm_rf(const char *path) {
 
 /* Environment every test starts from: a private state directory, no config
  * file, the fake NVML with one 16 GiB GPU, quick housekeeping. */
+/* In a sanitizer build every test program carries the sanitizer runtime,
+ * which must be the first library of a process; cogpu run adds the
+ * (uninstrumented) preload library to LD_PRELOAD. Preloading the runtime
+ * first keeps instrumented commands started under cogpu run working. */
+static int runtime_of(struct dl_phdr_info *info, size_t size, void *out) {
+  (void)size;
+  if (strstr(info->dlpi_name, "libasan.so") ||
+      strstr(info->dlpi_name, "libtsan.so")) {
+    snprintf(out, PATH_MAX, "%s", info->dlpi_name);
+    return 1;
+  }
+  return 0;
+}
+
+static void sanitizer_env(void) {
+  char rt[PATH_MAX] = "", supp[PATH_MAX + 64];
+  if (!dl_iterate_phdr(runtime_of, rt) || !rt[0])
+    return;
+  setenv("LD_PRELOAD", rt, 1);
+  snprintf(supp, sizeof supp,
+           "suppressions=%s/../tests/lsan.supp:print_suppressions=0", builddir);
+  setenv("LSAN_OPTIONS", supp, 1);
+}
+
 static void test_env(void) {
   extern char **environ;
   char names[64][128];
@@ -267,6 +292,7 @@ static void test_env(void) {
   snprintf(buf, sizeof buf, "%s:%s", builddir,
            getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
   setenv("PATH", buf, 1);
+  sanitizer_env();
 }
 
 static int run_one(const test_t *t) {

@@ -310,11 +310,13 @@ static int act_mipmap(const char *arg) {
   return rc;
 }
 
+static int ctx_device;
+
 static int act_ctx(bool create) {
   CUcontext c = NULL;
   int rc;
   if (!create)
-    rc = result("ctx", api.primary(&c, 0));
+    rc = result("ctx", api.primary(&c, ctx_device));
   else if (use_v4)
     rc = result("ctxcreate", api.ctx_create_v4(&c, NULL, 0, 0));
   else
@@ -441,6 +443,10 @@ static int act(const char *a) {
   const char *arg = strchr(a, ':') ? strchr(a, ':') + 1 : "";
   if (!strcmp(a, "init"))
     return result("init", api.init(0));
+  if (!strncmp(a, "ctxon:", 6)) {
+    ctx_device = atoi(arg); /* the primary context of another device */
+    return act_ctx(false);
+  }
   if (!strcmp(a, "ctx") || !strcmp(a, "ctxcreate"))
     return act_ctx(!strcmp(a, "ctxcreate"));
   if (!strncmp(a, "alloc:", 6))

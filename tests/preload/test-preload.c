@@ -438,3 +438,53 @@ TEST_IMPL(preload_non_cuda_command_costs_nothing) {
   ASSERT_EQ(finish(p, "out"), 0);
   ASSERT_CONTAINS(slurp("out"), "libcogpu-preload.so");
 }
+
+/* Reserved bytes of the job on each GPU. */
+static void job_per_gpu(const char *cmd_prefix, uint64_t *g0, uint64_t *g1) {
+  cogpu_status_t *st = lt_status();
+  uint64_t *out[2] = {g0, g1};
+  for (size_t g = 0; g < 2; g++) {
+    *out[g] = 0;
+    for (size_t c = 0; c < st->gpus[g].nclients; c++)
+      if (!strncmp(st->gpus[g].clients[c].command, cmd_prefix,
+                   strlen(cmd_prefix)))
+        *out[g] += st->gpus[g].clients[c].reserved_bytes;
+  }
+  cogpu_status_free(st);
+}
+
+static void expect_on_gpus(const char *visible, const char *dev, uint64_t want0,
+                           uint64_t want1) {
+  preload_env();
+  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  if (visible)
+    setenv("CUDA_VISIBLE_DEVICES", visible, 1);
+  char on[32];
+  snprintf(on, sizeof on, "ctxon:%s", dev);
+  const char *argv[] = {"cogpu",     "run",     "--", prog(),
+                        "direct",    "init",    on,   "alloc:1G",
+                        "hold:1500", "freeall", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  uint64_t g0 = 0, g1 = 0;
+  for (int i = 0; i < th_ms(5000) / 20; i++) {
+    job_per_gpu(job, &g0, &g1);
+    if (g0 == want0 && g1 == want1)
+      break;
+    th_sleep_ms(20);
+  }
+  ASSERT_UEQ(g0, want0);
+  ASSERT_UEQ(g1, want1);
+  ASSERT_EQ(finish(p, "out"), 0);
+}
+
+TEST_IMPL(preload_second_device) {
+  /* A context and memory on CUDA device 1 are charged to GPU 1. */
+  expect_on_gpus(NULL, "1", 0, 300 * MiB + GiB);
+}
+
+TEST_IMPL(preload_ordinals_are_not_indices) {
+  /* With CUDA_VISIBLE_DEVICES=1,0, CUDA device 0 is GPU 1: found by UUID. */
+  expect_on_gpus("1,0", "0", 0, 300 * MiB + GiB);
+}
