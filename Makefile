@@ -37,7 +37,7 @@ VERSION := 0.1.0
 LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/ledger/*.c))
 CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
 TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c tests/preload/test-*.c \
-               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c))
+               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/experiment/test-*.c))
 BENCH_SRCS := $(sort $(wildcard bench/bench-*.c))
 FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
 
@@ -146,6 +146,12 @@ check-all:
 bench: lib preload $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog
 	B=$(B) bench/run.sh
+
+# The workload-mix experiment on a GPU node (docs/experiment.md).
+.PHONY: experiment
+experiment: all
+	$(MAKE) -C bench/experiment workloads B=$(abspath $(B))
+	B=$(B) bench/experiment/run.sh --mix small
 
 install: lib cli preload $(B)/cogpu.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)

@@ -1859,7 +1859,8 @@ TEST_IMPL(cli_status_json_fields) {
   /* A second opinion, where python3 is at hand. */
   const char *path = tp("status.json");
   th_write_file(path, r->out);
-  res_t *p = RUN(NULL, "python3", "-c",
+  static const char *const no_preload[] = {"LD_PRELOAD=", NULL};
+  res_t *p = RUN(no_preload, "python3", "-c",
                  "import json,sys\n"
                  "d=json.load(open(sys.argv[1],encoding='utf-8'))\n"
                  "assert d['policy']=='fifo'\n"

@@ -245,9 +245,11 @@ static void rm_rf(const char *path) {
 /* Environment every test starts from: a private state directory, no config
  * file, the fake NVML with one 16 GiB GPU, quick housekeeping. */
 /* In a sanitizer build every test program carries the sanitizer runtime,
- * which must be the first library of a process; cogpu run adds the
- * (uninstrumented) preload library to LD_PRELOAD. Preloading the runtime
- * first keeps instrumented commands started under cogpu run working. */
+ * which must be initialised before any other library's code runs; cogpu
+ * run adds the (uninstrumented) preload library to LD_PRELOAD. Preloading
+ * the runtime first keeps instrumented commands started under cogpu run
+ * working. (Tools that cannot bear it, python3 under TSan, are run with
+ * LD_PRELOAD cleared.) */
 static int runtime_of(struct dl_phdr_info *info, size_t size, void *out) {
   (void)size;
   if (strstr(info->dlpi_name, "libasan.so") ||

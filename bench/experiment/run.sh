@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# run.sh: the workload-mix experiment (issue 6). Runs one mix of jobs in
+# several scenarios and compares them:
+#   one-at-a-time       each job alone, one after the other (an exclusive GPU)
+#   naive               all jobs at once, no cogpu: some die of out-of-memory
+#   cogpu-POLICY        all at once under `cogpu run`, on demand (no --mem)
+#   cogpu-POLICY-mem    the same with --mem set to each job's expected peak
+# POLICY: fifo, mmu, priority-fifo, priority-mmu.
+#
+# Usage: bench/experiment/run.sh --mix small|large|fake [--out DIR]
+#            [--scenarios LIST] [--gpu INDEX] [--job-timeout SECONDS]
+#   LIST: comma-separated scenario names (default: all ten)
+#   fake: synthetic jobs (tests/preload/cudaprog) on the fake driver and the
+#         fake 16 GiB NVML GPU, from build directory $B (default build); no
+#         GPU needed.
+# Environment: B (build directory), COGPU (the cogpu binary), PYTHON (a
+#   python3 with torch, real mixes), WL_DIR (built CUDA workloads, default
+#   $B/experiment), COGPU_EXP_PRELOAD (LD_PRELOAD for the jobs only: the
+#   sanitizer runtime in sanitizer test runs).
+# Writes DIR/results.json, DIR/results.md, DIR/plot.png (with gnuplot),
+# DIR/jobs.tsv (raw per-job log), DIR/<scenario>/{samples.csv,jobs/*.log}.
+# Exit: 0 done, 2 bad usage or missing pieces, 1 analysis failed.
+set -u
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+all_scenarios="one-at-a-time,naive,cogpu-fifo,cogpu-mmu,cogpu-priority-fifo,cogpu-priority-mmu,cogpu-fifo-mem,cogpu-mmu-mem,cogpu-priority-fifo-mem,cogpu-priority-mmu-mem"
+
+usage() {
+	sed -n '2,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//' >&2
+	exit 2
+}
+
+mix= out= scenarios=$all_scenarios gpu=0 job_timeout=
+while [ $# -gt 0 ]; do
+	case $1 in
+	--mix) mix=${2:-}; shift 2 || usage ;;
+	--out) out=${2:-}; shift 2 || usage ;;
+	--scenarios) scenarios=${2:-}; shift 2 || usage ;;
+	--gpu) gpu=${2:-}; shift 2 || usage ;;
+	--job-timeout) job_timeout=${2:-}; shift 2 || usage ;;
+	-h | --help) usage ;;
+	*) echo "run.sh: unknown argument '$1'" >&2; usage ;;
+	esac
+done
+mixfile=$here/mixes/$mix.mix
+if [ -z "$mix" ] || [ ! -f "$mixfile" ]; then
+	echo "run.sh: --mix must name one of: $(cd "$here/mixes" && ls | sed 's/\.mix$//' | tr '\n' ' ')" >&2
+	exit 2
+fi
+for s in ${scenarios//,/ }; do
+	case ",$all_scenarios," in
+	*",$s,"*) ;;
+	*) echo "run.sh: unknown scenario '$s' (known: $all_scenarios)" >&2; exit 2 ;;
+	esac
+done
+command -v python3 >/dev/null || { echo "run.sh: python3 is needed" >&2; exit 2; }
+command -v timeout >/dev/null || { echo "run.sh: timeout (coreutils) is needed" >&2; exit 2; }
+
+B=${B:-build}
+case $B in /*) bdir=$B ;; *) bdir=$root/$B ;; esac
+
+if [ "$mix" = fake ]; then
+	: "${job_timeout:=60}"
+	cudaprog=$bdir/tests/cudaprog
+	COGPU=${COGPU:-$bdir/cogpu}
+	for f in "$cudaprog" "$COGPU" "$bdir/tests/fakes/libcuda.so.1" "$bdir/tests/fakes/libnvidia-ml.so.1"; do
+		[ -e "$f" ] || { echo "run.sh: $f missing: run 'make B=$B all'" >&2; exit 2; }
+	done
+	export LD_LIBRARY_PATH="$bdir/tests/fakes${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+	export FAKE_NVML_GPUS=16G FAKE_CUDA_CTX_BYTES=300M
+	export COGPU_CONTEXT_BYTES=300M COGPU_MARGIN=0 COGPU_CONFIG= COGPU_LOG=error
+	sampler_mode=fake
+	: "${out:=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-experiment-fake.XXXXXX")}"
+else
+	: "${job_timeout:=1800}"
+	if [ -z "${COGPU:-}" ]; then
+		COGPU=$(command -v cogpu || echo "$bdir/cogpu")
+	fi
+	[ -x "$COGPU" ] || { echo "run.sh: no cogpu (install it, or set COGPU or B)" >&2; exit 2; }
+	WL_DIR=${WL_DIR:-$bdir/experiment}
+	PYTHON=${PYTHON:-python3}
+	if [ ! -x "$WL_DIR/stencil" ]; then
+		echo "run.sh: no workloads in $WL_DIR: run 'make -C bench/experiment workloads B=$B'" >&2
+		exit 2
+	fi
+	if command -v nvidia-smi >/dev/null; then
+		sampler_mode=nvidia-smi
+		used=$(nvidia-smi -i "$gpu" --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+		if [ -n "$used" ] && [ "${used%%.*}" -gt 1024 ] 2>/dev/null; then
+			echo "run.sh: warning: GPU $gpu already has $used MiB in use: results will be skewed" >&2
+		fi
+	else
+		sampler_mode=none
+		echo "run.sh: warning: no nvidia-smi: memory and utilisation are not sampled" >&2
+	fi
+	: "${out:=$root/bench/results/$(date +%Y-%m-%d)-experiment-$mix}"
+fi
+mkdir -p "$out" || exit 2
+out=$(cd "$out" && pwd)
+
+# The mix, one job a line: id, type, peak_mib, priority, command.
+mapfile -t joblines < <(grep -v '^[[:space:]]*\(#\|$\)' "$mixfile")
+njobs=${#joblines[@]}
+
+expand() { # a mix command with its placeholders filled in
+	local c=$1
+	c=${c//@CUDAPROG/${cudaprog:-}}
+	c=${c//@WL/${WL_DIR:-}}
+	c=${c//@PYTHON/${PYTHON:-python3}}
+	c=${c//@PY/$here/workloads}
+	printf '%s' "$c"
+}
+
+now() { printf '%s' "${EPOCHREALTIME:-$(date +%s.%N)}"; }
+
+children=()
+cleanup() {
+	for p in "${children[@]}"; do kill -TERM "$p" 2>/dev/null; done
+}
+trap 'cleanup; exit 130' INT TERM
+
+# One job: start, end, exit status into $sdir/jobs/ID.rec. The job is
+# bounded by the job timeout (then killed); its output is in ID.log.
+run_job() { # id type peak_mib priority scenario command...
+	local id=$1 type=$2 peak=$3 prio=$4 scen=$5
+	shift 5
+	local pre=()
+	if [ -n "${COGPU_EXP_PRELOAD:-}" ]; then
+		pre=(env "LD_PRELOAD=$COGPU_EXP_PRELOAD")
+	fi
+	local cmd=()
+	case $scen in
+	one-at-a-time | naive) cmd=("$@") ;;
+	cogpu-*-mem) cmd=("$COGPU" run --mem "${peak}M" --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
+	cogpu-*) cmd=("$COGPU" run --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
+	esac
+	local t0 t1 rc
+	t0=$(now)
+	timeout -k 5 "$job_timeout" "${pre[@]}" "${cmd[@]}" >"$sdir/jobs/$id.log" 2>&1 </dev/null
+	rc=$?
+	t1=$(now)
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scen" "$id" "$type" "$peak" "$prio" "$t0" "$t1" "$rc" >"$sdir/jobs/$id.rec"
+}
+
+# In fake mode every process sees the fake GPU as index 0.
+cogpu_gpu=$gpu
+[ "$mix" = fake ] && cogpu_gpu=0
+
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+{
+	printf 'mix\t%s\n' "$mix"
+	printf 'gpu\t%s\n' "$gpu"
+	printf 'sampler\t%s\n' "$sampler_mode"
+	printf 'commit\t%s\n' "$commit"
+	printf 'host\t%s\n' "$(uname -n)"
+	printf 'date\t%s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+	printf 'cogpu\t%s\n' "$COGPU"
+	if [ "$sampler_mode" = nvidia-smi ]; then
+		printf 'gpu_name\t%s\n' "$(nvidia-smi -i "$gpu" --query-gpu=name --format=csv,noheader 2>/dev/null)"
+		printf 'driver\t%s\n' "$(nvidia-smi -i "$gpu" --query-gpu=driver_version --format=csv,noheader 2>/dev/null)"
+		printf 'gpu_total_mib\t%s\n' "$(nvidia-smi -i "$gpu" --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null)"
+	fi
+} >"$out/meta.tsv"
+: >"$out/jobs.tsv"
+: >"$out/scenarios.tsv"
+
+for scen in ${scenarios//,/ }; do
+	sdir=$out/$scen
+	rm -rf "$sdir"
+	mkdir -p "$sdir/jobs"
+	echo "run.sh: $mix mix, scenario $scen ($njobs jobs)" >&2
+	case $scen in
+	cogpu-*)
+		# A private node state per scenario: the policy is fixed when the
+		# state is created, and no scenario inherits another's queue.
+		pol=${scen#cogpu-}
+		pol=${pol%-mem}
+		export COGPU_STATE_DIR=$sdir/state COGPU_POLICY=$pol
+		;;
+	*) unset COGPU_POLICY ;;
+	esac
+	# The fake driver's used-bytes, peak and out-of-memory counters start
+	# afresh in every scenario.
+	[ "$mix" = fake ] && export FAKE_CUDA_STATE=$sdir/fake-cuda.state
+
+	env -u LD_PRELOAD python3 "$here/sample.py" --mode "$sampler_mode" --gpu "$gpu" \
+		--out "$sdir/samples.csv" &
+	spid=$!
+	children=("$spid")
+	sleep 0.3
+	t0=$(now)
+	if [ "$scen" = one-at-a-time ]; then
+		for line in "${joblines[@]}"; do
+			read -r id type peak prio rest <<<"$line"
+			read -r -a argv <<<"$(expand "$rest")"
+			run_job "$id" "$type" "$peak" "$prio" "$scen" "${argv[@]}"
+		done
+	else
+		pids=()
+		for line in "${joblines[@]}"; do
+			read -r id type peak prio rest <<<"$line"
+			read -r -a argv <<<"$(expand "$rest")"
+			run_job "$id" "$type" "$peak" "$prio" "$scen" "${argv[@]}" &
+			pids+=("$!")
+			children+=("$!")
+		done
+		# Bounded: every job is under its own timeout.
+		for p in "${pids[@]}"; do wait "$p"; done
+	fi
+	t1=$(now)
+	sleep 0.3
+	kill -TERM "$spid" 2>/dev/null
+	# The sampler exits within its interval; never wait on it for long.
+	for _ in $(seq 50); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
+	kill -KILL "$spid" 2>/dev/null
+	wait "$spid" 2>/dev/null
+	children=()
+	printf '%s\t%s\t%s\n' "$scen" "$t0" "$t1" >>"$out/scenarios.tsv"
+	cat "$sdir"/jobs/*.rec >>"$out/jobs.tsv" 2>/dev/null
+	# Real GPU: let the driver settle between scenarios.
+	[ "$mix" = fake ] || sleep 5
+done
+
+env -u LD_PRELOAD python3 "$here/analyze.py" "$out" "$mixfile" || exit 1
+echo "run.sh: results in $out (results.md, results.json$([ -f "$out/plot.png" ] && echo ', plot.png'))" >&2

@@ -1,0 +1,159 @@
+/*
+ * test-experiment.c: the workload-mix experiment kit (bench/experiment,
+ * issue 6) end to end on the fake driver: run.sh runs the fake mix (12
+ * synthetic jobs, 2.3x over-subscribed on a fake 16 GiB GPU) one at a
+ * time, all at once without cogpu, and under cogpu; results.json must
+ * show out-of-memory failures only without cogpu, and cogpu finishing
+ * sooner than one-at-a-time.
+ */
+#include <limits.h>
+#include <link.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "task.h"
+
+/* The repository root: the parent of the build directory, or the current
+ * directory (make check runs from the root). */
+static const char *repo_root(void) {
+  static char root[PATH_MAX];
+  char probe[PATH_MAX + 64];
+  snprintf(root, sizeof root, "%s", th_build_dir());
+  char *slash = strrchr(root, '/');
+  if (slash)
+    *slash = 0;
+  snprintf(probe, sizeof probe, "%s/bench/experiment/run.sh", root);
+  if (access(probe, R_OK) == 0)
+    return root;
+  if (getcwd(root, sizeof root) && access("bench/experiment/run.sh", R_OK) == 0)
+    return root;
+  SKIP("bench/experiment/run.sh not found");
+}
+
+/* The sanitizer runtime this test carries, if any: the jobs (programs
+ * built here, under cogpu run, which appends the uninstrumented preload
+ * library to LD_PRELOAD) get it preloaded first; bash, python3 and other
+ * system tools do not. */
+static int runtime_of(struct dl_phdr_info *info, size_t size, void *out) {
+  (void)size;
+  if (strstr(info->dlpi_name, "libasan.so") ||
+      strstr(info->dlpi_name, "libtsan.so")) {
+    snprintf(out, PATH_MAX, "%s", info->dlpi_name);
+    return 1;
+  }
+  return 0;
+}
+
+/* Summary of one scenario from results.json: name, makespan, jobs,
+ * completed, failed, oom. */
+typedef struct {
+  char name[64];
+  double makespan;
+  int jobs, completed, failed, oom;
+} scen_t;
+
+static const char summarise[] =
+    "import json,sys\n"
+    "r=json.load(open(sys.argv[1]))\n"
+    "for s in r['scenarios']:\n"
+    "  print(s['name'],s['makespan_s'],s['jobs'],s['jobs_completed'],"
+    "s['jobs_failed'],s['jobs_oom'])\n";
+
+/* Is an executable named `name` on PATH? (Without starting a shell: in
+ * sanitizer builds a shell would carry the preloaded runtime.) */
+static bool on_path(const char *name) {
+  const char *path = getenv("PATH");
+  char dir[PATH_MAX], file[2 * PATH_MAX];
+  while (path && *path) {
+    size_t n = strcspn(path, ":");
+    snprintf(dir, sizeof dir, "%.*s", (int)n, path);
+    snprintf(file, sizeof file, "%s/%s", dir, name);
+    if (access(file, X_OK) == 0)
+      return true;
+    path += n + (path[n] == ':');
+  }
+  return false;
+}
+
+TEST_IMPL_T(experiment_fake_mix, 120) {
+  if (!on_path("python3"))
+    SKIP("python3 not found");
+  const char *root = repo_root();
+  char runsh[PATH_MAX + 64], outdir[PATH_MAX], json[PATH_MAX + 32];
+  char benv[PATH_MAX + 8], preload[PATH_MAX + 32];
+  snprintf(runsh, sizeof runsh, "%s/bench/experiment/run.sh", root);
+  snprintf(outdir, sizeof outdir, "%s", th_path("out"));
+  snprintf(json, sizeof json, "%s/results.json", outdir);
+  snprintf(benv, sizeof benv, "B=%s", th_build_dir());
+  char rt[PATH_MAX] = "";
+  dl_iterate_phdr(runtime_of, rt);
+  snprintf(preload, sizeof preload, "COGPU_EXP_PRELOAD=%s", rt);
+  const char *argv[] = {
+      "bash",        runsh,
+      "--mix",       "fake",
+      "--out",       outdir,
+      "--scenarios", "one-at-a-time,naive,cogpu-fifo,cogpu-mmu-mem",
+      NULL};
+  const char *env[] = {benv, preload, "LD_PRELOAD=", "COGPU=", NULL};
+  static char out[65536], err[65536];
+  int rc = th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(100000));
+  if (rc != 0)
+    fprintf(stderr, "run.sh exit %d\n%s\n%s\n", rc, out, err);
+  ASSERT_EQ(rc, 0);
+
+  const char *pyargv[] = {"python3", "-c", summarise, json, NULL};
+  const char *pyenv[] = {"LD_PRELOAD=", NULL};
+  rc = th_run(pyargv, pyenv, out, sizeof out, err, sizeof err, th_ms(20000));
+  if (rc != 0)
+    fprintf(stderr, "summary exit %d: %s\n", rc, err);
+  ASSERT_EQ(rc, 0);
+  fprintf(stderr, "%s", out);
+
+  scen_t s[16];
+  int n = 0;
+  for (char *line = strtok(out, "\n"); line && n < 16;
+       line = strtok(NULL, "\n")) {
+    scen_t *c = &s[n];
+    if (sscanf(line, "%63s %lf %d %d %d %d", c->name, &c->makespan, &c->jobs,
+               &c->completed, &c->failed, &c->oom) == 6)
+      n++;
+  }
+  ASSERT_EQ(n, 4);
+  double one = 0;
+  int seen_naive = 0, seen_cogpu = 0;
+  for (int i = 0; i < n; i++) {
+    ASSERT_EQ(s[i].jobs, 12);
+    if (!strcmp(s[i].name, "one-at-a-time")) {
+      ASSERT_EQ(s[i].completed, 12);
+      one = s[i].makespan;
+    }
+  }
+  ASSERT(one > 0);
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(s[i].name, "naive")) {
+      seen_naive = 1;
+      ASSERT_GE(s[i].failed, 1);
+      ASSERT_GE(s[i].oom, 1);
+    } else if (!strncmp(s[i].name, "cogpu-", 6)) {
+      seen_cogpu++;
+      if (s[i].failed != 0)
+        th_fail(__FILE__, __LINE__, "%s: %d jobs failed", s[i].name,
+                s[i].failed);
+      if (!(s[i].makespan < one))
+        th_fail(__FILE__, __LINE__, "%s: makespan %.2f s, one-at-a-time %.2f s",
+                s[i].name, s[i].makespan, one);
+    }
+  }
+  ASSERT(seen_naive);
+  ASSERT_EQ(seen_cogpu, 2);
+
+  /* The rest of the kit's output. */
+  char md[PATH_MAX + 32], jobs[PATH_MAX + 32];
+  snprintf(md, sizeof md, "%s/results.md", outdir);
+  snprintf(jobs, sizeof jobs, "%s/jobs.tsv", outdir);
+  ASSERT(access(md, R_OK) == 0);
+  ASSERT(access(jobs, R_OK) == 0);
+}
