@@ -452,3 +452,28 @@ void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev) {
   else if (delta < 0)
     cogpu__pl_uncharge(dev, (uint64_t)-delta);
 }
+
+/* Frees take the entry out first (a racing free of the same key cannot
+ * credit twice), let the driver free, then settle: credit the device the
+ * memory came from, or put the entry back if the driver refused. A free of
+ * something never tracked is the driver's business alone. */
+pl_taken_t cogpu__pl_take(pl_kind_t table, uint64_t key) {
+  pl_taken_t t = {.key = key};
+  t.known = cogpu__pl_untrack(table, key, &t.dev, &t.val, &t.kind);
+  return t;
+}
+
+CUresult cogpu__pl_settle(const pl_taken_t *t, CUresult rc) {
+  if (!t->known)
+    return rc;
+  if (rc != CUDA_SUCCESS) {
+    cogpu__pl_track(t->kind, t->key, t->dev, t->val);
+  } else if (t->kind == PL_KIND_POOL) {
+    CUdevice pdev = -1;
+    CUmemoryPool pool = cogpu__pl_pool_at(t->val, &pdev);
+    cogpu__pl_pool_sync(pool, pdev);
+  } else {
+    cogpu__pl_uncharge(t->dev, t->val);
+  }
+  return rc;
+}

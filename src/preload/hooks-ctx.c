@@ -77,17 +77,8 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   cuCtxDestroy_v2_ft *real = REAL(cuCtxDestroy_v2);
   if (!real)
     return not_loaded();
-  CUdevice dev;
-  uint64_t bytes;
-  pl_kind_t kind;
-  bool known =
-      cogpu__pl_untrack(PL_KIND_CTX, (uintptr_t)ctx, &dev, &bytes, &kind);
-  CUresult rc = real(ctx);
-  if (known && rc == CUDA_SUCCESS)
-    cogpu__pl_uncharge(dev, bytes);
-  else if (known)
-    cogpu__pl_track(kind, (uintptr_t)ctx, dev, bytes);
-  return rc;
+  pl_taken_t t = cogpu__pl_take(PL_KIND_CTX, (uintptr_t)ctx);
+  return cogpu__pl_settle(&t, real(ctx));
 }
 
 /* Primary contexts are reference counted by the driver: the memory is

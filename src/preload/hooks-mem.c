@@ -81,46 +81,20 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
   return rc;
 }
 
-/* Frees: the entry says which device, and whether a pool is behind it. */
-static void credit(CUdeviceptr p, CUdevice dev, uint64_t bytes,
-                   pl_kind_t kind) {
-  (void)p;
-  if (kind == PL_KIND_POOL) {
-    CUdevice pdev;
-    CUmemoryPool pool = cogpu__pl_pool_at(bytes, &pdev);
-    cogpu__pl_pool_sync(pool, pdev);
-  } else {
-    cogpu__pl_uncharge(dev, bytes);
-  }
-}
-
-static CUresult free_with(CUresult (*real)(CUdeviceptr), CUdeviceptr p) {
-  CUdevice dev;
-  uint64_t bytes;
-  pl_kind_t kind;
-  if (!cogpu__pl_untrack(PL_KIND_MEM, p, &dev, &bytes, &kind))
-    return real(p);
-  CUresult rc = real(p);
-  if (rc == CUDA_SUCCESS)
-    credit(p, dev, bytes, kind);
-  else
-    cogpu__pl_track(kind, p, dev, bytes); /* still allocated */
-  return rc;
-}
-
 CUresult cuMemFree_v2(CUdeviceptr p) {
   cuMemFree_v2_ft *real = REAL(cuMemFree_v2);
-  return real ? free_with(real, p) : not_loaded();
-}
-
-static cuMemFree_ft *free_v1_real;
-static CUresult free_v1_call(CUdeviceptr p) {
-  return free_v1_real((CUdeviceptr_v1)p);
+  if (!real)
+    return not_loaded();
+  pl_taken_t t = cogpu__pl_take(PL_KIND_MEM, p);
+  return cogpu__pl_settle(&t, real(p));
 }
 
 CUresult cuMemFree(CUdeviceptr_v1 p) {
-  free_v1_real = REAL(cuMemFree);
-  return free_v1_real ? free_with(free_v1_call, p) : not_loaded();
+  cuMemFree_ft *real = REAL(cuMemFree);
+  if (!real)
+    return not_loaded();
+  pl_taken_t t = cogpu__pl_take(PL_KIND_MEM, p);
+  return cogpu__pl_settle(&t, real(p));
 }
 
 /* --- Stream-ordered allocation: what a pool reserves is what counts. --- */
@@ -210,29 +184,20 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
                          bytes, pool, s);
 }
 
-static CUresult free_async(CUresult (*real)(CUdeviceptr, CUstream),
-                           CUdeviceptr p, CUstream s) {
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+  cuMemFreeAsync_ft *real = REAL(cuMemFreeAsync);
   if (!real)
     return not_loaded();
-  CUdevice dev;
-  uint64_t val;
-  pl_kind_t kind;
-  if (!cogpu__pl_untrack(PL_KIND_MEM, p, &dev, &val, &kind))
-    return real(p, s);
-  CUresult rc = real(p, s);
-  if (rc == CUDA_SUCCESS)
-    credit(p, dev, val, kind);
-  else
-    cogpu__pl_track(kind, p, dev, val);
-  return rc;
-}
-
-CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
-  return free_async(REAL(cuMemFreeAsync), p, s);
+  pl_taken_t t = cogpu__pl_take(PL_KIND_MEM, p);
+  return cogpu__pl_settle(&t, real(p, s));
 }
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
-  return free_async(REAL(cuMemFreeAsync_ptsz), p, s);
+  cuMemFreeAsync_ptsz_ft *real = REAL(cuMemFreeAsync_ptsz);
+  if (!real)
+    return not_loaded();
+  pl_taken_t t = cogpu__pl_take(PL_KIND_MEM, p);
+  return cogpu__pl_settle(&t, real(p, s));
 }
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
@@ -265,17 +230,8 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   cuMemRelease_ft *real = REAL(cuMemRelease);
   if (!real)
     return not_loaded();
-  CUdevice dev;
-  uint64_t bytes;
-  pl_kind_t kind;
-  if (!cogpu__pl_untrack(PL_KIND_HANDLE, handle, &dev, &bytes, &kind))
-    return real(handle);
-  CUresult rc = real(handle);
-  if (rc == CUDA_SUCCESS)
-    cogpu__pl_uncharge(dev, bytes);
-  else
-    cogpu__pl_track(kind, handle, dev, bytes);
-  return rc;
+  pl_taken_t t = cogpu__pl_take(PL_KIND_HANDLE, handle);
+  return cogpu__pl_settle(&t, real(handle));
 }
 
 /* --- Arrays. --- */
@@ -328,31 +284,12 @@ CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
   ALLOC_ON(dev, bytes, PL_KIND_ARRAY, (uintptr_t)*arr, real(arr, desc));
 }
 
-static CUresult array_free(CUresult (*real)(void *), void *arr,
-                           pl_kind_t table) {
-  CUdevice dev;
-  uint64_t bytes;
-  pl_kind_t kind;
-  if (!cogpu__pl_untrack(table, (uintptr_t)arr, &dev, &bytes, &kind))
-    return real(arr);
-  CUresult rc = real(arr);
-  if (rc == CUDA_SUCCESS)
-    cogpu__pl_uncharge(dev, bytes);
-  else
-    cogpu__pl_track(kind, (uintptr_t)arr, dev, bytes);
-  return rc;
-}
-
-static cuArrayDestroy_ft *array_destroy_real;
-static CUresult array_destroy_call(void *a) {
-  return array_destroy_real((CUarray)a);
-}
-
 CUresult cuArrayDestroy(CUarray arr) {
-  array_destroy_real = REAL(cuArrayDestroy);
-  if (!array_destroy_real)
+  cuArrayDestroy_ft *real = REAL(cuArrayDestroy);
+  if (!real)
     return not_loaded();
-  return array_free(array_destroy_call, arr, PL_KIND_ARRAY);
+  pl_taken_t t = cogpu__pl_take(PL_KIND_ARRAY, (uintptr_t)arr);
+  return cogpu__pl_settle(&t, real(arr));
 }
 
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr,
@@ -376,14 +313,10 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr,
            real(arr, desc, levels));
 }
 
-static cuMipmappedArrayDestroy_ft *mipmap_destroy_real;
-static CUresult mipmap_destroy_call(void *a) {
-  return mipmap_destroy_real((CUmipmappedArray)a);
-}
-
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
-  mipmap_destroy_real = REAL(cuMipmappedArrayDestroy);
-  if (!mipmap_destroy_real)
+  cuMipmappedArrayDestroy_ft *real = REAL(cuMipmappedArrayDestroy);
+  if (!real)
     return not_loaded();
-  return array_free(mipmap_destroy_call, arr, PL_KIND_MIPMAP);
+  pl_taken_t t = cogpu__pl_take(PL_KIND_MIPMAP, (uintptr_t)arr);
+  return cogpu__pl_settle(&t, real(arr));
 }

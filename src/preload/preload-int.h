@@ -129,6 +129,20 @@ void cogpu__pl_track(pl_kind_t kind, uint64_t key, CUdevice dev,
  * false if it was never tracked (then forward the free untouched). */
 bool cogpu__pl_untrack(pl_kind_t table, uint64_t key, CUdevice *dev,
                        uint64_t *bytes, pl_kind_t *kind);
+/* Frees take the entry out first (a racing free of the same key cannot
+ * credit twice), let the driver free, then settle: credit the device, or
+ * put the entry back if the driver refused. Untracked keys are the
+ * driver's business alone. */
+typedef struct pl_taken_s {
+  bool known;
+  uint64_t key;
+  CUdevice dev;
+  uint64_t val; /* bytes, or a pool's index */
+  pl_kind_t kind;
+} pl_taken_t;
+pl_taken_t cogpu__pl_take(pl_kind_t table, uint64_t key);
+CUresult cogpu__pl_settle(const pl_taken_t *t, CUresult rc);
+
 /* Before a context is created on dev: attach, map the device, take the
  * mode's initial reservation (waiting for it). */
 CUresult cogpu__pl_context_prepare(CUdevice dev);
