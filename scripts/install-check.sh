@@ -20,4 +20,15 @@ libs=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --libs cogpu)
 cc $cflags "$tmp/t.c" -o "$tmp/t" $libs -Wl,-rpath,"$prefix/lib"
 "$tmp/t" | grep -q "node state"
 "$prefix/bin/cogpu" version | grep -q "^cogpu "
+# The preload library sits where cogpu run looks for it, and exports only
+# the driver's entry points and dlsym.
+pre="$prefix/lib/cogpu/libcogpu-preload.so"
+test -r "$pre"
+if command -v nm >/dev/null 2>&1; then
+  extra=$(nm -D --defined-only "$pre" | awk '{print $3}' | grep -v '^cu' | grep -v '^dlsym$' || true)
+  if [ -n "$extra" ]; then
+    echo "install-check: $pre exports more than cu* and dlsym: $extra" >&2
+    exit 1
+  fi
+fi
 echo "install-check: ok ($prefix)"
