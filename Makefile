@@ -48,7 +48,9 @@ LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 # are on allocation paths).
 PRELOAD_OBJS := $(PRELOAD_SRCS:%.c=$(B)/objp/%.o) $(LIB_SRCS:%.c=$(B)/objp/%.o)
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
-TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o)
+# The preload library's allocation table is also linked into the tests, so
+# that the sanitizer builds check it (the library itself is uninstrumented).
+TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
 .PHONY: all lib cli tests check check-all bench install uninstall clean \
