@@ -183,18 +183,7 @@ static pid_t spawn_logged(const char *tag, const char *const argv[],
       _exit(126);
     dup2(fo, 1);
     dup2(fe, 2);
-    for (int i = 0; env && env[i]; i++) {
-      char kv[4096];
-      snprintf(kv, sizeof kv, "%s", env[i]);
-      char *eq = strchr(kv, '=');
-      if (!eq)
-        continue;
-      *eq = 0;
-      if (eq[1])
-        setenv(kv, eq + 1, 1);
-      else
-        unsetenv(kv);
-    }
+    th_apply_env(env);
     execvp(argv[0], (char *const *)argv);
     _exit(127);
   }

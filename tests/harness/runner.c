@@ -172,6 +172,21 @@ static bool drain(int fd, char *buf, size_t cap, size_t *len) {
   return true;
 }
 
+void th_apply_env(const char *const env[]) {
+  for (int i = 0; env && env[i]; i++) {
+    char kv[4096];
+    snprintf(kv, sizeof kv, "%s", env[i]);
+    char *eq = strchr(kv, '=');
+    if (!eq)
+      continue;
+    *eq = 0;
+    if (eq[1])
+      setenv(kv, eq + 1, 1);
+    else
+      unsetenv(kv);
+  }
+}
+
 int th_run(const char *const argv[], const char *const env[], char *out,
            size_t outlen, char *err, size_t errlen, int timeout_ms) {
   int po[2], pe[2];
@@ -185,18 +200,7 @@ int th_run(const char *const argv[], const char *const env[], char *out,
   if (pid == 0) {
     dup2(po[1], 1);
     dup2(pe[1], 2);
-    for (int i = 0; env && env[i]; i++) {
-      char kv[4096];
-      snprintf(kv, sizeof kv, "%s", env[i]);
-      char *eq = strchr(kv, '=');
-      if (!eq)
-        continue;
-      *eq = 0;
-      if (eq[1])
-        setenv(kv, eq + 1, 1);
-      else
-        unsetenv(kv);
-    }
+    th_apply_env(env);
     execvp(argv[0], (char *const *)argv);
     fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
     _exit(127);

@@ -115,6 +115,9 @@ int th_wait(pid_t pid, int timeout_ms);
 /* Exit code of a child that exited normally, or 128+signal. */
 int th_exit_code(int wstatus);
 
+/* Apply "K=V" entries to this process's environment ("K=" unsets K). */
+void th_apply_env(const char *const env[]);
+
 /* Run argv (argv[0] found in PATH or given as a path) with extra environment
  * entries ("K=V", NULL-ended; "K=" with nothing after unsets K), capturing
  * stdout and stderr (each NUL-terminated, truncated to its buffer). Fails
