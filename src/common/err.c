@@ -14,10 +14,11 @@
 /* Long enough for a file path, a key and the accepted form of a value. */
 #define ERR_MSG_MAX 1024
 
-/* initial-exec: the library may be loaded inside an interposed process, and
- * the general-dynamic model can call malloc on first access. */
-static __thread char err_msg[ERR_MSG_MAX]
-    __attribute__((tls_model("initial-exec")));
+/* The preload library's copy is built with -ftls-model=initial-exec (there
+ * the general-dynamic model could call malloc on first access); this one
+ * keeps the default so that libcogpu and the Slurm plug-in can be dlopened
+ * (initial-exec TLS of a dlopened library must fit the static TLS surplus). */
+static __thread char err_msg[ERR_MSG_MAX];
 
 COGPU_API const char *cogpu_err_name(int rc) {
   if (rc == 0)

@@ -151,6 +151,18 @@ void cogpu__fault(int point);
 int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,
                        uint64_t *free_bytes);
 
+/* For a process that joined a job: take up to `want` bytes of the job's
+ * reservation on `gpu` that no other process of the job has taken, as this
+ * process's share (*got, possibly 0). The share returns to the job when
+ * the process detaches or dies. A process of its own job gets 0. */
+int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got);
+
+/* The token of a live job with this job id (one that joined no other job),
+ * for a later process of the same batch-system job to join; -ESRCH if
+ * none. tok needs 24 bytes. */
+int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
+                           size_t len);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t cogpu__now_ns(void);
 

@@ -29,7 +29,7 @@ static atomic_int log_level_cur = LOG_UNREAD;
 static atomic_uint log_warnings;
 /* Set while this thread formats or writes a line: a log call made from
  * inside (e.g. by an interposed write) is dropped instead of recursing. */
-static __thread bool log_busy __attribute__((tls_model("initial-exec")));
+static __thread bool log_busy;
 
 static void log_emit(int level, const char *fmt, va_list ap) COGPU_PRINTF(2, 0);
 

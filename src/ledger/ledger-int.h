@@ -27,7 +27,7 @@
 #include "nvml/nvml.h"
 
 #define LEDGER_MAGIC "COGPUST\0"
-#define LEDGER_VERSION 1u
+#define LEDGER_VERSION 2u
 #define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
 #define LEDGER_MAX_SLOTS 1024u
 #define LEDGER_MAX_WAITERS 1024u
@@ -76,6 +76,13 @@ typedef struct ledger_slot_s {
   char command[128];
   char job_id[64];
   uint64_t held[LEDGER_MAX_GPUS];
+  /* A process that joined a job takes its share of the job's reservation
+   * from the job's slot (claim), so that the job's memory is counted once
+   * however many of its processes use it, one after another or at once. */
+  uint64_t job;                    /* joined job's slot+1, 0 for none */
+  uint64_t job_gen;                /* that slot's generation */
+  uint64_t claim[LEDGER_MAX_GPUS]; /* member: bytes taken from its job */
+  uint64_t lent[LEDGER_MAX_GPUS];  /* job: its members' claims (derived) */
 } ledger_slot_t;
 
 typedef struct ledger_waiter_s {

@@ -116,6 +116,9 @@ static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
   utf8_trim_tail(s->command);
   utf8_trim_tail(s->job_id);
   memset(s->held, 0, sizeof s->held);
+  memset(s->claim, 0, sizeof s->claim);
+  memset(s->lent, 0, sizeof s->lent);
+  s->job = s->job_gen = 0;
 }
 
 /* Settings that are the node's, fixed when the state was created: say so
@@ -204,6 +207,10 @@ static int attach_join(struct cogpu_s *h, const char *token) {
   if (live) {
     h->res_slot = slot;
     h->res_gen = gen;
+    ledger_slot_t *me = &h->st->slots[h->slot];
+    cogpu__ledger_tx_set(h, &me->job, slot + 1);
+    cogpu__ledger_tx_set(h, &me->job_gen, gen);
+    cogpu__ledger_tx_commit(h);
   }
   cogpu__ledger_unlock(h);
   if (!live)
@@ -322,6 +329,55 @@ int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes) {
     *bytes =
         __atomic_load_n(&h->st->slots[h->res_slot].held[gpu], __ATOMIC_RELAXED);
   return rc;
+}
+
+int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
+  int rc = check_handle(h);
+  if (rc == 0)
+    rc = check_gpu(h, gpu);
+  if (rc)
+    return rc;
+  *got = 0;
+  cogpu__ledger_lock(h);
+  cogpu__ledger_sweep(h); /* members that died give their claims back */
+  cogpu__ledger_check_job(h);
+  if (h->res_slot != h->slot) {
+    ledger_slot_t *job = &h->st->slots[h->res_slot];
+    ledger_slot_t *me = &h->st->slots[h->slot];
+    uint64_t free_part =
+        job->held[gpu] > job->lent[gpu] ? job->held[gpu] - job->lent[gpu] : 0;
+    *got = want < free_part ? want : free_part;
+    if (*got) {
+      cogpu__ledger_tx_set(h, &job->lent[gpu], job->lent[gpu] + *got);
+      cogpu__ledger_tx_set(h, &me->claim[gpu], me->claim[gpu] + *got);
+      cogpu__ledger_tx_commit(h);
+    }
+  }
+  cogpu__ledger_unlock(h);
+  return 0;
+}
+
+int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
+                           size_t len) {
+  int rc = check_handle(h);
+  if (rc)
+    return rc;
+  if (!job_id || !*job_id || len < 24)
+    return cogpu__seterr(-EINVAL, "find_job: empty job id or short buffer");
+  rc = -ESRCH;
+  cogpu__ledger_lock(h);
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS && rc; s++) {
+    ledger_slot_t *sl = &h->st->slots[s];
+    uint32_t gen = atomic_load(&sl->gen);
+    if (s == h->slot || sl->state != SLOT_ACTIVE || sl->job ||
+        strncmp(sl->job_id, job_id, sizeof sl->job_id) != 0 ||
+        !cogpu__ledger_slot_alive(h, s, gen))
+      continue;
+    snprintf(tok, len, "%u.%u", s, gen);
+    rc = 0;
+  }
+  cogpu__ledger_unlock(h);
+  return rc ? cogpu__seterr(rc, "no live job '%s' on this node", job_id) : 0;
 }
 
 int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {

@@ -180,6 +180,23 @@ static void repair_rollback(struct cogpu_s *h) {
   atomic_store(&hd->tx_n, 0);
 }
 
+/* Jobs' lent counters from their live members' claims. */
+static void recount_lent(struct cogpu_s *h) {
+  uint32_t ng = h->st->hdr.ngpus;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
+    memset(h->st->slots[s].lent, 0, sizeof h->st->slots[s].lent);
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    ledger_slot_t *sl = &h->st->slots[s];
+    if (sl->state != SLOT_ACTIVE || !sl->job || sl->job > LEDGER_MAX_SLOTS)
+      continue;
+    ledger_slot_t *job = &h->st->slots[sl->job - 1];
+    if (job->state != SLOT_ACTIVE || atomic_load(&job->gen) != sl->job_gen)
+      continue;
+    for (uint32_t g = 0; g < ng; g++)
+      job->lent[g] += sl->claim[g];
+  }
+}
+
 /* Recompute what is derived from the slots and waiters, and drop entries
  * that cannot be valid (e.g. written by a corrupting bug). Runs under the
  * lock, outside any transaction: each store here is idempotent. */
@@ -197,6 +214,7 @@ static void repair_recount(struct cogpu_s *h) {
       nclients[g] += sl->held[g] > 0 || hd->gpus[g].excl_slot == s + 1;
     }
   }
+  recount_lent(h);
   uint64_t nw = 0;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
@@ -232,9 +250,32 @@ void cogpu__ledger_repair(struct cogpu_s *h) {
 }
 
 /* Frees one dead slot: its reservations, exclusivity and waiters. */
+/* A member leaving its job gives back what it claimed of the job's
+ * reservation, for the job's other processes. */
+static void slot_unclaim(struct cogpu_s *h, ledger_slot_t *sl) {
+  if (!sl->job || sl->job > LEDGER_MAX_SLOTS)
+    return;
+  ledger_slot_t *job = &h->st->slots[sl->job - 1];
+  bool same =
+      job->state == SLOT_ACTIVE && atomic_load(&job->gen) == sl->job_gen;
+  for (uint32_t g = 0; g < h->st->hdr.ngpus; g++) {
+    if (!sl->claim[g])
+      continue;
+    if (same)
+      cogpu__ledger_tx_set(
+          h, &job->lent[g],
+          job->lent[g] > sl->claim[g] ? job->lent[g] - sl->claim[g] : 0);
+    cogpu__ledger_tx_set(h, &sl->claim[g], 0);
+    cogpu__ledger_tx_commit(h);
+  }
+  cogpu__ledger_tx_set(h, &sl->job, 0);
+  cogpu__ledger_tx_commit(h);
+}
+
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
+  slot_unclaim(h, sl);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     ledger_gpu_t *gp = &hd->gpus[g];
     if (sl->held[g]) {

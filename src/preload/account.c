@@ -55,9 +55,9 @@ static pthread_mutex_t pl_pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t pl_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int pl_attached; /* 0 not tried, 1 attached, 2 unaccounted */
 static cogpu_t *pl_h;
+static bool
+    pl_member; /* joined a job, which took `mem` for all its processes */
 static cogpu__config_t pl_cfg;
-static uint64_t pl_job_base; /* from cogpu run, for this process only */
-static int pl_job_gpu = -1;
 static pl_table_t pl_tables[4]; /* pointers, VMM handles, arrays, contexts */
 
 static pl_table_t *table_for(pl_kind_t k) {
@@ -93,23 +93,15 @@ static void pl_fork_child(void) {
   pthread_mutex_init(&pl_pool_mu, NULL);
   for (int i = 0; i < 4; i++)
     cogpu__pl_table_clear(&pl_tables[i]);
-  pl_job_base = 0;
 }
 
-/* Runs before main, single-threaded: take this process's share of the
- * job's reservation and keep it from the processes it starts. */
+/* Runs before main, single-threaded. */
 __attribute__((constructor)) static void pl_init(void) {
   for (int i = 0; i < PL_MAX_DEVS; i++)
     pthread_mutex_init(&pl_devs[i].mu, NULL);
   static const size_t caps[4] = {1u << 20, 1u << 16, 1u << 16, 1u << 12};
   for (int i = 0; i < 4; i++)
     cogpu__pl_table_init(&pl_tables[i], caps[i]);
-  const char *base = getenv("COGPU_JOB_BASE");
-  const char *gpu = getenv("COGPU_GPU");
-  if (base && gpu &&
-      cogpu__parse_size("COGPU_JOB_BASE", base, &pl_job_base) == 0)
-    pl_job_gpu = atoi(gpu);
-  unsetenv("COGPU_JOB_BASE");
   pthread_atfork(NULL, NULL, pl_fork_child);
 }
 
@@ -125,11 +117,11 @@ static bool pl_attach(void) {
                              .join = pl_cfg.v[COGPU_OPT_JOB_TOKEN].s};
     if (rc == 0)
       rc = cogpu_attach(&o, &pl_h);
+    pl_member = rc == 0 && o.join && *o.join;
     if (rc == -ESRCH) {
       cogpu__log(COGPU_LOG_WARN, "%s; reserving on its own",
                  cogpu_last_error());
       o.join = NULL;
-      pl_job_base = 0;
       rc = cogpu_attach(&o, &pl_h);
     }
     if (rc)
@@ -167,12 +159,14 @@ static void dev_map(CUdevice dev, pl_dev_t *d) {
                  dev, text);
   }
   d->gpu = gpu;
-  if (gpu >= 0 && gpu == pl_job_gpu && pl_job_base) {
-    uint64_t held = 0;
-    cogpu_held(pl_h, gpu, &held);
-    d->base = pl_job_base < held ? pl_job_base : held;
-    atomic_store(&d->reserved, (int64_t)d->base);
-    pl_job_base = 0;
+  /* In a job (cogpu run, Slurm), start with what the job holds here and
+   * none of its other processes has taken: the job's memory is counted
+   * once, whichever of its processes uses it. */
+  uint64_t got = 0;
+  if (gpu >= 0 && cogpu__ledger_claim(pl_h, gpu, UINT64_MAX, &got) == 0 &&
+      got) {
+    d->base = got;
+    atomic_store(&d->reserved, (int64_t)got);
   }
   atomic_store_explicit(&d->state, gpu >= 0 ? DEV_ACCOUNTED : DEV_UNACCOUNTED,
                         memory_order_release);
@@ -357,7 +351,7 @@ bool cogpu__pl_untrack(pl_kind_t table, uint64_t key, CUdevice *dev,
  * the reservation, waiting for it. */
 CUresult cogpu__pl_context_prepare(CUdevice dev) {
   pl_dev_t *d = dev_get(dev);
-  uint64_t mem = d ? cfg_u(COGPU_OPT_MEM) : 0;
+  uint64_t mem = d && !pl_member ? cfg_u(COGPU_OPT_MEM) : 0;
   if (!d || mem == 0)
     return CUDA_SUCCESS;
   CUresult rc = CUDA_SUCCESS;

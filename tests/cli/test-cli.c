@@ -1450,7 +1450,6 @@ static const struct {
     {"PRIORITY", "high"},
     {"JOB_ID", NULL},
     {"JOB_TOKEN", NULL},
-    {"JOB_BASE", "x"},
     {"CONTEXT_BYTES", "big"},
     {"GROW_STEP", "1e6"},
     {"GROW_WAIT", "maybe"},

@@ -394,6 +394,65 @@ TEST_IMPL(preload_threads) {
   ASSERT_CONTAINS(slurp("out"), "threads 8 x 200: 0 failed");
 }
 
+/* The most the job named cmd_prefix reserves until pid exits. */
+static uint64_t job_peak_until_exit(const char *cmd_prefix, pid_t pid,
+                                    const char *tag) {
+  uint64_t peak = 0;
+  for (;;) {
+    int status;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    cogpu_status_t *st = lt_status();
+    uint64_t got = 0;
+    for (size_t c = 0; c < st->gpus[0].nclients; c++)
+      if (!strncmp(st->gpus[0].clients[c].command, cmd_prefix,
+                   strlen(cmd_prefix)))
+        got += st->gpus[0].clients[c].reserved_bytes;
+    cogpu_status_free(st);
+    peak = got > peak ? got : peak;
+    if (r == pid) {
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        th_fail(__FILE__, __LINE__, "%s failed:\n%s", tag, slurp(tag));
+      return peak;
+    }
+    th_sleep_ms(10);
+  }
+}
+
+/* A script that runs two CUDA programs one after another under --mem: the
+ * second takes over the share the first gave back, so the job's memory is
+ * counted once, never --mem per program. */
+TEST_IMPL(preload_job_script_counts_mem_once) {
+  preload_env();
+  char script[9000];
+  snprintf(script, sizeof script,
+           "%s direct init ctx alloc:1G hold:400 && "
+           "%s direct init ctx alloc:1G hold:400",
+           prog(), prog());
+  const char *argv[] = {"cogpu", "run", "--mem", "2G", "--",
+                        "sh",    "-c",  script,  NULL};
+  pid_t p = spawn("out", argv);
+  ASSERT_UEQ(job_peak_until_exit("sh -c", p, "out"), 2 * GiB);
+  lt_check_invariants();
+}
+
+/* Two programs of one job at once: the first takes the job's share, the
+ * second grows the job on demand; each gives back what it took. */
+TEST_IMPL(preload_job_concurrent_members) {
+  preload_env();
+  char script[9000];
+  snprintf(script, sizeof script,
+           "%s direct init ctx alloc:1G hold:1200 & "
+           "sleep 0.3; %s direct init ctx alloc:512M hold:300; wait",
+           prog(), prog());
+  const char *argv[] = {"cogpu", "run", "--mem", "2G", "--",
+                        "sh",    "-c",  script,  NULL};
+  pid_t p = spawn("out", argv);
+  uint64_t peak = job_peak_until_exit("sh -c", p, "out");
+  /* 2G for the first; the second's context and allocation on top. */
+  ASSERT_UEQ(peak, 2 * GiB + 300 * MiB + 512 * MiB);
+  lt_check_invariants();
+}
+
 TEST_IMPL(preload_fork_child_attaches_to_job) {
   preload_env();
   const char *argv[] = {"cogpu",   "run",      "--",  prog(),

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "ledger-helpers.h"
 
 static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
@@ -368,6 +369,60 @@ HELPER_IMPL(join_child) {
   if (cogpu_reserve(h, &r, NULL) != 0)
     return 3;
   return 0; /* exits holding it: the job keeps it */
+}
+
+HELPER_IMPL(claim_and_die) {
+  (void)argc;
+  cogpu_attach_opts_t o = {.join = argv[0], .command = "member"};
+  cogpu_t *h;
+  uint64_t got = 0;
+  if (cogpu_attach(&o, &h) != 0 ||
+      cogpu__ledger_claim(h, 0, UINT64_MAX, &got) != 0 || got != 4 * GiB)
+    return 2;
+  raise(SIGKILL); /* dies holding its claim */
+  return 3;
+}
+
+/* A job's processes share its reservation: each takes (claims) what the
+ * others have not, and what a process took returns to the job when it
+ * detaches or dies. */
+TEST_IMPL(ledger_job_claims) {
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *job, *a, *b;
+  ASSERT_OK(cogpu_attach(&o, &job));
+  cogpu_request_t r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(job, &r, NULL));
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  uint64_t got = 1;
+  ASSERT_OK(cogpu__ledger_claim(job, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, 0); /* the job's own process claims nothing */
+  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
+  ASSERT_OK(cogpu_attach(&m, &a));
+  ASSERT_OK(cogpu_attach(&m, &b));
+  ASSERT_OK(cogpu__ledger_claim(a, 0, GiB, &got));
+  ASSERT_UEQ(got, GiB);
+  ASSERT_OK(cogpu__ledger_claim(b, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, 3 * GiB);
+  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, 0);
+  ASSERT_EQ(cogpu__ledger_claim(a, 9, 1, &got), -ENODEV);
+  cogpu_detach(b);
+  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, 3 * GiB);
+  cogpu_detach(a);
+  const char *args[] = {tok, NULL};
+  int st = th_wait(th_spawn_helper("claim_and_die", args), th_ms(5000));
+  ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  ASSERT_OK(cogpu_attach(&m, &a));
+  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, 4 * GiB);
+  /* Claims move nothing between the job and the GPU. */
+  ASSERT_UEQ(lt_reserved_by(0, "job"), 4 * GiB);
+  lt_check_invariants();
+  cogpu_detach(a);
+  cogpu_detach(job);
 }
 
 TEST_IMPL(ledger_job_join) {

@@ -253,7 +253,6 @@ static void run_env_preload(cogpu_t *h, const run_opts_t *o) {
   free(pre);
   setenv("COGPU_JOB_TOKEN", tok, 1);
   snprintf(buf, sizeof buf, "%llu", (unsigned long long)o->mem);
-  setenv("COGPU_JOB_BASE", buf, 1);
   setenv("COGPU_MEM", buf, 1);
   snprintf(buf, sizeof buf, "%ld", o->priority);
   setenv("COGPU_PRIORITY", buf, 1);
