@@ -9,6 +9,7 @@ DESTDIR ?=
 LIBDIR ?= $(PREFIX)/lib
 BINDIR ?= $(PREFIX)/bin
 INCDIR ?= $(PREFIX)/include
+DATADIR ?= $(PREFIX)/share
 PCDIR ?= $(LIBDIR)/pkgconfig
 
 CC ?= cc
@@ -37,7 +38,8 @@ VERSION := 0.1.0
 LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/ledger/*.c))
 CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
 TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c tests/preload/test-*.c \
-               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/experiment/test-*.c))
+               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/experiment/test-*.c \
+               tests/slurm/test-*.c))
 BENCH_SRCS := $(sort $(wildcard bench/bench-*.c))
 FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
 
@@ -53,10 +55,17 @@ CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
+# The Slurm SPANK plug-in is built when Slurm's headers are installed
+# (libslurm-dev); like the preload library it is uninstrumented, since
+# Slurm's daemons and commands load it.
+SLURM_H ?= $(wildcard /usr/include/slurm/spank.h)
+SPANK_OBJS := $(B)/objs/contrib/slurm/spank-cogpu.o $(LIB_SRCS:%.c=$(B)/objs/%.o)
+SPANK := $(if $(SLURM_H),$(B)/spank_cogpu.so)
+
 .PHONY: all lib cli tests check check-all bench install uninstall clean \
         format format-check
 
-all: lib cli preload tests
+all: lib cli preload tests $(SPANK)
 
 lib: $(B)/libcogpu.a $(B)/libcogpu.so
 preload: $(B)/libcogpu-preload.so
@@ -83,6 +92,18 @@ $(B)/libcogpu-preload.so: $(PRELOAD_OBJS) src/preload/preload.map
 	$(CC) $(BASEFLAGS) $(CFLAGS) -shared \
 	    -Wl,--version-script=src/preload/preload.map \
 	    -o $@ $(PRELOAD_OBJS) $(LDLIBS)
+
+$(B)/objs/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "CC $< (plug-in)"
+	@$(CC) $(BASEFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+# Slurm finds the plug-in's symbols by name; spank.map keeps the rest in.
+$(B)/objs/contrib/slurm/spank-cogpu.o: BASEFLAGS += -fvisibility=default
+$(B)/spank_cogpu.so: $(SPANK_OBJS) contrib/slurm/spank.map
+	$(CC) $(BASEFLAGS) $(CFLAGS) -shared \
+	    -Wl,--version-script=contrib/slurm/spank.map \
+	    -o $@ $(SPANK_OBJS) $(LDLIBS)
 
 $(B)/libcogpu.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -155,7 +176,7 @@ experiment: all
 	$(MAKE) -C bench/experiment workloads B=$(abspath $(B))
 	B=$(B) bench/experiment/run.sh --mix small
 
-install: lib cli preload $(B)/cogpu.pc
+install: lib cli preload $(SPANK) $(B)/cogpu.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
 	install -d $(DESTDIR)$(LIBDIR)/cogpu
 	install -m 0755 $(B)/cogpu $(DESTDIR)$(BINDIR)/cogpu
@@ -166,12 +187,17 @@ install: lib cli preload $(B)/cogpu.pc
 	ln -sf libcogpu.so.0 $(DESTDIR)$(LIBDIR)/libcogpu.so
 	install -m 0644 include/cogpu.h include/schedgpu.h $(DESTDIR)$(INCDIR)/
 	install -m 0644 $(B)/cogpu.pc $(DESTDIR)$(PCDIR)/cogpu.pc
+	install -d $(DESTDIR)$(DATADIR)/cogpu/slurm
+	install -m 0644 contrib/slurm/cli_filter.lua contrib/slurm/plugstack.conf \
+	    contrib/slurm/slurm.conf $(DESTDIR)$(DATADIR)/cogpu/slurm/
+	$(if $(SPANK),install -m 0755 $(SPANK) $(DESTDIR)$(LIBDIR)/cogpu/spank_cogpu.so)
 
 uninstall:
 	rm -rf $(DESTDIR)$(LIBDIR)/cogpu
 	rm -f $(DESTDIR)$(BINDIR)/cogpu $(DESTDIR)$(LIBDIR)/libcogpu.* \
 	      $(DESTDIR)$(INCDIR)/cogpu.h $(DESTDIR)$(INCDIR)/schedgpu.h \
 	      $(DESTDIR)$(PCDIR)/cogpu.pc
+	rm -rf $(DESTDIR)$(DATADIR)/cogpu
 
 FORMAT_FILES = $(shell git ls-files '*.c' '*.h')
 format:
@@ -183,4 +209,4 @@ clean:
 	rm -rf build build-asan build-tsan
 
 -include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_OBJS:.o=.d) \
-         $(PRELOAD_OBJS:.o=.d)
+         $(PRELOAD_OBJS:.o=.d) $(SPANK_OBJS:.o=.d)

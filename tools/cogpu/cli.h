@@ -20,6 +20,7 @@ int cli_status(int argc, char **argv);
 int cli_doctor(int argc, char **argv);
 int cli_reset(int argc, char **argv);
 int cli_config(int argc, char **argv);
+int cli_slurm_conf(int argc, char **argv);
 
 /* "cogpu: <message>" on stderr. */
 void cli_err(const char *fmt, ...) COGPU_PRINTF(1, 2);

@@ -24,6 +24,9 @@ static const char usage[] =
     "                 remove the node state (admin); refuses while in use\n"
     "  config [--list|--explain]\n"
     "                 every option with its default / its value and source\n"
+    "  slurm-conf [--node NAME]\n"
+    "                 slurm.conf and gres.conf lines declaring this node's\n"
+    "                 GPU memory as the GRES gpumem (see docs/slurm.md)\n"
     "  version        print the version\n"
     "\n"
     "SIZE: bytes or K/M/G/T (binary): 512M, 12G, 12GiB.\n"
@@ -109,11 +112,9 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name;
     int (*fn)(int, char **);
-  } cmds[] = {{"run", cli_run},
-              {"status", cli_status},
-              {"doctor", cli_doctor},
-              {"reset", cli_reset},
-              {"config", cli_config}};
+  } cmds[] = {{"run", cli_run},       {"status", cli_status},
+              {"doctor", cli_doctor}, {"reset", cli_reset},
+              {"config", cli_config}, {"slurm-conf", cli_slurm_conf}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
     if (strcmp(cmd, cmds[i].name) == 0)
       return cmds[i].fn(argc - 1, argv + 1);

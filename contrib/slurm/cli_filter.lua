@@ -1,0 +1,53 @@
+--[[
+cogpu's cli_filter for Slurm (cli_filter/lua): turns the SPANK option
+--gpu-mem=SIZE into the request for the count-only GRES `gpumem`, so that
+slurmctld places the job on a node with SIZE of unreserved GPU memory.
+
+Install as cli_filter.lua beside slurm.conf, with CliFilterPlugins=cli_filter/lua.
+A site that has its own cli_filter.lua calls cogpu_gpu_mem_to_gres(options)
+from its slurm_cli_pre_submit instead.
+
+SPANK options are not readable by name from the options table in Slurm
+22.05; slurm.json_cli_options() lists them as "spank:NAME".
+--]]
+
+function cogpu_gpu_mem_to_gres(options)
+  local json = slurm.json_cli_options(options)
+  local size = json and string.match(json, '"spank:gpu%-mem":"([^"]*)"')
+  if size == nil or size == "" then
+    return slurm.SUCCESS
+  end
+  -- A step inside an allocation draws on the job's reservation; the job
+  -- itself asked Slurm for the memory.
+  if os.getenv("SLURM_JOB_ID") ~= nil and options["type"] == "srun" then
+    return slurm.SUCCESS
+  end
+  -- Slurm counts in binary units like cogpu (30G = 30 GiB); "B" suffixes
+  -- and lower case are cogpu's spellings of the same.
+  local n, unit = string.match(string.upper(size), "^%s*(%d+)%s*([KMGTP]?)I?B?%s*$")
+  if n == nil then
+    -- The SPANK plug-in refuses the value with its own message.
+    return slurm.SUCCESS
+  end
+  local gres = options["gres"]
+  local req = "gpumem:" .. n .. unit
+  if gres ~= nil and gres ~= "" and gres ~= "none" then
+    gres = gres .. "," .. req
+  else
+    gres = req
+  end
+  options["gres"] = gres
+  return slurm.SUCCESS
+end
+
+function slurm_cli_setup_defaults(options, early)
+  return slurm.SUCCESS
+end
+
+function slurm_cli_pre_submit(options, offset)
+  return cogpu_gpu_mem_to_gres(options)
+end
+
+function slurm_cli_post_submit(offset, jobid, stepid)
+  return slurm.SUCCESS
+end

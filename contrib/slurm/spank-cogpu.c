@@ -1,0 +1,338 @@
+/*
+ * spank-cogpu.c: the Slurm SPANK plug-in (spank_cogpu.so).
+ *
+ * A job asks for GPU memory with --gpu-mem=SIZE. On the submitting side the
+ * option is checked (a bad size, or one above every node's `gpumem` GRES,
+ * refuses the job with our message); cli_filter.lua turns it into the
+ * `gres/gpumem` request by which slurmctld packs jobs onto nodes.
+ *
+ * On each node, every step's slurmstepd attaches to the node ledger once
+ * (slurm_spank_user_init, as the job's user) and either reserves SIZE there
+ * for the job, or, when an earlier step of the same job already holds the
+ * job's reservation (the batch step running `srun`), joins it: a job's
+ * GPU memory is counted once per node however many steps and tasks use it.
+ * Each task then runs with the preload library and the job's token, so its
+ * CUDA allocations draw on that reservation (see docs/slurm.md).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+#include "cogpu.h"
+#include "internal.h"
+
+SPANK_PLUGIN(cogpu, 1);
+
+enum { OPT_MEM = 1, OPT_PRIORITY, OPT_WAIT, OPT_NO_PRELOAD };
+
+typedef struct job_opts_s {
+  uint64_t mem;     /* per node, bytes; 0: the job did not ask */
+  long priority;    /* -1000..1000 */
+  int64_t wait_ms;  /* with wait_given; COGPU_WAIT_FOREVER for inf */
+  bool wait_given;
+  bool no_preload;  /* keep the reservation, do not interpose */
+  char preload[PATH_MAX];
+} job_opts_t;
+
+static job_opts_t opts;
+static cogpu_t *holder; /* this step's ledger handle (slurmstepd) */
+static char token[32];
+static int job_gpu = -1;
+static char job_uuid[96]; /* job_gpu's UUID, for CUDA_VISIBLE_DEVICES */
+
+static int opt_cb(int val, const char *arg, int remote);
+
+static struct spank_option options[] = {
+    {"gpu-mem", "SIZE",
+     "GPU memory the job uses on each node, e.g. 12G (cogpu: packs jobs by "
+     "it, and makes larger requests wait instead of running the GPU out of "
+     "memory)",
+     1, OPT_MEM, opt_cb},
+    {"gpu-priority", "N",
+     "with --gpu-mem: priority of the job's GPU memory requests, -1000..1000 "
+     "(higher first under the node's priority policies)",
+     1, OPT_PRIORITY, opt_cb},
+    {"gpu-wait", "DURATION",
+     "with --gpu-mem: how long a task may wait for GPU memory (e.g. 30s, 10m, "
+     "inf); without it, allocations past --gpu-mem that do not fit now get "
+     "out-of-memory",
+     1, OPT_WAIT, opt_cb},
+    {"gpu-no-preload", NULL,
+     "with --gpu-mem: reserve the memory on the node but do not interpose "
+     "the job's CUDA calls",
+     0, OPT_NO_PRELOAD, opt_cb},
+    SPANK_OPTIONS_TABLE_END};
+
+/* Largest `gpumem` GRES count of any node; 0 when it cannot be read. */
+static uint64_t cluster_max_gpumem(void) {
+  node_info_msg_t *nodes = NULL;
+  uint64_t best = 0;
+  if (slurm_load_node((time_t)0, &nodes, SHOW_ALL) != SLURM_SUCCESS || !nodes)
+    return 0;
+  for (uint32_t i = 0; i < nodes->record_count; i++) {
+    const char *g = nodes->node_array[i].gres;
+    const char *p = g ? strstr(g, "gpumem:") : NULL;
+    uint64_t n = 0;
+    char buf[64];
+    if (!p)
+      continue;
+    snprintf(buf, sizeof buf, "%s", p + 7);
+    buf[strcspn(buf, ",(")] = 0;
+    if (cogpu__parse_size("gpumem", buf, &n) == 0 && n > best)
+      best = n;
+  }
+  slurm_free_node_info_msg(nodes);
+  return best;
+}
+
+static int opt_mem(const char *arg, int remote) {
+  if (!arg || cogpu__parse_size("--gpu-mem", arg, &opts.mem) != 0) {
+    slurm_error("cogpu: invalid --gpu-mem '%s': expected a size such as "
+                "512M, 12G or 1T (binary units, no fractions)",
+                arg ? arg : "");
+    return -1;
+  }
+  if (opts.mem == 0) {
+    slurm_error("cogpu: --gpu-mem must be more than 0");
+    return -1;
+  }
+  uint64_t max = remote ? 0 : cluster_max_gpumem();
+  if (max && opts.mem > max) {
+    slurm_error("cogpu: --gpu-mem=%s is more GPU memory than any node has "
+                "(largest: %llu MiB)",
+                arg, (unsigned long long)(max >> 20));
+    return -1;
+  }
+  return 0;
+}
+
+static int opt_cb(int val, const char *arg, int remote) {
+  switch (val) {
+  case OPT_MEM:
+    return opt_mem(arg, remote);
+  case OPT_PRIORITY:
+    if (!arg || cogpu__parse_int("--gpu-priority", arg, -1000, 1000,
+                                 &opts.priority) != 0) {
+      slurm_error("cogpu: invalid --gpu-priority '%s': expected an integer "
+                  "from -1000 to 1000",
+                  arg ? arg : "");
+      return -1;
+    }
+    return 0;
+  case OPT_WAIT:
+    if (!arg ||
+        cogpu__parse_duration_ms("--gpu-wait", arg, &opts.wait_ms) != 0) {
+      slurm_error("cogpu: invalid --gpu-wait '%s': expected a duration such "
+                  "as 0, 30s, 10m, 2h or inf",
+                  arg ? arg : "");
+      return -1;
+    }
+    opts.wait_given = true;
+    return 0;
+  case OPT_NO_PRELOAD:
+    opts.no_preload = true;
+    return 0;
+  }
+  return -1;
+}
+
+/* The preload library: `preload=PATH` in plugstack.conf, else the one
+ * installed beside this plug-in. */
+static void find_preload(int ac, char **av) {
+  for (int i = 0; i < ac; i++)
+    if (strncmp(av[i], "preload=", 8) == 0) {
+      snprintf(opts.preload, sizeof opts.preload, "%s", av[i] + 8);
+      return;
+    }
+  Dl_info info;
+  if (dladdr((void *)find_preload, &info) && info.dli_fname) {
+    snprintf(opts.preload, sizeof opts.preload, "%s", info.dli_fname);
+    char *slash = strrchr(opts.preload, '/');
+    size_t room = sizeof opts.preload - (size_t)(slash ? slash - opts.preload : 0);
+    if (slash && room > 22)
+      snprintf(slash, room, "/libcogpu-preload.so");
+  }
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av) {
+  for (struct spank_option *o = options; o->name; o++)
+    if (spank_option_register(sp, o) != ESPANK_SUCCESS) {
+      slurm_error("cogpu: cannot register --%s", o->name);
+      return -1;
+    }
+  if (spank_remote(sp))
+    find_preload(ac, av);
+  return 0;
+}
+
+/* The GPU where the joined job holds memory. */
+static int joined_gpu(void) {
+  int n = cogpu_gpu_count(holder);
+  for (int g = 0; g < n; g++) {
+    uint64_t held = 0;
+    if (cogpu_held(holder, g, &held) == 0 && held)
+      return g;
+  }
+  return -1;
+}
+
+/* Join the job's reservation if an earlier step holds it on this node,
+ * else take it: once per step, in slurmstepd. */
+static int hold_reservation(spank_t sp, const char *job_id) {
+  char cmd[128] = "slurm job";
+  int argc = 0;
+  char **argv = NULL;
+  if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
+      argc > 0)
+    snprintf(cmd, sizeof cmd, "%s", argv[0]);
+  cogpu_attach_opts_t ao = {
+      .priority = (int)opts.priority, .job_id = job_id, .command = cmd};
+  int rc = cogpu_attach(&ao, &holder);
+  if (rc == 0 &&
+      cogpu__ledger_find_job(holder, job_id, token, sizeof token) == 0) {
+    cogpu_detach(holder);
+    ao.join = token;
+    rc = cogpu_attach(&ao, &holder);
+    if (rc == 0) {
+      job_gpu = joined_gpu();
+      return 0;
+    }
+  }
+  if (rc) {
+    slurm_error("cogpu: job %s: cannot use the node's GPU ledger: %s", job_id,
+                cogpu_last_error());
+    return -1;
+  }
+  cogpu_request_t req = {.gpu = COGPU_GPU_AUTO,
+                         .bytes = opts.mem,
+                         .priority = COGPU_PRIORITY_DEFAULT,
+                         .timeout_ms = opts.wait_given ? opts.wait_ms
+                                                       : COGPU_WAIT_FOREVER};
+  rc = cogpu_reserve(holder, &req, &job_gpu);
+  if (rc == 0)
+    rc = cogpu_job_token(holder, token, sizeof token);
+  if (rc) {
+    slurm_error("cogpu: job %s: cannot reserve %llu MiB of GPU memory: %s",
+                job_id, (unsigned long long)(opts.mem >> 20),
+                cogpu_last_error());
+    cogpu_detach(holder);
+    holder = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+static void note_gpu_uuid(void) {
+  cogpu_status_t *st;
+  if (job_gpu >= 0 && cogpu_status(holder, &st) == 0) {
+    snprintf(job_uuid, sizeof job_uuid, "%s", st->gpus[job_gpu].uuid);
+    cogpu_status_free(st);
+  }
+}
+
+/* slurmstepd, once per step, as the job's user: options are known. */
+int slurm_spank_user_init(spank_t sp, int ac, char **av) {
+  (void)ac;
+  (void)av;
+  if (!opts.mem || holder)
+    return 0;
+  uint32_t id = 0;
+  char job_id[32];
+  if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS) {
+    slurm_error("cogpu: cannot read the job id");
+    return -1;
+  }
+  snprintf(job_id, sizeof job_id, "%u", id);
+  int rc = hold_reservation(sp, job_id);
+  if (rc == 0)
+    note_gpu_uuid();
+  return rc;
+}
+
+static int task_setenv(spank_t sp, const char *name, const char *value) {
+  if (spank_setenv(sp, name, value, 1) != ESPANK_SUCCESS) {
+    slurm_error("cogpu: cannot set %s for the task", name);
+    return -1;
+  }
+  return 0;
+}
+
+/* LD_PRELOAD with the preload library appended (a sanitizer runtime or
+ * another tool that must come first stays first). */
+static int task_preload(spank_t sp) {
+  char old[4096] = "", val[8192];
+  if (opts.no_preload || !opts.preload[0])
+    return 0;
+  if (access(opts.preload, R_OK) != 0) {
+    slurm_error("cogpu: preload library %s: %s", opts.preload,
+                strerror(errno));
+    return -1;
+  }
+  if (spank_getenv(sp, "LD_PRELOAD", old, sizeof old) != ESPANK_SUCCESS)
+    old[0] = 0;
+  snprintf(val, sizeof val, "%s%s%s", old, old[0] ? " " : "", opts.preload);
+  return task_setenv(sp, "LD_PRELOAD", val);
+}
+
+/* The GPU holding the job's reservation, unless Slurm chose GPUs itself
+ * (a job that also asked for `gpu` GRES). Runs in the task: the holder's
+ * handle belongs to slurmstepd there. */
+static int task_gpu(spank_t sp) {
+  char cvd[256], buf[32];
+  if (job_gpu < 0)
+    return 0;
+  if (spank_getenv(sp, "CUDA_VISIBLE_DEVICES", cvd, sizeof cvd) ==
+          ESPANK_ENV_NOEXIST &&
+      job_uuid[0] && task_setenv(sp, "CUDA_VISIBLE_DEVICES", job_uuid))
+    return -1;
+  snprintf(buf, sizeof buf, "%d", job_gpu);
+  return task_setenv(sp, "COGPU_GPU", buf);
+}
+
+/* In each task, before it runs the user's program. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av) {
+  (void)ac;
+  (void)av;
+  char buf[32], id[32];
+  uint32_t jid = 0;
+  if (!opts.mem || !holder)
+    return 0;
+  spank_get_item(sp, S_JOB_ID, &jid);
+  snprintf(id, sizeof id, "%u", jid);
+  int rc = task_setenv(sp, "COGPU_JOB_TOKEN", token);
+  rc = rc ? rc : task_setenv(sp, "COGPU_JOB_ID", id);
+  snprintf(buf, sizeof buf, "%llu", (unsigned long long)opts.mem);
+  rc = rc ? rc : task_setenv(sp, "COGPU_MEM", buf);
+  snprintf(buf, sizeof buf, "%ld", opts.priority);
+  rc = rc ? rc : task_setenv(sp, "COGPU_PRIORITY", buf);
+  if (opts.wait_given) {
+    if (opts.wait_ms == COGPU_WAIT_FOREVER)
+      snprintf(buf, sizeof buf, "inf");
+    else
+      snprintf(buf, sizeof buf, "%lldms", (long long)opts.wait_ms);
+    rc = rc ? rc : task_setenv(sp, "COGPU_GROW_WAIT", "yes");
+    rc = rc ? rc : task_setenv(sp, "COGPU_TIMEOUT", buf);
+  }
+  rc = rc ? rc : task_gpu(sp);
+  return rc ? rc : task_preload(sp);
+}
+
+/* The step is over: its reservation (or its share of the job's) ends. */
+int slurm_spank_exit(spank_t sp, int ac, char **av) {
+  (void)sp;
+  (void)ac;
+  (void)av;
+  if (holder)
+    cogpu_detach(holder);
+  holder = NULL;
+  return 0;
+}

@@ -1,0 +1,189 @@
+#!/bin/bash
+# cluster.sh: a private one-node Slurm cluster for the tests, entirely under
+# one directory, on loopback, with its own munge key and ports.
+#   cluster.sh start DIR [GPUMEM]   start munged, slurmctld, slurmd; wait idle
+#   cluster.sh stop DIR             cancel jobs, stop the daemons, kill leftovers
+#   cluster.sh check DIR            list processes left behind; 1 if any
+# DIR/env is written for callers to source (SLURM_CONF). Start-up and
+# teardown are bounded; start failing leaves nothing running.
+# Environment: COGPU_SPANK (the plug-in to load), COGPU_CLI_FILTER (a
+# cli_filter.lua to use), COGPU_CLUSTER_OWNER (a pid: when it is gone, the
+# cluster stops itself, so a test killed outright leaves nothing behind).
+# The daemons inherit the caller's environment (fake GPU, node state).
+set -u
+cmd=${1:?usage: cluster.sh start|stop DIR [GPUMEM]}
+dir=${2:?usage: cluster.sh start|stop DIR [GPUMEM]}
+gpumem=${3:-80G}
+here=$(cd "$(dirname "$0")" && pwd)
+PATH="$PATH:/usr/sbin"
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+wait_for() { # wait_for SECONDS CMD...: poll until CMD succeeds
+  local end=$((SECONDS + $1)); shift
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -ge $end ] && return 1
+    sleep 0.1
+  done
+}
+
+# Running, and not a zombie waiting for whoever adopted it to reap it.
+alive() {
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ "${st%% *}" != Z ]
+}
+
+pid_of() { [ -s "$dir/$1.pid" ] && cat "$dir/$1.pid"; }
+
+stop_pid() { # stop_pid NAME: TERM, then KILL after 5 s
+  local p; p=$(pid_of "$1") || return 0
+  kill -TERM "$p" 2>/dev/null || { rm -f "$dir/$1.pid"; return 0; }
+  local end=$((SECONDS + 5))
+  while alive "$p"; do
+    [ $SECONDS -ge $end ] && { kill -KILL "$p" 2>/dev/null; break; }
+    sleep 0.1
+  done
+  rm -f "$dir/$1.pid"
+}
+
+# Processes started by this cluster's daemons: anything whose environment
+# names this cluster's SLURM_CONF (job steps, tasks, holders).
+leftovers() {
+  local conf="SLURM_CONF=$dir/slurm.conf" p
+  for p in /proc/[0-9]*; do
+    { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qxF "$conf" &&
+      alive "${p#/proc/}" && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+stop() {
+  [ -f "$dir/slurm.conf" ] || return 0
+  local conf="$dir/slurm.conf"
+  if [ -n "$(pid_of slurmctld)" ]; then
+    SLURM_CONF=$conf timeout 5 scancel --full -u "$(id -un)" >/dev/null 2>&1
+    SLURM_CONF=$conf wait_for 5 sh -c '[ -z "$(squeue -h 2>/dev/null)" ]'
+  fi
+  stop_pid slurmd
+  stop_pid slurmctld
+  # slurmstepd of a job that outlived slurmd, and its tasks.
+  local p left
+  left=$(leftovers | grep -vx "$$")
+  for p in $left; do kill -KILL "$p" 2>/dev/null; done
+  stop_pid munged
+  local w; w=$(pid_of watchdog) && [ "$w" != "$PPID" ] && kill "$w" 2>/dev/null
+  rm -f "$dir/watchdog.pid"
+  return 0
+}
+
+write_conf() {
+  local port=$1
+  cat >"$dir/slurm.conf" <<CONF
+ClusterName=cogputest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge.sock
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid.conf
+SlurmdPidFile=$dir/slurmd.pid.conf
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=debug
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+DefMemPerCPU=64
+PlugStackConfig=$dir/plugstack.conf
+GresTypes=gpumem
+${COGPU_CLI_FILTER:+CliFilterPlugins=cli_filter/lua}
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=16 RealMemory=4096 Gres=gpumem:$gpumem State=UNKNOWN
+PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+CONF
+  echo "Name=gpumem Count=$gpumem Flags=CountOnly" >"$dir/gres.conf"
+  : >"$dir/plugstack.conf"
+  [ -n "${COGPU_SPANK:-}" ] && echo "required $COGPU_SPANK" >"$dir/plugstack.conf"
+  return 0
+}
+
+free_port() { # a base port with it and the next one free
+  local p
+  for p in $(shuf -i 20000-60000 -n 50); do
+    if ! ss -Htln "( sport = :$p or sport = :$((p + 1)) )" 2>/dev/null | grep -q .; then
+      echo "$p"; return 0
+    fi
+  done
+  return 1
+}
+
+start() {
+  for b in munged mungekey slurmctld slurmd sinfo; do
+    command -v "$b" >/dev/null || [ -x "/usr/sbin/$b" ] || die "$b not installed"
+  done
+  mkdir -p "$dir/state" "$dir/spool" "$dir/munge" || die "cannot create $dir"
+  chmod 0755 "$dir" "$dir/munge"
+  mungekey --create --keyfile="$dir/munge/munge.key" --force ||
+    die "mungekey failed"
+  chmod 0600 "$dir/munge/munge.key"
+  munged -F --socket="$dir/munge.sock" --key-file="$dir/munge/munge.key" \
+    --pid-file="$dir/munge/munged.pid" --log-file="$dir/munged.log" \
+    --seed-file="$dir/munge/seed" --force >>"$dir/munged.log" 2>&1 &
+  echo $! >"$dir/munged.pid"
+  wait_for 10 test -S "$dir/munge.sock" || { stop; die "munged did not start"; }
+  local port; port=$(free_port) || { stop; die "no free port"; }
+  if [ -n "${COGPU_CLI_FILTER:-}" ]; then
+    cp "$COGPU_CLI_FILTER" "$dir/cli_filter.lua" || { stop; die "no cli_filter"; }
+  fi
+  write_conf "$port"
+  local conf="$dir/slurm.conf"
+  echo "export SLURM_CONF=$conf" >"$dir/env"
+  # Not exported: what carries SLURM_CONF in its environment is this
+  # cluster's (see leftovers).
+  SLURM_CONF=$conf slurmctld -D -i -f "$conf" >>"$dir/slurmctld.out" 2>&1 &
+  echo $! >"$dir/slurmctld.pid"
+  SLURM_CONF=$conf slurmd -D -N localhost -f "$conf" >>"$dir/slurmd.out" 2>&1 &
+  echo $! >"$dir/slurmd.pid"
+  if ! SLURM_CONF=$conf wait_for 30 sh -c 'sinfo -h -N -o %T | grep -qx idle'; then
+    echo "--- slurmctld.log"; tail -20 "$dir/slurmctld.log"
+    echo "--- slurmd.log"; tail -20 "$dir/slurmd.log"
+    stop; die "the node did not become idle in 30 s"
+  fi >&2
+  if [ -n "${COGPU_CLUSTER_OWNER:-}" ]; then
+    setsid sh -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
+                  exec "$2" stop "$3"' watchdog "$COGPU_CLUSTER_OWNER" \
+      "$here/cluster.sh" "$dir" </dev/null >/dev/null 2>&1 &
+    echo $! >"$dir/watchdog.pid"
+  fi
+}
+
+check() {
+  local left
+  left=$(leftovers | grep -vx "$$")
+  [ -z "$left" ] && return 0
+  for p in $left; do
+    echo "left behind: $p $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+  done
+  return 1
+}
+
+case $cmd in
+  start) start ;;
+  stop) stop ;;
+  check) check ;;
+  *) die "unknown command $cmd" ;;
+esac

@@ -1,0 +1,376 @@
+/*
+ * test-slurm.c: the Slurm integration, end to end. Each test starts a
+ * private one-node cluster (munged, slurmctld, slurmd from Debian's
+ * packages) on loopback under its temporary directory, with cogpu's SPANK
+ * plug-in and cli_filter loaded and the fake GPU of the test tree, drives
+ * it with srun/sbatch/salloc, and stops it whatever happens (a watchdog
+ * stops it if the test is killed), checking nothing is left running.
+ *
+ * Skipped where Slurm is not installed, when not root (slurmd must be), and
+ * in sanitizer builds: the plug-in is uninstrumented, and Slurm's
+ * daemons must not inherit the sanitizer runtime the runner preloads.
+ */
+#include <dlfcn.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "ledger-helpers.h"
+#include "task.h"
+
+#define GiB (1024ull * 1024 * 1024)
+#define MiB (1024ull * 1024)
+#define OUT_MAX 65536
+
+static char root[PATH_MAX];     /* the source tree */
+static char cluster[PATH_MAX];  /* the cluster's directory */
+static char conf_env[PATH_MAX + 32];
+static bool started;
+
+static const char *script(void) {
+  static char p[PATH_MAX + 32];
+  snprintf(p, sizeof p, "%s/tests/slurm/cluster.sh", root);
+  return p;
+}
+
+static const char *prog(void) {
+  static char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/tests/cudaprog", th_build_dir());
+  return p;
+}
+
+static void find_root(void) {
+  snprintf(root, sizeof root, "%s", th_build_dir());
+  char *slash = strrchr(root, '/');
+  if (slash)
+    *slash = 0;
+  if (access(script(), X_OK) != 0 &&
+      (!getcwd(root, sizeof root) || access(script(), X_OK) != 0))
+    SKIP("tests/slurm/cluster.sh not found");
+}
+
+static void require(void) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  SKIP("Slurm tests run in the plain build (uninstrumented plug-in)");
+#endif
+  if (geteuid() != 0)
+    SKIP("starting slurmd needs root");
+  if (access("/usr/sbin/slurmctld", X_OK) || access("/usr/sbin/slurmd", X_OK) ||
+      access("/usr/sbin/munged", X_OK) || access("/usr/bin/srun", X_OK))
+    SKIP("Slurm or munge not installed (scripts/setup.sh installs them)");
+  char p[PATH_MAX + 32];
+  snprintf(p, sizeof p, "%s/spank_cogpu.so", th_build_dir());
+  if (access(p, R_OK))
+    SKIP("spank_cogpu.so not built (needs libslurm-dev)");
+  find_root();
+}
+
+static int sh(const char *cmd, char *out, size_t outlen, int timeout_ms) {
+  static char err[OUT_MAX];
+  const char *argv[] = {"sh", "-c", cmd, NULL};
+  const char *env[] = {conf_env, NULL};
+  int rc = th_run(argv, env, out, outlen, err, sizeof err, timeout_ms);
+  if (out && outlen) {
+    size_t n = strlen(out);
+    snprintf(out + n, outlen - n, "%s", err);
+  }
+  return rc;
+}
+
+static void stop_cluster(void) {
+  if (!started)
+    return;
+  started = false;
+  char out[OUT_MAX];
+  const char *stop[] = {script(), "stop", cluster, NULL};
+  th_run(stop, NULL, out, sizeof out, out, sizeof out, th_ms(60000));
+  const char *check[] = {script(), "check", cluster, NULL};
+  if (th_run(check, NULL, out, sizeof out, out, sizeof out, th_ms(10000)))
+    th_fail(__FILE__, __LINE__, "cluster left processes behind:\n%s", out);
+}
+
+/* Start the cluster with a node of `gpumem` (also the fake GPU's size). */
+static void start_cluster(const char *gpumem) {
+  require();
+  char spank[PATH_MAX + 32], filter[PATH_MAX + 48], fakes[PATH_MAX + 16],
+      owner[32];
+  snprintf(cluster, sizeof cluster, "%s/cluster", th_tmpdir());
+  snprintf(conf_env, sizeof conf_env, "SLURM_CONF=%s/slurm.conf", cluster);
+  snprintf(spank, sizeof spank, "%s/spank_cogpu.so", th_build_dir());
+  snprintf(filter, sizeof filter, "%s/contrib/slurm/cli_filter.lua", root);
+  snprintf(fakes, sizeof fakes, "%s/tests/fakes", th_build_dir());
+  snprintf(owner, sizeof owner, "%d", (int)getpid());
+  setenv("COGPU_SPANK", spank, 1);
+  setenv("COGPU_CLI_FILTER", filter, 1);
+  setenv("COGPU_CLUSTER_OWNER", owner, 1);
+  setenv("FAKE_NVML_GPUS", gpumem, 1);
+  setenv("LD_LIBRARY_PATH", fakes, 1);
+  setenv("COGPU_MARGIN", "0", 1);
+  setenv("COGPU_CONTEXT_BYTES", "300M", 1);
+  setenv("FAKE_CUDA_CTX_BYTES", "300M", 1);
+  setenv("COGPU_LOG", "warn", 1);
+  char out[OUT_MAX];
+  const char *argv[] = {script(), "start", cluster, gpumem, NULL};
+  started = true;
+  atexit(stop_cluster);
+  if (th_run(argv, NULL, out, sizeof out, out, sizeof out, th_ms(60000)))
+    th_fail(__FILE__, __LINE__, "the cluster did not start:\n%s", out);
+}
+
+/* The job's reservation on GPU 0 as cogpu status shows it, by Slurm id. */
+static uint64_t job_reserved(const char *job_id, char *user, size_t len) {
+  cogpu_status_t *st = lt_status();
+  uint64_t got = 0;
+  for (size_t c = 0; c < st->gpus[0].nclients; c++)
+    if (!strcmp(st->gpus[0].clients[c].job_id, job_id)) {
+      got += st->gpus[0].clients[c].reserved_bytes;
+      if (user)
+        snprintf(user, len, "%s", st->gpus[0].clients[c].user);
+    }
+  cogpu_status_free(st);
+  return got;
+}
+
+/* Wait (bounded) until `cmd`'s output contains `want`; returns the output. */
+static const char *wait_output(const char *cmd, const char *want, int ms) {
+  static char out[OUT_MAX];
+  for (int i = 0; i < th_ms(ms) / 100; i++) {
+    sh(cmd, out, sizeof out, th_ms(20000));
+    if (strstr(out, want))
+      return out;
+    th_sleep_ms(100);
+  }
+  th_fail(__FILE__, __LINE__, "'%s' never showed '%s'; last:\n%s", cmd, want,
+          out);
+}
+
+static void wait_jobs_done(int ms) {
+  wait_output("squeue -h -o '%i %T' | wc -l", "0\n", ms);
+}
+
+static const char *file(const char *name) {
+  static char buf[OUT_MAX];
+  char p[PATH_MAX + 64];
+  snprintf(p, sizeof p, "%s/%s", th_tmpdir(), name);
+  FILE *f = fopen(p, "r");
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f)
+    fclose(f);
+  buf[n] = 0;
+  return buf;
+}
+
+/* What a task sees: the preload library and the job's token. */
+static void expect_under_cogpu(const char *out, const char *mem) {
+  ASSERT_CONTAINS(out, "libcogpu-preload.so");
+  ASSERT_CONTAINS(out, "COGPU_JOB_TOKEN=");
+  ASSERT_CONTAINS(out, mem);
+}
+
+/* A script printing what cogpu set in a task's environment. */
+static const char *task_env(void) {
+  static char p[PATH_MAX + 32];
+  snprintf(p, sizeof p, "%s/taskenv.sh", th_tmpdir());
+  th_write_file(p, "env | grep -E '^(LD_PRELOAD|COGPU_[A-Z_]+)='\n");
+  return p;
+}
+
+TEST_IMPL_T(slurm_gpu_mem_in_srun_sbatch_salloc, 240) {
+  start_cluster("80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  /* srun */
+  snprintf(cmd, sizeof cmd, "srun --gpu-mem=2G sh %s", task_env());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  expect_under_cogpu(out, "COGPU_MEM=2147483648");
+  /* sbatch --gpu-mem, and the job asked Slurm for the GRES. */
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/batch.out --gpu-mem=3G --wrap 'sh %s' && "
+           "scontrol show job -d | grep -o 'gres.gpumem:[^ ]*'",
+           th_tmpdir(), th_tmpdir(), task_env());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "gres:gpumem:3G");
+  wait_jobs_done(60000);
+  expect_under_cogpu(file("batch.out"), "COGPU_MEM=3221225472");
+  /* #SBATCH --gpu-mem in the script */
+  snprintf(cmd, sizeof cmd,
+           "printf '#!/bin/sh\\n#SBATCH --gpu-mem=4G\\n#SBATCH -o %s/s.out\\n"
+           "sh %s\\n' > %s/job.sh && sbatch -D %s %s/job.sh",
+           th_tmpdir(), task_env(), th_tmpdir(), th_tmpdir(), th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  wait_jobs_done(60000);
+  expect_under_cogpu(file("s.out"), "COGPU_MEM=4294967296");
+  /* salloc, with a step inside the allocation */
+  snprintf(cmd, sizeof cmd,
+           "salloc --gpu-mem=5G sh -c 'scontrol show job -d $SLURM_JOB_ID | "
+           "grep -o \"gres.gpumem:[^ ]*\"; srun sh %s'",
+           task_env());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "gres:gpumem:5G");
+  expect_under_cogpu(out, "COGPU_MEM=5368709120");
+}
+
+TEST_IMPL_T(slurm_bad_values_refused_at_submission, 240) {
+  start_cluster("80G");
+  static const struct {
+    const char *opt, *msg;
+  } bad[] = {
+      {"--gpu-mem=banana", "cogpu: invalid --gpu-mem 'banana'"},
+      {"--gpu-mem=1.5G", "cogpu: invalid --gpu-mem '1.5G'"},
+      {"--gpu-mem=0", "cogpu: --gpu-mem must be more than 0"},
+      {"--gpu-mem=81G", "more GPU memory than any node has (largest: 81920 MiB)"},
+      {"--gpu-mem=1G --gpu-priority=5000", "cogpu: invalid --gpu-priority"},
+      {"--gpu-mem=1G --gpu-wait=soon", "cogpu: invalid --gpu-wait 'soon'"},
+  };
+  static const char *const cmds[] = {"srun", "sbatch --wrap true", "salloc"};
+  char out[OUT_MAX], cmd[512];
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(bad); i++)
+    for (size_t c = 0; c < COGPU_ARRAY_SIZE(cmds); c++) {
+      snprintf(cmd, sizeof cmd, "%s %s%s", cmds[c], bad[i].opt,
+               c == 1 ? "" : " true");
+      int rc = sh(cmd, out, sizeof out, th_ms(30000));
+      if (rc == 0 || !strstr(out, bad[i].msg))
+        th_fail(__FILE__, __LINE__, "'%s' exit %d, expected refusal '%s':\n%s",
+                cmd, rc, bad[i].msg, out);
+    }
+  /* Nothing was submitted. */
+  ASSERT_EQ(sh("squeue -h; scontrol show jobs", out, sizeof out, th_ms(20000)),
+            0);
+  ASSERT_CONTAINS(out, "No jobs in the system");
+}
+
+/* Three 30G jobs on an 80G node: two run at once, the third waits in
+ * Slurm's queue; the running ones hold their reservations in cogpu. */
+TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory, 240) {
+  start_cluster("80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  for (int i = 1; i <= 3; i++) {
+    snprintf(cmd, sizeof cmd,
+             "sbatch -D %s -o %s/pack%d.out --gpu-mem=30G --wrap "
+             "'%s direct init ctx alloc:20G hold:4000'",
+             th_tmpdir(), th_tmpdir(), i, prog());
+    ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  }
+  wait_output("squeue -h -o '%i %t %r' | sort",
+              "1 R None\n2 R None\n3 PD Resources\n", 30000);
+  char user[64] = "";
+  ASSERT_UEQ(job_reserved("1", user, sizeof user), 30 * GiB);
+  ASSERT_STREQ(user, "root");
+  ASSERT_UEQ(job_reserved("2", NULL, 0), 30 * GiB);
+  ASSERT_UEQ(job_reserved("3", NULL, 0), 0);
+  /* cogpu status --json names the Slurm jobs too. */
+  ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_CONTAINS(out, "\"job_id\":\"1\"");
+  ASSERT_CONTAINS(out, "\"job_id\":\"2\"");
+  wait_jobs_done(60000);
+  for (int i = 1; i <= 3; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "pack%d.out", i);
+    const char *o = file(name);
+    if (strstr(o, "error"))
+      th_fail(__FILE__, __LINE__, "job %d failed:\n%s", i, o);
+  }
+  ASSERT_UEQ(job_reserved("3", NULL, 0), 0);
+  lt_check_invariants();
+}
+
+typedef void stats_fn(int, unsigned long long *, unsigned long long *,
+                      unsigned long long *);
+
+static unsigned long long fake_peak(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  ASSERT(lib != NULL);
+  stats_fn *stats = (stats_fn *)dlsym(lib, "fake_cuda_stats");
+  ASSERT(stats != NULL);
+  unsigned long long used, peak, ooms;
+  stats(0, &used, &peak, &ooms);
+  return peak;
+}
+
+/* A job that declared 10G and allocates more: without --gpu-wait it gets
+ * out-of-memory at once; with it, it waits until a neighbour is done. The
+ * neighbour completes untouched, and the GPU is never over-committed. */
+TEST_IMPL_T(slurm_under_declared_job_waits_or_ooms, 240) {
+  start_cluster("80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/big.out --gpu-mem=40G --wrap "
+           "'%s direct init ctx alloc:38G hold:6000'",
+           th_tmpdir(), th_tmpdir(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_output("squeue -h -o '%i %t'", "1 R", 30000);
+  while (job_reserved("1", NULL, 0) == 0)
+    th_sleep_ms(50);
+  snprintf(cmd, sizeof cmd,
+           "srun --gpu-mem=10G %s direct init ctx alloc:8G alloc:35G", prog());
+  ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "alloc: error 2"); /* CUDA_ERROR_OUT_OF_MEMORY */
+  snprintf(cmd, sizeof cmd,
+           "srun --gpu-mem=10G --gpu-wait=2m %s direct init ctx alloc:8G "
+           "alloc:35G && squeue -h -o '%%i %%t'",
+           prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(120000)), 0);
+  /* It could only grow once the 40G job had finished. */
+  if (strstr(out, "1 R"))
+    th_fail(__FILE__, __LINE__, "grew while the neighbour ran:\n%s", out);
+  wait_jobs_done(60000);
+  ASSERT(strstr(file("big.out"), "error") == NULL);
+  ASSERT_ULE(fake_peak(), 80 * GiB);
+  lt_check_invariants();
+}
+
+/* A batch job whose script runs a CUDA program itself and then in a step:
+ * both draw on the job's one reservation. */
+TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
+  start_cluster("80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/share.out --gpu-mem=8G --wrap "
+           "'%s direct init ctx alloc:4G hold:1500 && "
+           "srun %s direct init ctx alloc:6G hold:1500'",
+           th_tmpdir(), th_tmpdir(), prog(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  uint64_t peak = 0;
+  for (int i = 0; i < th_ms(60000) / 50; i++) {
+    uint64_t r = job_reserved("1", NULL, 0);
+    peak = r > peak ? r : peak;
+    sh("squeue -h | wc -l", out, sizeof out, th_ms(20000));
+    if (!strcmp(out, "0\n"))
+      break;
+  }
+  ASSERT_UEQ(peak, 8 * GiB);
+  const char *o = file("share.out");
+  if (strstr(o, "error"))
+    th_fail(__FILE__, __LINE__, "job failed:\n%s", o);
+  lt_check_invariants();
+}
+
+/* Without --gpu-mem nothing changes: no preload, no reservation, no GRES. */
+TEST_IMPL_T(slurm_jobs_without_the_option_are_unaffected, 240) {
+  start_cluster("80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  ASSERT_EQ(sh("srun sh -c 'env | grep -c -E \"^COGPU_JOB|cogpu-preload\" "
+               "|| true'",
+               out, sizeof out, th_ms(60000)),
+            0);
+  ASSERT_STREQ(out, "0\n");
+  snprintf(cmd, sizeof cmd,
+           "srun %s direct init ctx alloc:1G hold:1500 & sleep 0.8; "
+           "scontrol show job -d | grep -c gpumem; wait",
+           prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "0\n");
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+  /* --gpu-no-preload keeps the reservation but does not interpose. */
+  ASSERT_EQ(sh("srun --gpu-mem=1G --gpu-no-preload sh -c 'env | grep -c "
+               "cogpu-preload || true; cogpu status --json | "
+               "grep -c reserved_bytes.:1073741824'",
+               out, sizeof out, th_ms(60000)),
+            0);
+  ASSERT_STREQ(out, "0\n1\n");
+}
