@@ -31,4 +31,21 @@ if command -v nm >/dev/null 2>&1; then
     exit 1
   fi
 fi
+# The Slurm plug-in (built where libslurm-dev is installed) sits beside the
+# preload library, where it finds it, and exports only what Slurm looks up.
+spank="$prefix/lib/cogpu/spank_cogpu.so"
+if [ -e /usr/include/slurm/spank.h ]; then
+  test -r "$spank"
+  if command -v nm >/dev/null 2>&1; then
+    extra=$(nm -D --defined-only "$spank" | awk '{print $3}' |
+      grep -v -e '^slurm_spank_' -e '^plugin_' || true)
+    if [ -n "$extra" ]; then
+      echo "install-check: $spank exports more than Slurm's names: $extra" >&2
+      exit 1
+    fi
+  fi
+fi
+for f in cli_filter.lua plugstack.conf slurm.conf; do
+  test -r "$prefix/share/cogpu/slurm/$f"
+done
 echo "install-check: ok ($prefix)"

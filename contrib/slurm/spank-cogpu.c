@@ -35,11 +35,11 @@ SPANK_PLUGIN(cogpu, 1);
 enum { OPT_MEM = 1, OPT_PRIORITY, OPT_WAIT, OPT_NO_PRELOAD };
 
 typedef struct job_opts_s {
-  uint64_t mem;     /* per node, bytes; 0: the job did not ask */
-  long priority;    /* -1000..1000 */
-  int64_t wait_ms;  /* with wait_given; COGPU_WAIT_FOREVER for inf */
+  uint64_t mem;    /* per node, bytes; 0: the job did not ask */
+  long priority;   /* -1000..1000 */
+  int64_t wait_ms; /* with wait_given; COGPU_WAIT_FOREVER for inf */
   bool wait_given;
-  bool no_preload;  /* keep the reservation, do not interpose */
+  bool no_preload; /* keep the reservation, do not interpose */
   char preload[PATH_MAX];
 } job_opts_t;
 
@@ -157,7 +157,8 @@ static void find_preload(int ac, char **av) {
   if (dladdr((void *)find_preload, &info) && info.dli_fname) {
     snprintf(opts.preload, sizeof opts.preload, "%s", info.dli_fname);
     char *slash = strrchr(opts.preload, '/');
-    size_t room = sizeof opts.preload - (size_t)(slash ? slash - opts.preload : 0);
+    size_t room =
+        sizeof opts.preload - (size_t)(slash ? slash - opts.preload : 0);
     if (slash && room > 22)
       snprintf(slash, room, "/libcogpu-preload.so");
   }
@@ -185,15 +186,30 @@ static int joined_gpu(void) {
   return -1;
 }
 
+/* The ledger index of the n-th GPU Slurm gave the step (CUDA_VISIBLE_DEVICES
+ * of its `gpu` or `shard` GRES: indices or UUIDs); -1 if cogpu does not
+ * know it, NO_GPU past the last one. */
+#define NO_GPU (-2)
+static int slurm_gpu(const char *cvd, int n) {
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", cvd);
+  char *save = NULL, *tok = strtok_r(buf, ",", &save);
+  for (int i = 0; tok && i < n; i++)
+    tok = strtok_r(NULL, ",", &save);
+  int gpu = NO_GPU;
+  if (tok && cogpu_gpu_lookup(holder, tok, &gpu) != 0) {
+    slurm_info("cogpu: GPU '%s' from Slurm is not in the node ledger: %s", tok,
+               cogpu_last_error());
+    gpu = -1;
+  }
+  return gpu;
+}
+
 /* Join the job's reservation if an earlier step holds it on this node,
- * else take it: once per step, in slurmstepd. */
-static int hold_reservation(spank_t sp, const char *job_id) {
-  char cmd[128] = "slurm job";
-  int argc = 0;
-  char **argv = NULL;
-  if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
-      argc > 0)
-    snprintf(cmd, sizeof cmd, "%s", argv[0]);
+ * else take it (on the GPU Slurm gave the job, if it gave one): once per
+ * step, in slurmstepd. */
+static int hold_reservation(const char *job_id, const char *cmd,
+                            const char *cvd) {
   cogpu_attach_opts_t ao = {
       .priority = (int)opts.priority, .job_id = job_id, .command = cmd};
   int rc = cogpu_attach(&ao, &holder);
@@ -212,12 +228,24 @@ static int hold_reservation(spank_t sp, const char *job_id) {
                 cogpu_last_error());
     return -1;
   }
-  cogpu_request_t req = {.gpu = COGPU_GPU_AUTO,
+  int gpu = slurm_gpu(cvd, 0);
+  cogpu_request_t req = {.gpu = gpu >= 0 ? gpu : COGPU_GPU_AUTO,
                          .bytes = opts.mem,
                          .priority = COGPU_PRIORITY_DEFAULT,
                          .timeout_ms = opts.wait_given ? opts.wait_ms
                                                        : COGPU_WAIT_FOREVER};
+  /* Slurm packed the node, so this normally fits at once; say why a job
+   * that has started waits (foreign memory, jobs that grew past their
+   * declaration, GPUs given whole to other jobs). */
+  int64_t bound = req.timeout_ms;
+  req.timeout_ms = COGPU_NOWAIT;
   rc = cogpu_reserve(holder, &req, &job_gpu);
+  if (rc == -EAGAIN || rc == -EBUSY) {
+    slurm_info("cogpu: job %s: waiting for %llu MiB of GPU memory", job_id,
+               (unsigned long long)(opts.mem >> 20));
+    req.timeout_ms = bound;
+    rc = cogpu_reserve(holder, &req, &job_gpu);
+  }
   if (rc == 0)
     rc = cogpu_job_token(holder, token, sizeof token);
   if (rc) {
@@ -239,20 +267,56 @@ static void note_gpu_uuid(void) {
   }
 }
 
+/* A job that Slurm gave whole GPUs (`gpu` GRES without --gpu-mem) takes
+ * them exclusively in the ledger for the step, so that no --gpu-mem job is
+ * placed there; if cogpu jobs hold memory there, the step waits for it.
+ * Never fails the job: without the ledger it runs as it would without
+ * cogpu. */
+static void guard_whole_gpus(const char *job_id, const char *cmd,
+                             const char *cvd) {
+  cogpu_attach_opts_t ao = {.job_id = job_id, .command = cmd};
+  if (cogpu_attach(&ao, &holder) != 0) {
+    slurm_verbose("cogpu: GPUs of job %s not guarded: %s", job_id,
+                  cogpu_last_error());
+    return;
+  }
+  if (cogpu__ledger_find_job(holder, job_id, token, sizeof token) == 0)
+    return; /* an earlier step (the batch step) guards them */
+  int gpu;
+  for (int i = 0; (gpu = slurm_gpu(cvd, i)) != NO_GPU; i++) {
+    cogpu_request_t req = {.gpu = gpu,
+                           .priority = COGPU_PRIORITY_DEFAULT,
+                           .timeout_ms = COGPU_WAIT_FOREVER,
+                           .flags = COGPU_REQ_EXCLUSIVE};
+    if (gpu >= 0 && cogpu_reserve(holder, &req, NULL) != 0)
+      slurm_info("cogpu: GPU %d of job %s not guarded: %s", gpu, job_id,
+                 cogpu_last_error());
+  }
+}
+
 /* slurmstepd, once per step, as the job's user: options are known. */
 int slurm_spank_user_init(spank_t sp, int ac, char **av) {
   (void)ac;
   (void)av;
-  if (!opts.mem || holder)
-    return 0;
   uint32_t id = 0;
-  char job_id[32];
-  if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS) {
-    slurm_error("cogpu: cannot read the job id");
-    return -1;
-  }
+  char job_id[32], cmd[128] = "slurm job", cvd[256] = "";
+  int argc = 0;
+  char **argv = NULL;
+  if (holder || spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS)
+    return holder ? 0 : (slurm_error("cogpu: cannot read the job id"), -1);
   snprintf(job_id, sizeof job_id, "%u", id);
-  int rc = hold_reservation(sp, job_id);
+  if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
+      argc > 0)
+    snprintf(cmd, sizeof cmd, "%s", argv[0]);
+  if (spank_getenv(sp, "CUDA_VISIBLE_DEVICES", cvd, sizeof cvd) !=
+      ESPANK_SUCCESS)
+    cvd[0] = 0;
+  if (!opts.mem) {
+    if (cvd[0])
+      guard_whole_gpus(job_id, cmd, cvd);
+    return 0;
+  }
+  int rc = hold_reservation(job_id, cmd, cvd);
   if (rc == 0)
     note_gpu_uuid();
   return rc;
@@ -273,8 +337,7 @@ static int task_preload(spank_t sp) {
   if (opts.no_preload || !opts.preload[0])
     return 0;
   if (access(opts.preload, R_OK) != 0) {
-    slurm_error("cogpu: preload library %s: %s", opts.preload,
-                strerror(errno));
+    slurm_error("cogpu: preload library %s: %s", opts.preload, strerror(errno));
     return -1;
   }
   if (spank_getenv(sp, "LD_PRELOAD", old, sizeof old) != ESPANK_SUCCESS)

@@ -14,6 +14,9 @@ set -u
 cmd=${1:?usage: cluster.sh start|stop DIR [GPUMEM]}
 dir=${2:?usage: cluster.sh start|stop DIR [GPUMEM]}
 gpumem=${3:-80G}
+# COGPU_CLUSTER_GPUS=N: also N whole GPUs as `gpu` GRES (device files
+# /dev/null, /dev/zero: Slurm needs files, the fake GPUs have none).
+gpus=${COGPU_CLUSTER_GPUS:-0}
 here=$(cd "$(dirname "$0")" && pwd)
 PATH="$PATH:/usr/sbin"
 
@@ -110,12 +113,17 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 DefMemPerCPU=64
 PlugStackConfig=$dir/plugstack.conf
-GresTypes=gpumem
+GresTypes=gpumem$([ "$gpus" -gt 0 ] && echo ,gpu)
 ${COGPU_CLI_FILTER:+CliFilterPlugins=cli_filter/lua}
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=16 RealMemory=4096 Gres=gpumem:$gpumem State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=16 RealMemory=4096 Gres=gpumem:$gpumem$([ "$gpus" -gt 0 ] && echo ",gpu:$gpus") State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
   echo "Name=gpumem Count=$gpumem Flags=CountOnly" >"$dir/gres.conf"
+  local files="/dev/null /dev/zero" f i=0
+  for f in $files; do
+    [ $i -lt "$gpus" ] && echo "Name=gpu File=$f" >>"$dir/gres.conf"
+    i=$((i + 1))
+  done
   : >"$dir/plugstack.conf"
   [ -n "${COGPU_SPANK:-}" ] && echo "required $COGPU_SPANK" >"$dir/plugstack.conf"
   return 0

@@ -26,8 +26,8 @@
 #define MiB (1024ull * 1024)
 #define OUT_MAX 65536
 
-static char root[PATH_MAX];     /* the source tree */
-static char cluster[PATH_MAX];  /* the cluster's directory */
+static char root[PATH_MAX];    /* the source tree */
+static char cluster[PATH_MAX]; /* the cluster's directory */
 static char conf_env[PATH_MAX + 32];
 static bool started;
 
@@ -93,8 +93,9 @@ static void stop_cluster(void) {
     th_fail(__FILE__, __LINE__, "cluster left processes behind:\n%s", out);
 }
 
-/* Start the cluster with a node of `gpumem` (also the fake GPU's size). */
-static void start_cluster(const char *gpumem) {
+/* Start the cluster with a node of `gpumem` and fake GPUs `gpus`
+ * (FAKE_NVML_GPUS: sizes, comma-separated). */
+static void start_cluster_gpus(const char *gpumem, const char *gpus) {
   require();
   char spank[PATH_MAX + 32], filter[PATH_MAX + 48], fakes[PATH_MAX + 16],
       owner[32];
@@ -107,7 +108,7 @@ static void start_cluster(const char *gpumem) {
   setenv("COGPU_SPANK", spank, 1);
   setenv("COGPU_CLI_FILTER", filter, 1);
   setenv("COGPU_CLUSTER_OWNER", owner, 1);
-  setenv("FAKE_NVML_GPUS", gpumem, 1);
+  setenv("FAKE_NVML_GPUS", gpus, 1);
   setenv("LD_LIBRARY_PATH", fakes, 1);
   setenv("COGPU_MARGIN", "0", 1);
   setenv("COGPU_CONTEXT_BYTES", "300M", 1);
@@ -116,9 +117,13 @@ static void start_cluster(const char *gpumem) {
   char out[OUT_MAX];
   const char *argv[] = {script(), "start", cluster, gpumem, NULL};
   started = true;
-  atexit(stop_cluster);
+  atexit(stop_cluster); /* th_fail exits; a killed test has the watchdog */
   if (th_run(argv, NULL, out, sizeof out, out, sizeof out, th_ms(60000)))
     th_fail(__FILE__, __LINE__, "the cluster did not start:\n%s", out);
+}
+
+static void start_cluster(const char *gpumem) {
+  start_cluster_gpus(gpumem, gpumem);
 }
 
 /* The job's reservation on GPU 0 as cogpu status shows it, by Slurm id. */
@@ -211,6 +216,7 @@ TEST_IMPL_T(slurm_gpu_mem_in_srun_sbatch_salloc, 240) {
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "gres:gpumem:5G");
   expect_under_cogpu(out, "COGPU_MEM=5368709120");
+  stop_cluster(); /* tests end with _exit: no atexit */
 }
 
 TEST_IMPL_T(slurm_bad_values_refused_at_submission, 240) {
@@ -221,7 +227,8 @@ TEST_IMPL_T(slurm_bad_values_refused_at_submission, 240) {
       {"--gpu-mem=banana", "cogpu: invalid --gpu-mem 'banana'"},
       {"--gpu-mem=1.5G", "cogpu: invalid --gpu-mem '1.5G'"},
       {"--gpu-mem=0", "cogpu: --gpu-mem must be more than 0"},
-      {"--gpu-mem=81G", "more GPU memory than any node has (largest: 81920 MiB)"},
+      {"--gpu-mem=81G",
+       "more GPU memory than any node has (largest: 81920 MiB)"},
       {"--gpu-mem=1G --gpu-priority=5000", "cogpu: invalid --gpu-priority"},
       {"--gpu-mem=1G --gpu-wait=soon", "cogpu: invalid --gpu-wait 'soon'"},
   };
@@ -240,6 +247,7 @@ TEST_IMPL_T(slurm_bad_values_refused_at_submission, 240) {
   ASSERT_EQ(sh("squeue -h; scontrol show jobs", out, sizeof out, th_ms(20000)),
             0);
   ASSERT_CONTAINS(out, "No jobs in the system");
+  stop_cluster(); /* tests end with _exit: no atexit */
 }
 
 /* Three 30G jobs on an 80G node: two run at once, the third waits in
@@ -275,6 +283,7 @@ TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory, 240) {
   }
   ASSERT_UEQ(job_reserved("3", NULL, 0), 0);
   lt_check_invariants();
+  stop_cluster(); /* tests end with _exit: no atexit */
 }
 
 typedef void stats_fn(int, unsigned long long *, unsigned long long *,
@@ -320,6 +329,7 @@ TEST_IMPL_T(slurm_under_declared_job_waits_or_ooms, 240) {
   ASSERT(strstr(file("big.out"), "error") == NULL);
   ASSERT_ULE(fake_peak(), 80 * GiB);
   lt_check_invariants();
+  stop_cluster(); /* tests end with _exit: no atexit */
 }
 
 /* A batch job whose script runs a CUDA program itself and then in a step:
@@ -346,6 +356,7 @@ TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
   if (strstr(o, "error"))
     th_fail(__FILE__, __LINE__, "job failed:\n%s", o);
   lt_check_invariants();
+  stop_cluster(); /* tests end with _exit: no atexit */
 }
 
 /* Without --gpu-mem nothing changes: no preload, no reservation, no GRES. */
@@ -373,4 +384,63 @@ TEST_IMPL_T(slurm_jobs_without_the_option_are_unaffected, 240) {
                out, sizeof out, th_ms(60000)),
             0);
   ASSERT_STREQ(out, "0\n1\n");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* The task's COGPU_GPU and CUDA_VISIBLE_DEVICES, as "gpu=N cvd=X". */
+static const char *task_gpu(const char *srun_opts) {
+  static char out[OUT_MAX];
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "srun %s sh -c 'echo gpu=$COGPU_GPU cvd=$CUDA_VISIBLE_DEVICES'",
+           srun_opts);
+  if (sh(cmd, out, sizeof out, th_ms(60000)) != 0)
+    th_fail(__FILE__, __LINE__, "%s:\n%s", cmd, out);
+  return out;
+}
+
+/* A node with two GPUs that Slurm also schedules whole (`gpu` GRES): a
+ * --gpu-mem job that Slurm gave a GPU reserves on that GPU, and a GPU that
+ * Slurm gave whole to a job without --gpu-mem stays exclusive: cogpu
+ * places --gpu-mem jobs elsewhere. */
+TEST_IMPL_T(slurm_coexists_with_whole_gpu_jobs, 240) {
+  setenv("COGPU_CLUSTER_GPUS", "2", 1);
+  start_cluster_gpus("160G", "80G,80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  /* 70G on GPU 0 (auto placement picks the first of two empty GPUs). */
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o /dev/null --gpu-mem=70G --wrap "
+           "'sleep 600'",
+           th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_output("squeue -h -o '%i %t'", "1 R", 30000);
+  while (job_reserved("1", NULL, 0) != 70 * GiB)
+    th_sleep_ms(50);
+  /* Slurm gives this job GPU 0: its 5G go there, not to the emptier GPU. */
+  ASSERT_CONTAINS(task_gpu("--gres=gpu:1 --gpu-mem=5G"), "gpu=0 cvd=0\n");
+  /* A whole-GPU job without --gpu-mem (Slurm gives it GPU 0): it holds its
+   * GPU exclusively in the ledger. */
+  snprintf(cmd, sizeof cmd,
+           "scancel 1 && sbatch -D %s -o /dev/null "
+           "--gres=gpu:1 --wrap 'sleep 600'",
+           th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_output("squeue -h -o '%i %t %b'", "3 R gres:gpu:1", 30000);
+  cogpu_status_t *st = NULL;
+  for (int i = 0; i < th_ms(20000) / 50; i++) {
+    st = lt_status();
+    if (st->gpus[0].exclusive)
+      break;
+    cogpu_status_free(st);
+    st = NULL;
+    th_sleep_ms(50);
+  }
+  ASSERT(st != NULL);
+  ASSERT_STREQ(st->gpus[0].clients[0].job_id, "3");
+  cogpu_status_free(st);
+  /* A --gpu-mem job now goes to GPU 1, whatever it asks. */
+  ASSERT_CONTAINS(task_gpu("--gpu-mem=5G"), "gpu=1 cvd=GPU-");
+  ASSERT_EQ(sh("scancel 3", out, sizeof out, th_ms(20000)), 0);
+  wait_jobs_done(60000);
+  stop_cluster(); /* tests end with _exit: no atexit */
 }
