@@ -2310,3 +2310,30 @@ TEST_IMPL(cli_state_dir_refused) {
   ASSERT_CONTAINS(r->err, deep);
   ASSERT(!file_exists(tp("ran")));
 }
+
+/* The lines an admin pastes into slurm.conf and gres.conf: the node's GPU
+ * memory less the margin, in Slurm's binary units; bad flags refused. */
+TEST_IMPL(cli_slurm_conf) {
+  const char *env[] = {"FAKE_NVML_GPUS=80G,40G", "COGPU_MARGIN=1G", NULL};
+  res_t *r = COGPU_ENV(env, "slurm-conf", "--node", "gpu07");
+  EXPECT_RC(r, 0);
+  ASSERT_CONTAINS(r->out, "\nNodeName=gpu07 Gres=gpumem:118G\n");
+  ASSERT_CONTAINS(r->out,
+                  "\nNodeName=gpu07 Name=gpumem Count=118G Flags=CountOnly\n");
+  ASSERT_CONTAINS(r->out, "largest here: 79G");
+  /* Sizes that are not whole GiB are written in MiB, floored. */
+  const char *env2[] = {"FAKE_NVML_GPUS=80G", "COGPU_MARGIN=2%",
+                        "COGPU_STATE_DIR=", NULL};
+  char dir[PATH_MAX + 8];
+  snprintf(dir, sizeof dir, "COGPU_STATE_DIR=%s", tp("other"));
+  env2[2] = dir;
+  r = COGPU_ENV(env2, "slurm-conf");
+  EXPECT_RC(r, 0);
+  ASSERT_CONTAINS(r->out, "Gres=gpumem:80281M\n");
+  EXPECT_RC(COGPU("slurm-conf", "--node"), 2);
+  EXPECT_RC(COGPU("slurm-conf", "--node="), 2);
+  EXPECT_RC(COGPU("slurm-conf", "--bogus"), 2);
+  r = COGPU("slurm-conf", "extra");
+  EXPECT_RC(r, 2);
+  ASSERT_CONTAINS(r->err, "unexpected argument 'extra'");
+}
