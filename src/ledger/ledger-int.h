@@ -187,9 +187,10 @@ uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g);
 /* Can `bytes` (or exclusive use) be granted on GPU gi to slot now? */
 bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                         uint64_t bytes, bool exclusive);
-/* Grant to `slot` on GPU gi (transactional; no commit). */
+/* Grant to `slot` on GPU gi (transactional; no commit), for the process
+ * of slot `member` (the job's own slot, or one of its processes). */
 void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
-                         uint64_t bytes, bool exclusive);
+                         uint32_t member, uint64_t bytes, bool exclusive);
 /* Serve every waiter the node's policy allows now, waking each. */
 void cogpu__ledger_serve(struct cogpu_s *h);
 /* Service order of the waiting waiters (indices), per policy; returns n. */

@@ -408,6 +408,13 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
     cogpu__ledger_tx_set(h, &s->held[gpu], held - bytes);
     cogpu__ledger_tx_set(h, &g->reserved, g->reserved - bytes);
   }
+  ledger_slot_t *me = &h->st->slots[h->slot];
+  uint64_t unclaim = bytes < me->claim[gpu] ? bytes : me->claim[gpu];
+  if (s != me && unclaim) {
+    cogpu__ledger_tx_set(h, &me->claim[gpu], me->claim[gpu] - unclaim);
+    cogpu__ledger_tx_set(h, &s->lent[gpu],
+                         s->lent[gpu] > unclaim ? s->lent[gpu] - unclaim : 0);
+  }
   if (ends_excl)
     cogpu__ledger_tx_set(h, &g->excl_slot, 0);
   bool was_client = held > 0 || excl;

@@ -39,9 +39,16 @@ bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
 }
 
 void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
-                         uint64_t bytes, bool exclusive) {
+                         uint32_t member, uint64_t bytes, bool exclusive) {
   ledger_gpu_t *g = &h->st->hdr.gpus[gi];
   ledger_slot_t *s = &h->st->slots[slot];
+  if (member != slot && bytes) {
+    /* Grown for one process of the job: that process's share, not free
+     * for the job's other processes to claim. */
+    ledger_slot_t *m = &h->st->slots[member];
+    cogpu__ledger_tx_set(h, &s->lent[gi], s->lent[gi] + bytes);
+    cogpu__ledger_tx_set(h, &m->claim[gi], m->claim[gi] + bytes);
+  }
   bool was_client = s->held[gi] > 0 || g->excl_slot == slot + 1;
   if (exclusive)
     cogpu__ledger_tx_set(h, &g->excl_slot, slot + 1);
@@ -129,7 +136,8 @@ static size_t waiter_gpus(struct cogpu_s *h, const ledger_waiter_t *wt,
 static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
   ledger_waiter_t *wt = &h->st->waiters[w];
   ledger_hdr_t *hd = &h->st->hdr;
-  cogpu__ledger_grant(h, g, (uint32_t)wt->slot, wt->bytes, wt->exclusive);
+  cogpu__ledger_grant(h, g, (uint32_t)wt->slot, (uint32_t)wt->owner, wt->bytes,
+                      wt->exclusive);
   cogpu__ledger_tx_set(h, (uint64_t *)&wt->granted_gpu, g);
   cogpu__ledger_tx_set(h, &wt->state, W_GRANTED);
   cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);

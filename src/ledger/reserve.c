@@ -83,7 +83,8 @@ static int reserve_fast(cogpu_t *h, const reserve_req_t *r) {
     }
   }
   if (best >= 0) {
-    cogpu__ledger_grant(h, (uint32_t)best, h->res_slot, r->bytes, r->exclusive);
+    cogpu__ledger_grant(h, (uint32_t)best, h->res_slot, h->slot, r->bytes,
+                        r->exclusive);
     cogpu__ledger_tx_commit(h);
   }
   return best;

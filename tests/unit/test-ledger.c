@@ -408,6 +408,20 @@ TEST_IMPL(ledger_job_claims) {
   ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 0);
   ASSERT_EQ(cogpu__ledger_claim(a, 9, 1, &got), -ENODEV);
+  /* What a process grows the job by is its own, not for others to claim;
+   * what it releases leaves the job. */
+  cogpu_t *c;
+  cogpu_request_t more = req(0, 2 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(a, &more, NULL));
+  ASSERT_OK(cogpu_attach(&m, &c));
+  ASSERT_OK(cogpu__ledger_claim(c, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, 0);
+  ASSERT_UEQ(lt_reserved_by(0, "job"), 6 * GiB);
+  ASSERT_OK(cogpu_release(a, 0, 2 * GiB));
+  ASSERT_OK(cogpu__ledger_claim(c, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, 0);
+  ASSERT_UEQ(lt_reserved_by(0, "job"), 4 * GiB);
+  cogpu_detach(c);
   cogpu_detach(b);
   ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 3 * GiB);
