@@ -17,11 +17,9 @@ function cogpu_gpu_mem_to_gres(options)
   if size == nil or size == "" then
     return slurm.SUCCESS
   end
-  -- A step inside an allocation draws on the job's reservation; the job
-  -- itself asked Slurm for the memory.
-  if os.getenv("SLURM_JOB_ID") ~= nil and options["type"] == "srun" then
-    return slurm.SUCCESS
-  end
+  -- Steps inside an allocation see the job's option too and ask for the
+  -- same amount: Slurm gives a step its job's GRES on the node, and on the
+  -- node the step joins the job's one reservation.
   -- Slurm counts in binary units like cogpu (30G = 30 GiB); "B" suffixes
   -- and lower case are cogpu's spellings of the same.
   local n, unit = string.match(string.upper(size), "^%s*(%d+)%s*([KMGTP]?)I?B?%s*$")
