@@ -186,13 +186,12 @@ static int joined_gpu(void) {
   return -1;
 }
 
-/* The ledger index of the n-th GPU Slurm gave the step (CUDA_VISIBLE_DEVICES
- * of its `gpu` or `shard` GRES: indices or UUIDs); -1 if cogpu does not
- * know it, NO_GPU past the last one. */
+/* The ledger index of the n-th GPU Slurm gave the step (its `gpu` or
+ * `shard` GRES); -1 if cogpu does not know it, NO_GPU past the last one. */
 #define NO_GPU (-2)
-static int slurm_gpu(const char *cvd, int n) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", cvd);
+static int slurm_gpu(const char *gpus, int n) {
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", gpus);
   char *save = NULL, *tok = strtok_r(buf, ",", &save);
   for (int i = 0; tok && i < n; i++)
     tok = strtok_r(NULL, ",", &save);
@@ -294,12 +293,22 @@ static void guard_whole_gpus(const char *job_id, const char *cmd,
   }
 }
 
+/* The GPUs Slurm gave the step, as device indices: SLURM_STEP_GPUS (a
+ * step) or SLURM_JOB_GPUS (the batch step); empty if none. Not
+ * CUDA_VISIBLE_DEVICES: a user's own value travels with the job's
+ * environment, and under ConstrainDevices Slurm renumbers it from 0. */
+static void slurm_gpus(spank_t sp, char *buf, size_t len) {
+  if (spank_getenv(sp, "SLURM_STEP_GPUS", buf, (int)len) != ESPANK_SUCCESS &&
+      spank_getenv(sp, "SLURM_JOB_GPUS", buf, (int)len) != ESPANK_SUCCESS)
+    buf[0] = 0;
+}
+
 /* slurmstepd, once per step, as the job's user: options are known. */
 int slurm_spank_user_init(spank_t sp, int ac, char **av) {
   (void)ac;
   (void)av;
   uint32_t id = 0;
-  char job_id[32], cmd[128] = "slurm job", cvd[256] = "";
+  char job_id[32], cmd[128] = "slurm job", cvd[1024] = "";
   int argc = 0;
   char **argv = NULL;
   if (holder || spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS)
@@ -308,9 +317,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
   if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
       argc > 0)
     snprintf(cmd, sizeof cmd, "%s", argv[0]);
-  if (spank_getenv(sp, "CUDA_VISIBLE_DEVICES", cvd, sizeof cvd) !=
-      ESPANK_SUCCESS)
-    cvd[0] = 0;
+  slurm_gpus(sp, cvd, sizeof cvd);
   if (!opts.mem) {
     if (cvd[0])
       guard_whole_gpus(job_id, cmd, cvd);

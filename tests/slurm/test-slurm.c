@@ -368,6 +368,12 @@ TEST_IMPL_T(slurm_jobs_without_the_option_are_unaffected, 240) {
                out, sizeof out, th_ms(60000)),
             0);
   ASSERT_STREQ(out, "0\n");
+  /* A user's own CUDA_VISIBLE_DEVICES is not a GPU Slurm gave the job. */
+  ASSERT_EQ(sh("CUDA_VISIBLE_DEVICES=0 srun sh -c 'cogpu status --json | "
+               "grep -c .exclusive.:true || true'",
+               out, sizeof out, th_ms(60000)),
+            0);
+  ASSERT_STREQ(out, "0\n");
   snprintf(cmd, sizeof cmd,
            "srun %s direct init ctx alloc:1G hold:1500 & sleep 0.8; "
            "scontrol show job -d | grep -c gpumem; wait",
