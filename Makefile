@@ -188,7 +188,8 @@ install: lib cli preload $(SPANK) $(B)/cogpu.pc
 	install -m 0644 include/cogpu.h include/schedgpu.h $(DESTDIR)$(INCDIR)/
 	install -m 0644 $(B)/cogpu.pc $(DESTDIR)$(PCDIR)/cogpu.pc
 	install -d $(DESTDIR)$(DATADIR)/cogpu/slurm
-	install -m 0644 contrib/slurm/cli_filter.lua contrib/slurm/slurm.conf \
+	install -m 0644 contrib/slurm/cli_filter.lua contrib/slurm/job_submit.lua \
+	    contrib/slurm/slurm.conf \
 	    $(DESTDIR)$(DATADIR)/cogpu/slurm/
 	sed 's|/usr/local/lib/cogpu|$(LIBDIR)/cogpu|' contrib/slurm/plugstack.conf \
 	    > $(DESTDIR)$(DATADIR)/cogpu/slurm/plugstack.conf

@@ -45,7 +45,7 @@ if [ -e /usr/include/slurm/spank.h ]; then
     fi
   fi
 fi
-for f in cli_filter.lua plugstack.conf slurm.conf; do
+for f in cli_filter.lua job_submit.lua plugstack.conf slurm.conf; do
   test -r "$prefix/share/cogpu/slurm/$f"
 done
 echo "install-check: ok ($prefix)"

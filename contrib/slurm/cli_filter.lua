@@ -4,6 +4,7 @@ cogpu's cli_filter for Slurm (cli_filter/lua): turns the SPANK option
 slurmctld places the job on a node with SIZE of unreserved GPU memory.
 
 Install as cli_filter.lua beside slurm.conf, with CliFilterPlugins=cli_filter/lua.
+job_submit.lua does the same in slurmctld, where no client can skip it.
 A site that has its own cli_filter.lua calls cogpu_gpu_mem_to_gres(options)
 from its slurm_cli_pre_submit instead.
 
@@ -27,12 +28,16 @@ function cogpu_gpu_mem_to_gres(options)
     -- The SPANK plug-in refuses the value with its own message.
     return slurm.SUCCESS
   end
+  -- A gpumem count the user gave as well is replaced: Slurm must pack by
+  -- what cogpu reserves.
   local gres = options["gres"]
   local req = "gpumem:" .. n .. unit
-  if gres ~= nil and gres ~= "" and gres ~= "none" then
-    gres = gres .. "," .. req
-  else
+  if gres == nil or gres == "" or gres == "none" then
     gres = req
+  elseif string.find(gres, "gpumem:") then
+    gres = string.gsub(gres, "gpumem:[^,]*", req)
+  else
+    gres = gres .. "," .. req
   end
   options["gres"] = gres
   return slurm.SUCCESS

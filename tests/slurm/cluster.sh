@@ -7,7 +7,7 @@
 # DIR/env is written for callers to source (SLURM_CONF). Start-up and
 # teardown are bounded; start failing leaves nothing running.
 # Environment: COGPU_SPANK (the plug-in to load), COGPU_CLI_FILTER (a
-# cli_filter.lua to use), COGPU_CLUSTER_OWNER (a pid: when it is gone, the
+# cli_filter.lua to use), COGPU_JOB_SUBMIT (a job_submit.lua to use), COGPU_CLUSTER_OWNER (a pid: when it is gone, the
 # cluster stops itself, so a test killed outright leaves nothing behind).
 # The daemons inherit the caller's environment (fake GPU, node state).
 set -u
@@ -115,6 +115,7 @@ DefMemPerCPU=64
 PlugStackConfig=$dir/plugstack.conf
 GresTypes=gpumem$([ "$gpus" -gt 0 ] && echo ,gpu)
 ${COGPU_CLI_FILTER:+CliFilterPlugins=cli_filter/lua}
+${COGPU_JOB_SUBMIT:+JobSubmitPlugins=lua}
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=16 RealMemory=4096 Gres=gpumem:$gpumem$([ "$gpus" -gt 0 ] && echo ",gpu:$gpus") State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
@@ -156,6 +157,9 @@ start() {
   local port; port=$(free_port) || { stop; die "no free port"; }
   if [ -n "${COGPU_CLI_FILTER:-}" ]; then
     cp "$COGPU_CLI_FILTER" "$dir/cli_filter.lua" || { stop; die "no cli_filter"; }
+  fi
+  if [ -n "${COGPU_JOB_SUBMIT:-}" ]; then
+    cp "$COGPU_JOB_SUBMIT" "$dir/job_submit.lua" || { stop; die "no job_submit"; }
   fi
   write_conf "$port"
   local conf="$dir/slurm.conf"

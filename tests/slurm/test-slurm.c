@@ -30,6 +30,9 @@ static char root[PATH_MAX];    /* the source tree */
 static char cluster[PATH_MAX]; /* the cluster's directory */
 static char conf_env[PATH_MAX + 32];
 static bool started;
+/* Turn --gpu-mem into the GRES in slurmctld (job_submit.lua) rather than
+ * on the client (cli_filter.lua). */
+static bool server_side;
 
 static const char *script(void) {
   static char p[PATH_MAX + 32];
@@ -106,7 +109,12 @@ static void start_cluster_gpus(const char *gpumem, const char *gpus) {
   snprintf(fakes, sizeof fakes, "%s/tests/fakes", th_build_dir());
   snprintf(owner, sizeof owner, "%d", (int)getpid());
   setenv("COGPU_SPANK", spank, 1);
-  setenv("COGPU_CLI_FILTER", filter, 1);
+  if (server_side) {
+    snprintf(filter, sizeof filter, "%s/contrib/slurm/job_submit.lua", root);
+    setenv("COGPU_JOB_SUBMIT", filter, 1);
+  } else {
+    setenv("COGPU_CLI_FILTER", filter, 1);
+  }
   setenv("COGPU_CLUSTER_OWNER", owner, 1);
   setenv("FAKE_NVML_GPUS", gpus, 1);
   setenv("LD_LIBRARY_PATH", fakes, 1);
@@ -138,6 +146,19 @@ static uint64_t job_reserved(const char *job_id, char *user, size_t len) {
     }
   cogpu_status_free(st);
   return got;
+}
+
+/* Wait (bounded) until the job reserves `want` (its step may start a
+ * moment after Slurm shows it running). */
+static void wait_job_reserved(const char *job_id, uint64_t want, int ms) {
+  uint64_t got = 0;
+  for (int i = 0; i < th_ms(ms) / 50; i++) {
+    if ((got = job_reserved(job_id, NULL, 0)) == want)
+      return;
+    th_sleep_ms(50);
+  }
+  th_fail(__FILE__, __LINE__, "job %s reserves %llu, expected %llu", job_id,
+          (unsigned long long)got, (unsigned long long)want);
 }
 
 /* Wait (bounded) until `cmd`'s output contains `want`; returns the output. */
@@ -252,22 +273,25 @@ TEST_IMPL_T(slurm_bad_values_refused_at_submission, 240) {
 
 /* Three 30G jobs on an 80G node: two run at once, the third waits in
  * Slurm's queue; the running ones hold their reservations in cogpu. */
-TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory, 240) {
+static void packs_jobs(void) {
   start_cluster("80G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
   for (int i = 1; i <= 3; i++) {
+    /* A gpumem count given by hand is replaced by --gpu-mem's. */
     snprintf(cmd, sizeof cmd,
-             "sbatch -D %s -o %s/pack%d.out --gpu-mem=30G --wrap "
+             "sbatch -D %s -o %s/pack%d.out --gpu-mem=30G %s --wrap "
              "'%s direct init ctx alloc:20G hold:4000'",
-             th_tmpdir(), th_tmpdir(), i, prog());
+             th_tmpdir(), th_tmpdir(), i, i == 3 ? "--gres=gpumem:1G" : "",
+             prog());
     ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   }
   wait_output("squeue -h -o '%i %t %r' | sort",
               "1 R None\n2 R None\n3 PD Resources\n", 30000);
   char user[64] = "";
+  wait_job_reserved("1", 30 * GiB, 20000);
+  wait_job_reserved("2", 30 * GiB, 20000);
   ASSERT_UEQ(job_reserved("1", user, sizeof user), 30 * GiB);
   ASSERT_STREQ(user, "root");
-  ASSERT_UEQ(job_reserved("2", NULL, 0), 30 * GiB);
   ASSERT_UEQ(job_reserved("3", NULL, 0), 0);
   /* cogpu status --json names the Slurm jobs too. */
   ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(20000)), 0);
@@ -284,6 +308,16 @@ TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory, 240) {
   ASSERT_UEQ(job_reserved("3", NULL, 0), 0);
   lt_check_invariants();
   stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory, 240) {
+  packs_jobs();
+}
+
+/* The same with the GRES set in slurmctld, which no client can skip. */
+TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory_job_submit, 240) {
+  server_side = true;
+  packs_jobs();
 }
 
 typedef void stats_fn(int, unsigned long long *, unsigned long long *,
@@ -311,8 +345,7 @@ TEST_IMPL_T(slurm_under_declared_job_waits_or_ooms, 240) {
            th_tmpdir(), th_tmpdir(), prog());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   wait_output("squeue -h -o '%i %t'", "1 R", 30000);
-  while (job_reserved("1", NULL, 0) == 0)
-    th_sleep_ms(50);
+  wait_job_reserved("1", 40 * GiB, 20000);
   snprintf(cmd, sizeof cmd,
            "srun --gpu-mem=10G %s direct init ctx alloc:8G alloc:35G", prog());
   ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
@@ -420,8 +453,7 @@ TEST_IMPL_T(slurm_coexists_with_whole_gpu_jobs, 240) {
            th_tmpdir());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   wait_output("squeue -h -o '%i %t'", "1 R", 30000);
-  while (job_reserved("1", NULL, 0) != 70 * GiB)
-    th_sleep_ms(50);
+  wait_job_reserved("1", 70 * GiB, 20000);
   /* Slurm gives this job GPU 0: its 5G go there, not to the emptier GPU. */
   ASSERT_CONTAINS(task_gpu("--gres=gpu:1 --gpu-mem=5G"), "gpu=0 cvd=0\n");
   /* A whole-GPU job without --gpu-mem (Slurm gives it GPU 0): it holds its
