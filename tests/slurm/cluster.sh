@@ -130,14 +130,39 @@ CONF
   return 0
 }
 
-free_port() { # a base port with it and the next one free
-  local p
-  for p in $(shuf -i 20000-60000 -n 50); do
-    if ! ss -Htln "( sport = :$p or sport = :$((p + 1)) )" 2>/dev/null | grep -q .; then
+# A base port with it and the next one unused, below the ephemeral range
+# (where outgoing connections would take ports from under us).
+free_port() {
+  local lo p
+  lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null) || lo=32768
+  [ "$lo" -gt 12000 ] 2>/dev/null || lo=32768
+  for p in $(shuf -i 10000-$((lo - 2)) -n 50); do
+    if ! ss -Htan "( sport = :$p or sport = :$((p + 1)) )" 2>/dev/null |
+      grep -q .; then
       echo "$p"; return 0
     fi
   done
   return 1
+}
+
+# Start slurmctld and slurmd on a fresh port; 1 if either died (a port
+# taken between the check and the bind) or the node is not idle in 30 s.
+start_daemons() {
+  local conf="$dir/slurm.conf" port end
+  port=$(free_port) || return 1
+  write_conf "$port"
+  # Not exported: what carries SLURM_CONF in its environment is this
+  # cluster's (see leftovers).
+  SLURM_CONF=$conf slurmctld -D -i -f "$conf" >>"$dir/slurmctld.out" 2>&1 &
+  echo $! >"$dir/slurmctld.pid"
+  SLURM_CONF=$conf slurmd -D -N localhost -f "$conf" >>"$dir/slurmd.out" 2>&1 &
+  echo $! >"$dir/slurmd.pid"
+  end=$((SECONDS + 30))
+  until SLURM_CONF=$conf sinfo -h -N -o %T 2>/dev/null | grep -qx idle; do
+    alive "$(pid_of slurmctld)" && alive "$(pid_of slurmd)" || return 1
+    [ $SECONDS -ge $end ] && return 1
+    sleep 0.1
+  done
 }
 
 start() {
@@ -154,27 +179,26 @@ start() {
     --seed-file="$dir/munge/seed" --force >>"$dir/munged.log" 2>&1 &
   echo $! >"$dir/munged.pid"
   wait_for 10 test -S "$dir/munge.sock" || { stop; die "munged did not start"; }
-  local port; port=$(free_port) || { stop; die "no free port"; }
   if [ -n "${COGPU_CLI_FILTER:-}" ]; then
     cp "$COGPU_CLI_FILTER" "$dir/cli_filter.lua" || { stop; die "no cli_filter"; }
   fi
   if [ -n "${COGPU_JOB_SUBMIT:-}" ]; then
     cp "$COGPU_JOB_SUBMIT" "$dir/job_submit.lua" || { stop; die "no job_submit"; }
   fi
-  write_conf "$port"
-  local conf="$dir/slurm.conf"
-  echo "export SLURM_CONF=$conf" >"$dir/env"
-  # Not exported: what carries SLURM_CONF in its environment is this
-  # cluster's (see leftovers).
-  SLURM_CONF=$conf slurmctld -D -i -f "$conf" >>"$dir/slurmctld.out" 2>&1 &
-  echo $! >"$dir/slurmctld.pid"
-  SLURM_CONF=$conf slurmd -D -N localhost -f "$conf" >>"$dir/slurmd.out" 2>&1 &
-  echo $! >"$dir/slurmd.pid"
-  if ! SLURM_CONF=$conf wait_for 30 sh -c 'sinfo -h -N -o %T | grep -qx idle'; then
-    echo "--- slurmctld.log"; tail -20 "$dir/slurmctld.log"
-    echo "--- slurmd.log"; tail -20 "$dir/slurmd.log"
-    stop; die "the node did not become idle in 30 s"
-  fi >&2
+  echo "export SLURM_CONF=$dir/slurm.conf" >"$dir/env"
+  local try=1
+  until start_daemons; do
+    stop_pid slurmd
+    stop_pid slurmctld
+    if [ $try -ge 3 ]; then
+      {
+        echo "--- slurmctld.log"; tail -20 "$dir/slurmctld.log"
+        echo "--- slurmd.log"; tail -20 "$dir/slurmd.log"
+      } >&2
+      stop; die "the node did not become idle (3 tries)"
+    fi
+    try=$((try + 1))
+  done
   if [ -n "${COGPU_CLUSTER_OWNER:-}" ]; then
     setsid sh -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
                   exec "$2" stop "$3"' watchdog "$COGPU_CLUSTER_OWNER" \
