@@ -145,14 +145,27 @@ static int opt_cb(int val, const char *arg, int remote) {
   return -1;
 }
 
+/* Arguments on the plug-in's plugstack.conf line; a typo is an error, not
+ * a setting silently ignored. */
+static int parse_args(int ac, char **av) {
+  for (int i = 0; i < ac; i++) {
+    if (strncmp(av[i], "preload=", 8) == 0 && av[i][8]) {
+      snprintf(opts.preload, sizeof opts.preload, "%s", av[i] + 8);
+      continue;
+    }
+    slurm_error("cogpu: unknown argument '%s' in plugstack.conf (accepted: "
+                "preload=PATH)",
+                av[i]);
+    return -1;
+  }
+  return 0;
+}
+
 /* The preload library: `preload=PATH` in plugstack.conf, else the one
  * installed beside this plug-in. */
-static void find_preload(int ac, char **av) {
-  for (int i = 0; i < ac; i++)
-    if (strncmp(av[i], "preload=", 8) == 0) {
-      snprintf(opts.preload, sizeof opts.preload, "%s", av[i] + 8);
-      return;
-    }
+static void find_preload(void) {
+  if (opts.preload[0])
+    return;
   Dl_info info;
   if (dladdr((void *)find_preload, &info) && info.dli_fname) {
     snprintf(opts.preload, sizeof opts.preload, "%s", info.dli_fname);
@@ -170,8 +183,10 @@ int slurm_spank_init(spank_t sp, int ac, char **av) {
       slurm_error("cogpu: cannot register --%s", o->name);
       return -1;
     }
+  if (parse_args(ac, av) != 0)
+    return -1;
   if (spank_remote(sp))
-    find_preload(ac, av);
+    find_preload();
   return 0;
 }
 

@@ -268,6 +268,20 @@ TEST_IMPL_T(slurm_bad_values_refused_at_submission, 240) {
   ASSERT_EQ(sh("squeue -h; scontrol show jobs", out, sizeof out, th_ms(20000)),
             0);
   ASSERT_CONTAINS(out, "No jobs in the system");
+  /* A typo on the plug-in's plugstack.conf line is an error, not ignored
+   * (srun reads plugstack.conf itself, at each run). */
+  char conf[PATH_MAX + 32], line[PATH_MAX * 2];
+  snprintf(conf, sizeof conf, "%s/plugstack.conf", cluster);
+  snprintf(line, sizeof line, "required %s prelod=/x\n", getenv("COGPU_SPANK"));
+  th_write_file(conf, line);
+  ASSERT_NE(sh("srun --gpu-mem=1G true", out, sizeof out, th_ms(30000)), 0);
+  ASSERT_CONTAINS(out, "cogpu: unknown argument 'prelod=/x' in plugstack.conf");
+  /* A preload library that is not there fails the task, saying so. */
+  snprintf(line, sizeof line, "required %s preload=/nonexistent/lib.so\n",
+           getenv("COGPU_SPANK"));
+  th_write_file(conf, line);
+  ASSERT_NE(sh("srun --gpu-mem=1G true", out, sizeof out, th_ms(30000)), 0);
+  ASSERT_CONTAINS(out, "/nonexistent/lib.so");
   stop_cluster(); /* tests end with _exit: no atexit */
 }
 
