@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "ledger-helpers.h"
 
 static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
@@ -238,4 +239,61 @@ TEST_IMPL_T(fault_chaos_fifo, 120) {
 }
 TEST_IMPL_T(fault_chaos_priority_mmu, 120) {
   chaos("priority-mmu");
+}
+
+/* A process of a job: claims its share, grows the job, gives part back. */
+HELPER_IMPL(job_member) {
+  (void)argc;
+  cogpu_attach_opts_t o = {.join = argv[0], .command = "member"};
+  cogpu_t *h;
+  uint64_t got;
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = GiB,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = 0};
+  if (cogpu_attach(&o, &h) || cogpu__ledger_claim(h, 0, UINT64_MAX, &got) ||
+      cogpu_reserve(h, &r, NULL) || cogpu_release(h, 0, GiB / 2))
+    return 2;
+  return 0;
+}
+
+/* Wherever a job's process dies in its transactions, what it claimed of
+ * the job's reservation returns to the job: the next process claims all
+ * the job holds. */
+TEST_IMPL(fault_job_member_dies_anywhere) {
+  setenv("COGPU_MARGIN", "0", 1);
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *job;
+  ASSERT_OK(cogpu_attach(&o, &job));
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = 4 * GiB,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = 0};
+  ASSERT_OK(cogpu_reserve(job, &r, NULL));
+  char tok[32], fault[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  const char *args[] = {tok, NULL};
+  int killed = 0;
+  for (int n = 1; n <= 40; n++) {
+    snprintf(fault, sizeof fault, "tx_middle:%d", n);
+    setenv("COGPU_FAULT", fault, 1);
+    int st = th_wait(th_spawn_helper("job_member", args), th_ms(10000));
+    unsetenv("COGPU_FAULT");
+    bool died = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+    ASSERT(died || (WIFEXITED(st) && WEXITSTATUS(st) == 0));
+    killed += died;
+    cogpu_attach_opts_t m = {.join = tok, .command = "next"};
+    cogpu_t *next;
+    uint64_t held, got;
+    ASSERT_OK(cogpu_attach(&m, &next));
+    ASSERT_OK(cogpu__ledger_claim(next, 0, UINT64_MAX, &got));
+    ASSERT_OK(cogpu_held(job, 0, &held));
+    ASSERT_UEQ(got, held);
+    ASSERT_OK(cogpu_detach(next));
+    lt_check_invariants();
+    if (!died)
+      break; /* past the member's last transaction */
+  }
+  ASSERT_GT(killed, 3);
+  cogpu_detach(job);
 }
