@@ -326,8 +326,12 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
   char job_id[32], cmd[128] = "slurm job", cvd[1024] = "";
   int argc = 0;
   char **argv = NULL;
-  if (holder || spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS)
-    return holder ? 0 : (slurm_error("cogpu: cannot read the job id"), -1);
+  if (holder)
+    return 0; /* the callback ran already for this step */
+  if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS) {
+    slurm_error("cogpu: cannot read the job id");
+    return -1;
+  }
   snprintf(job_id, sizeof job_id, "%u", id);
   if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
       argc > 0)

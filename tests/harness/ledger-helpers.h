@@ -30,6 +30,9 @@ uint64_t lt_reserved_by(int g, const char *cmd);
 /* Every GPU: the clients' reservations add up to reserved_bytes, which is
  * at most the capacity. */
 void lt_check_invariants(void);
+/* Peak device memory and out-of-memory errors of GPU 0 of the fake CUDA
+ * driver (tests/fakes/cuda), across the processes sharing its state. */
+void lt_fake_cuda_stats(unsigned long long *peak, unsigned long long *ooms);
 
 /* Start a hold helper: attaches with command `name` and `prio`, reserves
  * `bytes` on `gpu` (-1 auto; bytes 0 = exclusive) waiting at most

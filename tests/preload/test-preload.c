@@ -5,7 +5,6 @@
  * through, and the headline: eight jobs that together need 2.4 GPUs all
  * complete, where without cogpu some die of out-of-memory.
  */
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <link.h>
 #include <signal.h>
@@ -279,18 +278,6 @@ TEST_IMPL(preload_unaccounted_without_ledger) {
 
 /* --- The headline ------------------------------------------------------- */
 
-typedef void stats_fn(int, unsigned long long *, unsigned long long *,
-                      unsigned long long *);
-
-static void fake_stats(unsigned long long *peak, unsigned long long *ooms) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  ASSERT(lib != NULL);
-  stats_fn *stats = (stats_fn *)dlsym(lib, "fake_cuda_stats");
-  ASSERT(stats != NULL);
-  unsigned long long used;
-  stats(0, &used, peak, ooms);
-}
-
 /* Eight jobs of ~30% of the GPU each, started together. */
 static int eight_jobs(bool with_cogpu, const char *mem, int kill_one) {
   enum { N = 8 };
@@ -344,7 +331,7 @@ static void headline(const char *policy, const char *mem, int kill_one) {
   setenv("COGPU_POLICY", policy, 1);
   ASSERT_EQ(eight_jobs(true, mem, kill_one), 0);
   unsigned long long peak, ooms;
-  fake_stats(&peak, &ooms);
+  lt_fake_cuda_stats(&peak, &ooms);
   ASSERT_EQ(ooms, 0);
   ASSERT_ULE(peak, 16 * GiB);
   lt_check_invariants();
@@ -357,7 +344,7 @@ TEST_IMPL_T(preload_headline_without_cogpu_some_fail, 120) {
   preload_env();
   ASSERT_GT(eight_jobs(false, NULL, -1), 0);
   unsigned long long peak, ooms;
-  fake_stats(&peak, &ooms);
+  lt_fake_cuda_stats(&peak, &ooms);
   ASSERT_GT(ooms, 0);
 }
 

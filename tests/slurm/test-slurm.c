@@ -10,7 +10,6 @@
  * in sanitizer builds: the plug-in is uninstrumented, and Slurm's
  * daemons must not inherit the sanitizer runtime the runner preloads.
  */
-#include <dlfcn.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -334,16 +333,9 @@ TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory_job_submit, 240) {
   packs_jobs();
 }
 
-typedef void stats_fn(int, unsigned long long *, unsigned long long *,
-                      unsigned long long *);
-
 static unsigned long long fake_peak(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  ASSERT(lib != NULL);
-  stats_fn *stats = (stats_fn *)dlsym(lib, "fake_cuda_stats");
-  ASSERT(stats != NULL);
-  unsigned long long used, peak, ooms;
-  stats(0, &used, &peak, &ooms);
+  unsigned long long peak, ooms;
+  lt_fake_cuda_stats(&peak, &ooms);
   return peak;
 }
 
