@@ -160,6 +160,12 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v,
                (v->i < 0 || v->i > 3600 * 1000)) {
       *why = "must be from 0 to 1h";
       rc = -1;
+    } else if (rc == 0 && id == COGPU_OPT_DRIVER_WAIT &&
+               (v->i < 0 || v->i > 60 * 1000)) {
+      /* A driver that still refuses is out of memory: say so in bounded time.
+       */
+      *why = "must be from 0 to 1m";
+      rc = -1;
     }
     break;
   case COGPU_OPT_TYPE_INT: {

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "preload/preload-int.h"
 #include "preload/table.h"
@@ -295,6 +296,44 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
   if (rc != CUDA_SUCCESS)
     atomic_fetch_sub(&d->used, (int64_t)bytes);
   return rc;
+}
+
+/* The ledger sees a process die when the kernel drops its file lock; the
+ * driver frees that process's memory when it tears down its device files,
+ * which may come later (a large context takes a while). In that window the
+ * driver refuses memory the ledger rightly granted: wait a little for it
+ * rather than fail the job. A GPU truly full outside cogpu's view still
+ * fails, after driver_wait. */
+bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r) {
+  if (rc != CUDA_ERROR_OUT_OF_MEMORY || !dev_get(dev))
+    return false;
+  uint64_t now = cogpu__now_ns();
+  int64_t wait_ms = pl_cfg.v[COGPU_OPT_DRIVER_WAIT].i;
+  if (r->n == 0) {
+    r->deadline_ns = now + (uint64_t)wait_ms * 1000000u;
+    if (wait_ms > 0)
+      cogpu__log(COGPU_LOG_INFO,
+                 "GPU %d: the driver refused memory cogpu granted; "
+                 "retrying for up to %lld ms",
+                 pl_devs[dev].gpu, (long long)wait_ms);
+  }
+  if (now >= r->deadline_ns) {
+    if (wait_ms > 0)
+      cogpu__log(COGPU_LOG_WARN,
+                 "GPU %d: the driver is out of memory that cogpu counts as "
+                 "free (memory used outside cogpu's view?)",
+                 pl_devs[dev].gpu);
+    return false;
+  }
+  /* 1, 2, 4 ... ms, then every 50 ms: a death is usually settled within
+   * a few milliseconds. */
+  uint64_t sleep_ms = r->n < 6 ? 1u << r->n : 50;
+  uint64_t left_ms = (r->deadline_ns - now + 999999u) / 1000000u;
+  struct timespec ts = {
+      0, (long)((sleep_ms < left_ms ? sleep_ms : left_ms) * 1000000u)};
+  r->n++;
+  nanosleep(&ts, NULL);
+  return true;
 }
 
 void cogpu__pl_uncharge(CUdevice dev, uint64_t bytes) {

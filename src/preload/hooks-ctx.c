@@ -25,7 +25,10 @@ static CUresult ctx_create(CUdevice dev, CUcontext *pctx,
     rc = cogpu__pl_charge(dev, ctx_bytes());
   if (rc != CUDA_SUCCESS)
     return rc;
-  rc = call(args);
+  pl_retry_t retry = {0};
+  do
+    rc = call(args);
+  while (cogpu__pl_retry(dev, rc, &retry));
   if (rc == CUDA_SUCCESS && pctx)
     cogpu__pl_track(PL_KIND_CTX, (uintptr_t)*pctx, dev, ctx_bytes());
   else
@@ -102,7 +105,11 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
       return rc;
     charged = true;
   }
-  CUresult rc = real(pctx, dev);
+  CUresult rc;
+  pl_retry_t retry = {0};
+  do
+    rc = real(pctx, dev);
+  while (charged && cogpu__pl_retry(dev, rc, &retry));
   bool first =
       rc == CUDA_SUCCESS && atomic_fetch_add(&primary_refs[dev], 1) == 0;
   if (charged && !first)

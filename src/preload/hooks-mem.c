@@ -12,7 +12,10 @@
     CUresult rc_ = cogpu__pl_charge((dev), (bytes));                           \
     if (rc_ != CUDA_SUCCESS)                                                   \
       return rc_;                                                              \
-    rc_ = (call);                                                              \
+    pl_retry_t retry_ = {0};                                                   \
+    do                                                                         \
+      rc_ = (call);                                                            \
+    while (cogpu__pl_retry((dev), rc_, &retry_));                              \
     if (rc_ == CUDA_SUCCESS)                                                   \
       cogpu__pl_track((kind), (uint64_t)(key_expr), (dev), (bytes));           \
     else                                                                       \
@@ -70,7 +73,10 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
   CUresult rc = cogpu__pl_charge(dev, guess);
   if (rc != CUDA_SUCCESS)
     return rc;
-  rc = real(dptr, pitch, width, height, elem);
+  pl_retry_t retry = {0};
+  do
+    rc = real(dptr, pitch, width, height, elem);
+  while (cogpu__pl_retry(dev, rc, &retry));
   if (rc != CUDA_SUCCESS) {
     cogpu__pl_uncharge(dev, guess);
     return rc;
@@ -104,7 +110,10 @@ static CUresult async_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
   CUresult rc = cogpu__pl_charge(dev, bytes);
   if (rc != CUDA_SUCCESS)
     return rc;
-  rc = call(ctx);
+  pl_retry_t retry = {0};
+  do
+    rc = call(ctx);
+  while (cogpu__pl_retry(dev, rc, &retry));
   /* The request only reserved room; the pool's footprint is the charge. */
   cogpu__pl_adjust(dev, -(int64_t)bytes);
   if (rc == CUDA_SUCCESS && dptr && pool) {

@@ -1453,6 +1453,8 @@ static const struct {
     {"CONTEXT_BYTES", "big"},
     {"GROW_STEP", "1e6"},
     {"GROW_WAIT", "maybe"},
+    {"DRIVER_WAIT", "2m"},
+    {"DRIVER_WAIT", "inf"},
     {"REPORT_TOTAL", "2"},
 };
 

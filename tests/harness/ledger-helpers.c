@@ -81,13 +81,23 @@ void lt_check_invariants(void) {
 typedef void lt_stats_fn(int, unsigned long long *, unsigned long long *,
                          unsigned long long *);
 
-void lt_fake_cuda_stats(unsigned long long *peak, unsigned long long *ooms) {
+static lt_stats_fn *fake_stats(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW);
   ASSERT(lib != NULL);
   lt_stats_fn *stats = (lt_stats_fn *)dlsym(lib, "fake_cuda_stats");
   ASSERT(stats != NULL);
+  return stats;
+}
+
+void lt_fake_cuda_stats(unsigned long long *peak, unsigned long long *ooms) {
   unsigned long long used;
-  stats(0, &used, peak, ooms);
+  fake_stats()(0, &used, peak, ooms);
+}
+
+unsigned long long lt_fake_cuda_used(void) {
+  unsigned long long used = 0, peak, ooms;
+  fake_stats()(0, &used, &peak, &ooms);
+  return used;
 }
 
 pid_t lt_hold(const char *name, int gpu, uint64_t bytes, int prio,

@@ -33,6 +33,8 @@ void lt_check_invariants(void);
 /* Peak device memory and out-of-memory errors of GPU 0 of the fake CUDA
  * driver (tests/fakes/cuda), across the processes sharing its state. */
 void lt_fake_cuda_stats(unsigned long long *peak, unsigned long long *ooms);
+/* What the fake driver has handed out on GPU 0 now. */
+unsigned long long lt_fake_cuda_used(void);
 
 /* Start a hold helper: attaches with command `name` and `prio`, reserves
  * `bytes` on `gpu` (-1 auto; bytes 0 = exclusive) waiting at most

@@ -203,6 +203,12 @@ TEST_IMPL(options_set_duration) {
   opt_bad(&cfg, COGPU_OPT_TIMEOUT, "soon");
   opt_bad(&cfg, COGPU_OPT_TIMEOUT, "-5s");
   opt_bad(&cfg, COGPU_OPT_SWEEP_INTERVAL, "1.5s");
+  ASSERT_EQ(cfg.v[COGPU_OPT_DRIVER_WAIT].i, 2000);
+  ASSERT_EQ(opt_ok(&cfg, COGPU_OPT_DRIVER_WAIT, "0")->i, 0);
+  ASSERT_EQ(opt_ok(&cfg, COGPU_OPT_DRIVER_WAIT, "1m")->i, 60000);
+  opt_bad(&cfg, COGPU_OPT_DRIVER_WAIT, "61s");
+  ASSERT_CONTAINS(cogpu_last_error(), "from 0 to 1m");
+  opt_bad(&cfg, COGPU_OPT_DRIVER_WAIT, "inf");
 }
 
 TEST_IMPL(options_set_mode) {
