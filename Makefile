@@ -51,13 +51,13 @@ LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 PRELOAD_OBJS := $(PRELOAD_SRCS:%.c=$(B)/objp/%.o) $(LIB_SRCS:%.c=$(B)/objp/%.o)
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
 # The preload library's allocation table is also linked into the tests, so
-# that the sanitizer builds check it (the library itself is uninstrumented).
+# that its unit test races threads on it directly.
 TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
 # The Slurm SPANK plug-in is built when Slurm's headers are installed
-# (libslurm-dev); like the preload library it is uninstrumented, since
-# Slurm's daemons and commands load it.
+# (libslurm-dev). It is uninstrumented in every build, since Slurm's
+# daemons and commands load it.
 SLURM_H ?= $(wildcard /usr/include/slurm/spank.h)
 SPANK_OBJS := $(B)/objs/contrib/slurm/spank-cogpu.o $(LIB_SRCS:%.c=$(B)/objs/%.o)
 SPANK := $(if $(SLURM_H),$(B)/spank_cogpu.so)
@@ -79,17 +79,18 @@ $(B)/obj/%.o: %.c
 	@echo "CC $<"
 	@$(CC) $(ALLCFLAGS) -MMD -MP -c $< -o $@
 
-# It is built without sanitizers in every build: it is loaded into
-# arbitrary, uninstrumented programs, where an instrumented library cannot
-# run (the sanitizer runtime must be the first library of a process).
+# In a sanitizer build it is instrumented too: the tests preload the
+# sanitizer runtime ahead of it into every process they start (the runtime
+# must be a process's first library), so its code is checked wherever the
+# tests run it. The default build's library loads into any program.
 $(B)/objp/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "CC $< (preload)"
-	@$(CC) $(BASEFLAGS) $(CFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
+	@$(CC) $(ALLCFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
 
 # Only the driver's entry points and dlsym leave the preload library.
 $(B)/libcogpu-preload.so: $(PRELOAD_OBJS) src/preload/preload.map
-	$(CC) $(BASEFLAGS) $(CFLAGS) -shared \
+	$(CC) $(ALLCFLAGS) -shared \
 	    -Wl,--version-script=src/preload/preload.map \
 	    -o $@ $(PRELOAD_OBJS) $(LDLIBS)
 

@@ -34,7 +34,7 @@ static pthread_once_t pl_once = PTHREAD_ONCE_INIT;
 typedef void *dlsym_ft(void *, const char *);
 static dlsym_ft *_Atomic pl_dlsym;
 
-void *cogpu__pl_real_dlsym(void *handle, const char *name) {
+PRELOAD_EARLY void *cogpu__pl_real_dlsym(void *handle, const char *name) {
   dlsym_ft *fn = atomic_load_explicit(&pl_dlsym, memory_order_acquire);
   if (!fn) {
     /* dlvsym is not overridden, so this cannot recurse. glibc 2.34 moved

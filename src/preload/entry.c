@@ -18,7 +18,7 @@
 
 /* A hooked name whose lookup returned the real driver's function gets the
  * hook. Names we do not hook never load the driver. */
-static void *entry_swap(const char *name, void *p) {
+PRELOAD_EARLY static void *entry_swap(const char *name, void *p) {
   if (!p || !name || name[0] != 'c' || name[1] != 'u' ||
       !cogpu__pl_hook_by_name(name))
     return p;
@@ -37,7 +37,7 @@ static void *entry_swap(const char *name, void *p) {
  * emulation of the caller's view would have to call into the loader while
  * sanitizer runtimes start up, when their wrappers cannot run. */
 PRELOAD_EXPORT void *dlsym(void *handle, const char *name);
-PRELOAD_EXPORT void *dlsym(void *handle, const char *name) {
+PRELOAD_EXPORT PRELOAD_EARLY void *dlsym(void *handle, const char *name) {
   return entry_swap(name, cogpu__pl_real_dlsym(handle, name));
 }
 

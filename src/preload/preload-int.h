@@ -18,6 +18,11 @@
 #include "preload/cuda-abi.h"
 
 #define PRELOAD_EXPORT __attribute__((visibility("default")))
+/* Code that sanitizer runtimes reach while they start up (they look up
+ * functions through our dlsym before their shadow memory exists): in a
+ * sanitizer build of the tests it must not be instrumented. */
+#define PRELOAD_EARLY                                                          \
+  __attribute__((no_sanitize("address", "undefined", "thread")))
 
 enum preload_fn {
 #define HOOK(n) PL_##n,

@@ -34,8 +34,8 @@ static const char *repo_root(void) {
 }
 
 /* The sanitizer runtime this test carries, if any: the jobs (programs
- * built here, under cogpu run, which appends the uninstrumented preload
- * library to LD_PRELOAD) get it preloaded first; bash, python3 and other
+ * built here, under cogpu run, which appends the preload library to
+ * LD_PRELOAD) get it preloaded first; bash, python3 and other
  * system tools do not. */
 static int runtime_of(struct dl_phdr_info *info, size_t size, void *out) {
   (void)size;

@@ -250,7 +250,7 @@ static void rm_rf(const char *path) {
  * file, the fake NVML with one 16 GiB GPU, quick housekeeping. */
 /* In a sanitizer build every test program carries the sanitizer runtime,
  * which must be initialised before any other library's code runs; cogpu
- * run adds the (uninstrumented) preload library to LD_PRELOAD. Preloading
+ * run adds the preload library, instrumented too, to LD_PRELOAD. Preloading
  * the runtime first keeps instrumented commands started under cogpu run
  * working. (Tools that cannot bear it, python3 under TSan, are run with
  * LD_PRELOAD cleared.) */

@@ -1,7 +1,7 @@
 /*
- * test-pl-table.c: the preload library's lock-free allocation table, in
- * the sanitizer builds too (the library itself is built uninstrumented, so
- * this is where its concurrency is checked).
+ * test-pl-table.c: the preload library's lock-free allocation table,
+ * driven directly by racing threads (TSan checks it here as well as inside
+ * the preload library under the preload tests).
  */
 #include <pthread.h>
 
