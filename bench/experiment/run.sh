@@ -19,6 +19,10 @@
 #   sanitizer runtime in sanitizer test runs).
 # Writes DIR/results.json, DIR/results.md, DIR/plot.png (with gnuplot),
 # DIR/jobs.tsv (raw per-job log), DIR/<scenario>/{samples.csv,jobs/*.log}.
+# Runs into the same DIR add up: a scenario run again replaces its earlier
+# result, the others are kept, and the results cover all of them. So a mix
+# can be run a few scenarios at a time. DIR must hold results of the same
+# mix (or none).
 # Exit: 0 done, 2 bad usage or missing pieces, 1 analysis failed.
 set -u
 
@@ -54,6 +58,13 @@ for s in ${scenarios//,/ }; do
 	*) echo "run.sh: unknown scenario '$s' (known: $all_scenarios)" >&2; exit 2 ;;
 	esac
 done
+if [ -n "$out" ] && [ -f "$out/meta.tsv" ]; then
+	had=$(awk -F'\t' '$1 == "mix" { print $2 }' "$out/meta.tsv")
+	if [ "$had" != "$mix" ]; then
+		echo "run.sh: $out holds results of the '$had' mix, not '$mix': pick another --out" >&2
+		exit 2
+	fi
+fi
 command -v python3 >/dev/null || { echo "run.sh: python3 is needed" >&2; exit 2; }
 command -v timeout >/dev/null || { echo "run.sh: timeout (coreutils) is needed" >&2; exit 2; }
 
@@ -162,8 +173,20 @@ commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 		printf 'gpu_total_mib\t%s\n' "$(nvidia-smi -i "$gpu" --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null)"
 	fi
 } >"$out/meta.tsv"
-: >"$out/jobs.tsv"
-: >"$out/scenarios.tsv"
+
+# The combined logs, from every scenario this folder holds, in the
+# canonical order.
+combine() {
+	: >"$out/jobs.tsv.tmp"
+	: >"$out/scenarios.tsv.tmp"
+	for s in ${all_scenarios//,/ }; do
+		[ -f "$out/$s/scenario.tsv" ] || continue
+		cat "$out/$s/scenario.tsv" >>"$out/scenarios.tsv.tmp"
+		cat "$out/$s"/jobs/*.rec >>"$out/jobs.tsv.tmp" 2>/dev/null
+	done
+	mv "$out/jobs.tsv.tmp" "$out/jobs.tsv"
+	mv "$out/scenarios.tsv.tmp" "$out/scenarios.tsv"
+}
 
 for scen in ${scenarios//,/ }; do
 	sdir=$out/$scen
@@ -216,8 +239,8 @@ for scen in ${scenarios//,/ }; do
 	kill -KILL "$spid" 2>/dev/null
 	wait "$spid" 2>/dev/null
 	children=()
-	printf '%s\t%s\t%s\n' "$scen" "$t0" "$t1" >>"$out/scenarios.tsv"
-	cat "$sdir"/jobs/*.rec >>"$out/jobs.tsv" 2>/dev/null
+	printf '%s\t%s\t%s\n' "$scen" "$t0" "$t1" >"$sdir/scenario.tsv"
+	combine
 	# Real GPU: let the driver settle between scenarios.
 	[ "$mix" = fake ] || sleep 5
 done

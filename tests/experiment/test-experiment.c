@@ -91,18 +91,26 @@ TEST_IMPL_T(experiment_fake_mix, 120) {
   char rt[PATH_MAX] = "";
   dl_iterate_phdr(runtime_of, rt);
   snprintf(preload, sizeof preload, "COGPU_EXP_PRELOAD=%s", rt);
-  const char *argv[] = {
-      "bash",        runsh,
-      "--mix",       "fake",
-      "--out",       outdir,
-      "--scenarios", "one-at-a-time,naive,cogpu-fifo,cogpu-mmu-mem",
-      NULL};
+  /* In two runs into one folder, as a GPU session with a per-command time
+   * limit would: the results cover both. */
   const char *env[] = {benv, preload, "LD_PRELOAD=", "COGPU=", NULL};
   static char out[65536], err[65536];
-  int rc = th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(100000));
-  if (rc != 0)
-    fprintf(stderr, "run.sh exit %d\n%s\n%s\n", rc, out, err);
-  ASSERT_EQ(rc, 0);
+  const char *parts[] = {"one-at-a-time,naive", "cogpu-fifo,cogpu-mmu-mem"};
+  int rc;
+  for (int i = 0; i < 2; i++) {
+    const char *argv[] = {"bash", runsh,         "--mix",  "fake", "--out",
+                          outdir, "--scenarios", parts[i], NULL};
+    rc = th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(50000));
+    if (rc != 0)
+      fprintf(stderr, "run.sh exit %d\n%s\n%s\n", rc, out, err);
+    ASSERT_EQ(rc, 0);
+  }
+  /* Another mix into the same folder is refused before anything runs. */
+  const char *other[] = {"bash",  runsh,  "--mix", "small",
+                         "--out", outdir, NULL};
+  ASSERT_EQ(th_run(other, env, out, sizeof out, err, sizeof err, th_ms(20000)),
+            2);
+  ASSERT_CONTAINS(err, "holds results of the 'fake' mix");
 
   const char *pyargv[] = {"python3", "-c", summarise, json, NULL};
   const char *pyenv[] = {"LD_PRELOAD=", NULL};
@@ -156,4 +164,40 @@ TEST_IMPL_T(experiment_fake_mix, 120) {
   snprintf(jobs, sizeof jobs, "%s/jobs.tsv", outdir);
   ASSERT(access(md, R_OK) == 0);
   ASSERT(access(jobs, R_OK) == 0);
+}
+
+/* Every mix parses (id, type, peak_mib, priority, command), names each job
+ * once, and is over-subscribed at least twice over its GPU, which is what
+ * makes naive sharing fail and memory safety matter. */
+static const char check_mixes[] =
+    "import glob,os,sys\n"
+    "bad=[]\n"
+    "files=sorted(glob.glob(os.path.join(sys.argv[1],'*.mix')))\n"
+    "for f in files:\n"
+    "  total=None; ids=set(); peaks=0\n"
+    "  for line in open(f):\n"
+    "    t=line.split()\n"
+    "    if line.startswith('# gpu_total_mib:'): total=int(t[2])\n"
+    "    if not t or t[0].startswith('#'): continue\n"
+    "    ok=len(t)>=5 and t[0] not in ids and t[2].isdigit()\n"
+    "    ok=ok and t[3].lstrip('-').isdigit()\n"
+    "    if not ok: bad.append(f+': '+line.strip()); continue\n"
+    "    ids.add(t[0]); peaks+=int(t[2])\n"
+    "  if not total or peaks<2*total: bad.append(f+': %d MiB of peaks on a '\n"
+    "      '%s MiB GPU'%(peaks,total))\n"
+    "print(len(files)); print('\\n'.join(bad))\n";
+
+TEST_IMPL(experiment_mixes_oversubscribed) {
+  if (!on_path("python3"))
+    SKIP("python3 not found");
+  char dir[PATH_MAX + 32];
+  snprintf(dir, sizeof dir, "%s/bench/experiment/mixes", repo_root());
+  const char *argv[] = {"python3", "-c", check_mixes, dir, NULL};
+  const char *env[] = {"LD_PRELOAD=", NULL};
+  static char out[16384], err[16384];
+  ASSERT_EQ(th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(20000)),
+            0);
+  int n = atoi(out);
+  ASSERT_GE(n, 4); /* fake, quick, small, large */
+  ASSERT_STREQ(strchr(out, '\n') + 1, "\n");
 }
