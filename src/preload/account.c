@@ -39,6 +39,7 @@ typedef struct pl_dev_s {
   uint64_t base;              /* part of reserved that was the job's base */
   uint64_t primary_refs;      /* primary context retains */
   _Atomic int shrink_pending; /* a free found mu taken: shrink at unlock */
+  _Atomic uint64_t graph;     /* the graph allocator's footprint, charged */
   pthread_mutex_t mu;         /* mapping, growing, shrinking */
 } pl_dev_t;
 
@@ -484,6 +485,26 @@ void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev) {
     cogpu__pl_adjust(dev, delta);
   else if (delta < 0)
     cogpu__pl_uncharge(dev, (uint64_t)-delta);
+}
+
+/* Graph allocations come from each device's graph allocator, which keeps
+ * what it took until trimmed: its footprint is what the process holds.
+ * Only devices this process already uses are read. */
+void cogpu__pl_graph_sync(void) {
+  cuDeviceGetGraphMemAttribute_ft *get = REAL(cuDeviceGetGraphMemAttribute);
+  for (int i = 0; get && i < PL_MAX_DEVS; i++) {
+    pl_dev_t *d = &pl_devs[i];
+    cuuint64_t now = 0;
+    if (atomic_load_explicit(&d->state, memory_order_acquire) !=
+            DEV_ACCOUNTED ||
+        get(i, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &now) != CUDA_SUCCESS)
+      continue;
+    int64_t delta = (int64_t)now - (int64_t)atomic_exchange(&d->graph, now);
+    if (delta > 0)
+      cogpu__pl_adjust(i, delta);
+    else if (delta < 0)
+      cogpu__pl_uncharge(i, (uint64_t)-delta);
+  }
 }
 
 /* Frees take the entry out first (a racing free of the same key cannot

@@ -102,6 +102,41 @@ typedef struct CUmemAllocationProp_st {
   } allocFlags;
 } CUmemAllocationProp;
 
+/* Pool properties and access descriptors (the test double's pools and
+ * graph allocation nodes). */
+typedef struct CUmemPoolProps_st {
+  int allocType; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+  int handleTypes;
+  CUmemLocation location; /* type CU_MEM_LOCATION_TYPE_DEVICE, id ordinal */
+  void *win32SecurityAttributes;
+  size_t maxSize; /* 0: no limit */
+  unsigned short usage;
+  unsigned char reserved[54];
+} CUmemPoolProps;
+
+typedef struct CUmemAccessDesc_st {
+  CUmemLocation location;
+  int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
+
+/* Graphs: what the preload library sees of them is the device's graph
+ * allocator (CUgraphMem_attribute), whose footprint is memory. */
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+enum {
+  CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+  CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2
+};
+
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
+  CUmemPoolProps poolProps;
+  const CUmemAccessDesc *accessDescs;
+  size_t accessDescCount;
+  size_t bytesize;
+  CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
 /* CUmemPool_attribute values used to read a pool's footprint. */
 enum {
   CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,

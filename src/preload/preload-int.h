@@ -81,6 +81,13 @@ typedef CUresult cuCtxGetDevice_ft(CUdevice *);
 typedef CUresult cuDeviceGetUuid_ft(CUuuid *, CUdevice);
 typedef CUresult cuDeviceGetMemPool_ft(CUmemoryPool *, CUdevice);
 typedef CUresult cuMemPoolGetAttribute_ft(CUmemoryPool, int, void *);
+typedef CUresult cuGraphLaunch_ft(CUgraphExec, CUstream);
+typedef CUresult cuGraphLaunch_ptsz_ft(CUgraphExec, CUstream);
+typedef CUresult cuGraphUpload_ft(CUgraphExec, CUstream);
+typedef CUresult cuGraphUpload_ptsz_ft(CUgraphExec, CUstream);
+typedef CUresult cuGraphExecDestroy_ft(CUgraphExec);
+typedef CUresult cuDeviceGraphMemTrim_ft(CUdevice);
+typedef CUresult cuDeviceGetGraphMemAttribute_ft(CUdevice, int, void *);
 
 /* The hooks, exported under the driver's names. */
 #define HOOK(n) PRELOAD_EXPORT n##_ft n;
@@ -168,6 +175,8 @@ bool cogpu__pl_report_total(CUdevice dev, uint64_t *total);
 uint64_t cogpu__pl_context_bytes(void);
 /* Stream-ordered pools: account a pool's reserved footprint. */
 void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev);
+/* Charge what the devices' graph allocators hold now. */
+void cogpu__pl_graph_sync(void);
 uint64_t cogpu__pl_pool_index(CUmemoryPool pool, CUdevice dev);
 CUmemoryPool cogpu__pl_pool_at(uint64_t index, CUdevice *dev);
 

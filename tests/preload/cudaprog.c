@@ -15,6 +15,9 @@
  *           pitch:W:H managed:SIZE async:SIZE asyncfree trim
  *           vmm:SIZE vmmfree array:W:H arrayfree mipmap:W:H:LEVELS
  *           mipmapfree info total freeunknown exporttable hold:MS
+ *           graph:SIZE (build a graph that allocates and frees SIZE on the
+ *           context's device, instantiate and launch it) graphtrim
+ *           graphdestroy
  * Exit: 0 done, 2 an allocation got CUDA_ERROR_OUT_OF_MEMORY, 3 other
  * error, 4 wrong data read back. Each action prints a line on stdout.
  */
@@ -60,6 +63,16 @@ static struct api_s {
   CUresult (*memset8)(CUdeviceptr, unsigned char, size_t);
   CUresult (*dtoh)(void *, CUdeviceptr, size_t);
   CUresult (*export_table)(const void **, const CUuuid *);
+  CUresult (*graph_create)(CUgraph *, unsigned);
+  CUresult (*graph_alloc)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                          CUDA_MEM_ALLOC_NODE_PARAMS *);
+  CUresult (*graph_free)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                         CUdeviceptr);
+  CUresult (*graph_instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+  CUresult (*graph_destroy)(CUgraph);
+  CUresult (*graph_launch)(CUgraphExec, CUstream);
+  CUresult (*graph_exec_destroy)(CUgraphExec);
+  CUresult (*graph_trim)(CUdevice);
 } api;
 
 /* The direct route links against these (the test double in tests). */
@@ -87,6 +100,14 @@ __typeof__(*((struct api_s *)0)->total) cuDeviceTotalMem_v2;
 __typeof__(*((struct api_s *)0)->memset8) cuMemsetD8_v2;
 __typeof__(*((struct api_s *)0)->dtoh) cuMemcpyDtoH_v2;
 __typeof__(*((struct api_s *)0)->export_table) cuGetExportTable;
+__typeof__(*((struct api_s *)0)->graph_create) cuGraphCreate;
+__typeof__(*((struct api_s *)0)->graph_alloc) cuGraphAddMemAllocNode;
+__typeof__(*((struct api_s *)0)->graph_free) cuGraphAddMemFreeNode;
+__typeof__(*((struct api_s *)0)->graph_instantiate) cuGraphInstantiateWithFlags;
+__typeof__(*((struct api_s *)0)->graph_destroy) cuGraphDestroy;
+__typeof__(*((struct api_s *)0)->graph_launch) cuGraphLaunch;
+__typeof__(*((struct api_s *)0)->graph_exec_destroy) cuGraphExecDestroy;
+__typeof__(*((struct api_s *)0)->graph_trim) cuDeviceGraphMemTrim;
 
 static bool use_v4;
 
@@ -140,6 +161,14 @@ static void bind_direct(void) {
   api.memset8 = cuMemsetD8_v2;
   api.dtoh = cuMemcpyDtoH_v2;
   api.export_table = cuGetExportTable;
+  api.graph_create = cuGraphCreate;
+  api.graph_alloc = cuGraphAddMemAllocNode;
+  api.graph_free = cuGraphAddMemFreeNode;
+  api.graph_instantiate = cuGraphInstantiateWithFlags;
+  api.graph_destroy = cuGraphDestroy;
+  api.graph_launch = cuGraphLaunch;
+  api.graph_exec_destroy = cuGraphExecDestroy;
+  api.graph_trim = cuDeviceGraphMemTrim;
 }
 
 static int bind(const char *route) {
@@ -196,6 +225,15 @@ static int bind(const char *route) {
   BIND(memset8, "cuMemsetD8_v2", "cuMemsetD8");
   BIND(dtoh, "cuMemcpyDtoH_v2", "cuMemcpyDtoH");
   BIND(export_table, "cuGetExportTable", "cuGetExportTable");
+  BIND(graph_create, "cuGraphCreate", "cuGraphCreate");
+  BIND(graph_alloc, "cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode");
+  BIND(graph_free, "cuGraphAddMemFreeNode", "cuGraphAddMemFreeNode");
+  BIND(graph_instantiate, "cuGraphInstantiateWithFlags",
+       "cuGraphInstantiateWithFlags");
+  BIND(graph_destroy, "cuGraphDestroy", "cuGraphDestroy");
+  BIND(graph_launch, "cuGraphLaunch", "cuGraphLaunch");
+  BIND(graph_exec_destroy, "cuGraphExecDestroy", "cuGraphExecDestroy");
+  BIND(graph_trim, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim");
   return 0;
 }
 
@@ -348,7 +386,39 @@ static int act_export_table(void) {
   return rc;
 }
 
+/* A graph that allocates SIZE on the context's device and frees it again,
+ * instantiated and launched once. */
+static CUgraphExec graph_exec;
+static int act_graph(const char *arg) {
+  CUgraph g = NULL;
+  CUgraphNode a = NULL, f = NULL;
+  CUDA_MEM_ALLOC_NODE_PARAMS p = {0};
+  p.poolProps.allocType = 1;
+  p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.poolProps.location.id = ctx_device;
+  p.bytesize = size_arg(arg);
+  int rc = result("graphcreate", api.graph_create(&g, 0));
+  if (rc == 0)
+    rc = result("graphalloc", api.graph_alloc(&a, g, NULL, 0, &p));
+  if (rc == 0)
+    rc = result("graphfree", api.graph_free(&f, g, &a, 1, p.dptr));
+  if (rc == 0)
+    rc = result("instantiate", api.graph_instantiate(&graph_exec, g, 0));
+  if (g)
+    api.graph_destroy(g);
+  if (rc == 0)
+    rc = result("graph", api.graph_launch(graph_exec, NULL));
+  return rc;
+}
+
 static int act_simple(const char *a) {
+  if (!strcmp(a, "graphtrim"))
+    return result("graphtrim", api.graph_trim(ctx_device));
+  if (!strcmp(a, "graphdestroy") && graph_exec) {
+    CUgraphExec e = graph_exec;
+    graph_exec = NULL;
+    return result("graphdestroy", api.graph_exec_destroy(e));
+  }
   if (!strcmp(a, "free") && nptrs)
     return result("free", api.free(ptrs[--nptrs]));
   if (!strcmp(a, "freeall")) {
@@ -491,6 +561,8 @@ static int act(const char *a) {
     return act_threads(arg);
   if (!strncmp(a, "fork:", 5))
     return act_fork(arg);
+  if (!strncmp(a, "graph:", 6))
+    return act_graph(arg);
   if (!strncmp(a, "hold:", 5)) {
     long ms = strtol(arg, NULL, 10);
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};

@@ -277,6 +277,58 @@ TEST_IMPL(preload_unaccounted_without_ledger) {
   ASSERT_CONTAINS(err, "not accounted");
 }
 
+/* --- Graph memory ------------------------------------------------------- */
+
+/* A graph that allocates 2G: what the device's graph allocator holds
+ * after the launch counts, until cuDeviceGraphMemTrim gives it back. */
+static void graph_accounted(const char *route) {
+  preload_env();
+  const char *argv[] = {"cogpu",     "run",       "--",        prog(),
+                        route,       "init",      "ctx",       "graph:2G",
+                        "hold:1500", "graphtrim", "hold:1500", "graphdestroy",
+                        NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s %s", prog(), route);
+  expect_job(job, 300 * MiB + 2 * GiB, 0);
+  expect_job(job, 300 * MiB, 128 * MiB);
+  ASSERT_EQ(finish(p, "out"), 0);
+  lt_check_invariants();
+}
+
+TEST_IMPL(preload_graph_memory_direct) {
+  graph_accounted("direct");
+}
+
+/* cuGetProcAddress with the per-thread default stream: cuGraphLaunch_ptsz. */
+TEST_IMPL(preload_graph_memory_runtime) {
+  graph_accounted("runtime");
+}
+
+/* A neighbour asking for memory a graph holds waits for the trim instead of
+ * being handed memory the driver does not have. */
+TEST_IMPL(preload_graph_memory_protects_neighbours) {
+  preload_env();
+  const char *a[] = {"cogpu",     "run",       "--",       prog(),
+                     "direct",    "init",      "ctx",      "graph:10G",
+                     "hold:1500", "graphtrim", "hold:300", NULL};
+  pid_t pa = spawn("a", a);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  expect_job(job, 300 * MiB + 10 * GiB, 0);
+  const char *b[] = {"cogpu", "run", "--",       prog(),    "dlsym",
+                     "init",  "ctx", "alloc:8G", "freeall", NULL};
+  pid_t pb = spawn("b", b);
+  ASSERT_EQ(finish(pb, "b"), 0);
+  ASSERT_EQ(finish(pa, "a"), 0);
+  ASSERT_CONTAINS(slurp("b"), "waiting for");
+  unsigned long long peak, ooms;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  ASSERT_ULE(peak, 16 * GiB);
+  lt_check_invariants();
+}
+
 /* --- The driver refuses what the ledger granted ------------------------- */
 
 /* A program outside cogpu takes 10G of the 16G GPU after the ledger's only

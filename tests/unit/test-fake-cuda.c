@@ -701,6 +701,69 @@ TEST_IMPL(fakecuda_pools) {
   CU_OK(F(cuStreamDestroy_v2)(s));
 }
 
+/* --- Graphs -------------------------------------------------------------- */
+
+static uint64_t graph_attr(CUdevice dev, int attr) {
+  cuuint64_t v = ~0ull;
+  CU_OK(F(cuDeviceGetGraphMemAttribute)(dev, attr, &v));
+  return v;
+}
+
+/* An executable graph allocating `bytes` on dev and freeing them (`freed`)
+ * or not. */
+static CUresult graph_of(CUdevice dev, uint64_t bytes, bool freed,
+                         CUgraphExec *exec) {
+  CUgraph g;
+  CUgraphNode a, f;
+  CUDA_MEM_ALLOC_NODE_PARAMS p = {.bytesize = bytes};
+  p.poolProps.allocType = 1;
+  p.poolProps.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, dev};
+  CU_OK(F(cuGraphCreate)(&g, 0));
+  CU_OK(F(cuGraphAddMemAllocNode)(&a, g, NULL, 0, &p));
+  ASSERT(p.dptr != 0);
+  if (freed)
+    CU_OK(F(cuGraphAddMemFreeNode)(&f, g, &a, 1, p.dptr));
+  CUresult rc = F(cuGraphInstantiateWithFlags)(exec, g, 0);
+  CU_OK(F(cuGraphDestroy)(g));
+  return rc;
+}
+
+TEST_IMPL(fakecuda_graph_memory) {
+  fc_open("16G", "64M");
+  fc_init_ctx(0);
+  uint64_t base = used(0);
+  CUgraphExec small, big, huge;
+  CU_OK(graph_of(0, 3 * GIB, true, &small));
+  CU_OK(graph_of(0, 5 * GIB, true, &big));
+  ASSERT_UEQ(used(0), base); /* nothing until a launch */
+  /* A launch grows the allocator to what the graph needs; it keeps it. */
+  CU_OK(F(cuGraphLaunch)(small, NULL));
+  ASSERT_UEQ(used(0), base + 3 * GIB);
+  CU_OK(F(cuGraphUpload_ptsz)(big, NULL));
+  ASSERT_UEQ(used(0), base + 5 * GIB);
+  CU_OK(F(cuGraphLaunch_ptsz)(small, NULL));
+  ASSERT_UEQ(used(0), base + 5 * GIB);
+  ASSERT_UEQ(graph_attr(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 5 * GIB);
+  ASSERT_UEQ(graph_attr(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 0);
+  /* Destroying a graph keeps the memory; a trim gives it back. */
+  CU_OK(F(cuGraphExecDestroy)(big));
+  ASSERT_UEQ(used(0), base + 5 * GIB);
+  CU_OK(F(cuDeviceGraphMemTrim)(0));
+  ASSERT_UEQ(used(0), base);
+  ASSERT_UEQ(graph_attr(0, 3), 5 * GIB); /* RESERVED_MEM_HIGH */
+  /* More than the GPU has: out of memory, nothing kept. */
+  CU_OK(graph_of(0, 17 * GIB, true, &huge));
+  ASSERT_EQ(F(cuGraphLaunch)(huge, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+  ASSERT_UEQ(used(0), base);
+  ASSERT_UEQ(ooms(0), 1);
+  /* Not modelled: an allocation that outlives its graph. */
+  CUgraphExec outliving;
+  ASSERT_EQ(graph_of(0, GIB, false, &outliving), CUDA_ERROR_NOT_SUPPORTED);
+  ASSERT_EQ(F(cuDeviceGraphMemTrim)(7), CUDA_ERROR_INVALID_DEVICE);
+  CU_OK(F(cuGraphExecDestroy)(small));
+  CU_OK(F(cuGraphExecDestroy)(huge));
+}
+
 /* --- VMM and arrays ------------------------------------------------------- */
 
 TEST_IMPL(fakecuda_vmm_and_arrays) {

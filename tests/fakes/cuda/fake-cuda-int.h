@@ -121,6 +121,11 @@ void fake_pool_put(CUmemoryPool pool, uint64_t bytes);
 /* Locked, in a forked child: forget the parent's pools. */
 void fake_pools_forget(void);
 
+/* --- Graphs (graph.c) ----------------------------------------------------- */
+
+/* Locked, in a forked child: the graph allocator's memory is the parent's. */
+void fake_graphs_forget(void);
+
 /* --- Shared state (state.c) ----------------------------------------------- */
 
 /* Locked. Map the state file (once per process; a forked child keeps the

@@ -469,6 +469,7 @@ static void atfork_child(void) {
   }
   memset(g_primary, 0, sizeof g_primary);
   fake_pools_forget();
+  fake_graphs_forget();
   fake_state_forget();
   tl_depth = 0;
   g_launches = 0;

@@ -27,20 +27,8 @@ typedef struct CUmod_st *fake_CUmodule;
 struct CUexecAffinityParam_st;
 struct CUctxCreateParams_st;
 
-typedef struct fake_CUmemPoolProps_st {
-  int allocType; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
-  int handleTypes;
-  CUmemLocation location; /* type CU_MEM_LOCATION_TYPE_DEVICE, id ordinal */
-  void *win32SecurityAttributes;
-  size_t maxSize; /* 0: no limit */
-  unsigned short usage;
-  unsigned char reserved[54];
-} fake_CUmemPoolProps;
-
-typedef struct fake_CUmemAccessDesc_st {
-  CUmemLocation location;
-  int flags; /* CUmemAccess_flags */
-} fake_CUmemAccessDesc;
+typedef CUmemPoolProps fake_CUmemPoolProps;
+typedef CUmemAccessDesc fake_CUmemAccessDesc;
 
 typedef struct fake_CUipcMemHandle_st {
   char reserved[64];
@@ -239,6 +227,30 @@ cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                        const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
                        unsigned int numMipmapLevels);
 FAKE_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
+
+/* Graphs with memory nodes (graph.c). Only allocations freed within their
+ * own graph are modelled. */
+FAKE_API CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+FAKE_API CUresult cuGraphDestroy(CUgraph hGraph);
+FAKE_API CUresult cuGraphAddMemAllocNode(
+    CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+    size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
+FAKE_API CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode,
+                                        CUgraph hGraph,
+                                        const CUgraphNode *dependencies,
+                                        size_t numDependencies,
+                                        CUdeviceptr dptr);
+FAKE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec,
+                                              CUgraph hGraph,
+                                              unsigned long long flags);
+FAKE_API CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream);
+FAKE_API CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+FAKE_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+FAKE_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+FAKE_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+FAKE_API CUresult cuDeviceGraphMemTrim(CUdevice device);
+FAKE_API CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr,
+                                               void *value);
 
 /* Inter-process handles: not supported by the fake. */
 FAKE_API CUresult cuIpcGetMemHandle(fake_CUipcMemHandle *pHandle,
