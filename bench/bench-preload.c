@@ -18,6 +18,9 @@
  *   alloc, free    each half of the pair alone (a second pass)
  *   mem_get_info   cuMemGetInfo_v2
  *   launch_kernel  cuLaunchKernel (a no-op in the fake driver)
+ *   launch_graph   cuGraphLaunch of a graph without memory nodes, and
+ *   launch_graph_mem  of one that allocates and frees 1 MiB: the hook
+ *                  reads each used device's graph allocator afterwards
  *   ctx_get_device cuCtxGetDevice: not hooked, but every memory hook calls
  *                  the driver's once, so it is part of what they add
  *   alloc_burst, free_burst  BENCH_BURST allocations of 1 MiB, then their
@@ -66,12 +69,20 @@ typedef struct api_s {
   CUresult (*ctx_device)(CUdevice *);
   CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                      unsigned, unsigned, unsigned, CUstream, void **, void **);
+  CUresult (*graph_create)(CUgraph *, unsigned);
+  CUresult (*graph_alloc)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                          CUDA_MEM_ALLOC_NODE_PARAMS *);
+  CUresult (*graph_free)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                         CUdeviceptr);
+  CUresult (*graph_instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+  CUresult (*graph_launch)(CUgraphExec, CUstream);
 } api_t;
 
 enum { R_DLSYM, R_DRIVER, NROUTES };
 static const char *const route_name[NROUTES] = {"dlsym", "driver"};
 static api_t apis[NROUTES];
 static CUfunction kernel;
+static CUgraphExec graph_plain, graph_mem;
 static bool preload;
 static const char *mode;
 static uint64_t clock_ns;
@@ -105,6 +116,11 @@ static void resolve(api_t *a, dlsym_ft *lookup, void *lib) {
   RESOLVE(a, function, "cuModuleGetFunction", lookup, lib);
   RESOLVE(a, ctx_device, "cuCtxGetDevice", lookup, lib);
   RESOLVE(a, launch, "cuLaunchKernel", lookup, lib);
+  RESOLVE(a, graph_create, "cuGraphCreate", lookup, lib);
+  RESOLVE(a, graph_alloc, "cuGraphAddMemAllocNode", lookup, lib);
+  RESOLVE(a, graph_free, "cuGraphAddMemFreeNode", lookup, lib);
+  RESOLVE(a, graph_instantiate, "cuGraphInstantiateWithFlags", lookup, lib);
+  RESOLVE(a, graph_launch, "cuGraphLaunch", lookup, lib);
 }
 
 /* The process's dlsym (the preload's when it is loaded) for the dlsym
@@ -142,6 +158,17 @@ static void setup(void) {
   check(a->set_current(ctx), "cuCtxSetCurrent");
   check(a->load(&mod, "fake image"), "cuModuleLoadData");
   check(a->function(&kernel, mod, "kernel"), "cuModuleGetFunction");
+  CUgraph g;
+  check(a->graph_create(&g, 0), "cuGraphCreate");
+  check(a->graph_instantiate(&graph_plain, g, 0), "cuGraphInstantiate");
+  CUgraphNode an, fn;
+  CUDA_MEM_ALLOC_NODE_PARAMS p = {.bytesize = REQ_BYTES};
+  p.poolProps.allocType = 1;
+  p.poolProps.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  check(a->graph_create(&g, 0), "cuGraphCreate");
+  check(a->graph_alloc(&an, g, NULL, 0, &p), "cuGraphAddMemAllocNode");
+  check(a->graph_free(&fn, g, &an, 1, p.dptr), "cuGraphAddMemFreeNode");
+  check(a->graph_instantiate(&graph_mem, g, 0), "cuGraphInstantiate");
 }
 
 /* --- per-call measurements ------------------------------------------------ */
@@ -160,6 +187,14 @@ static void op_info(const api_t *a) {
 static void op_launch(const api_t *a) {
   check(a->launch(kernel, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL),
         "cuLaunchKernel");
+}
+
+static void op_graph(const api_t *a) {
+  check(a->graph_launch(graph_plain, NULL), "cuGraphLaunch");
+}
+
+static void op_graph_mem(const api_t *a) {
+  check(a->graph_launch(graph_mem, NULL), "cuGraphLaunch");
 }
 
 static void op_ctx_device(const api_t *a) {
@@ -429,6 +464,8 @@ int main(void) {
   measure_halves(iters);
   measure("mem_get_info", "cuMemGetInfo_v2", op_info, iters, true);
   measure("launch_kernel", "cuLaunchKernel", op_launch, iters, true);
+  measure("launch_graph", "cuGraphLaunch", op_graph, iters, true);
+  measure("launch_graph_mem", "cuGraphLaunch", op_graph_mem, iters, true);
   /* Not hooked; the memory hooks call it once each to learn the device. */
   measure("ctx_get_device", "cuCtxGetDevice", op_ctx_device, iters, true);
   measure_burst(burst, rounds);

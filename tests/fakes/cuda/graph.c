@@ -35,9 +35,7 @@ struct CUgraphExec_st {
 };
 
 /* Each device's graph allocator (locked). */
-static struct {
-  uint64_t reserved, high;
-} g_gpool[FAKE_CUDA_MAX_GPUS];
+static struct { uint64_t reserved, high; } g_gpool[FAKE_CUDA_MAX_GPUS];
 
 void fake_graphs_forget(void) {
   memset(g_gpool, 0, sizeof g_gpool);
@@ -174,8 +172,7 @@ FAKE_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   return graph_launch(hGraphExec, hStream);
 }
 
-FAKE_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec,
-                                     CUstream hStream) {
+FAKE_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   FAKE_ENTER_INIT();
   return graph_launch(hGraphExec, hStream);
 }
@@ -185,8 +182,7 @@ FAKE_API CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
   return graph_launch(hGraphExec, hStream);
 }
 
-FAKE_API CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec,
-                                     CUstream hStream) {
+FAKE_API CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   FAKE_ENTER_INIT();
   return graph_launch(hGraphExec, hStream);
 }
