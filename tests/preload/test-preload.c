@@ -128,6 +128,30 @@ TEST_IMPL(preload_route_legacy_procaddress) {
   route_accounted("legacy");
 }
 
+/* A driver whose cuGetProcAddress hands out functions that are not its
+ * exported ones: cogpu cannot know what they are, so it passes them
+ * through, says so, and never guesses. The program runs as without cogpu. */
+TEST_IMPL(preload_route_unrecognised_entries_pass_through) {
+  preload_env();
+  setenv("FAKE_CUDA_PRIVATE_ENTRIES", "1", 1);
+  setenv("COGPU_LOG", "info", 1);
+  const char *argv[] = {"cogpu",     "run",     "--",  prog(),
+                        "runtime",   "init",    "ctx", "alloc:1G",
+                        "hold:1500", "freeall", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s runtime", prog());
+  /* The context is accounted (its entry points are recognised); the 1G
+   * is not, at any point. */
+  expect_job(job, 300 * MiB, 0);
+  th_sleep_ms(500);
+  expect_job(job, 300 * MiB, 0);
+  ASSERT_EQ(finish(p, "out"), 0);
+  ASSERT_CONTAINS(slurp("out"), "cuGetProcAddress(cuMemAlloc) gave an entry "
+                                "point cogpu does not recognise");
+  ASSERT_CONTAINS(slurp("out"), "alloc 1073741824 ok");
+}
+
 TEST_IMPL(preload_reserve_mode) {
   preload_env();
   const char *argv[] = {"cogpu",     "run",      "--mem",      "2G",

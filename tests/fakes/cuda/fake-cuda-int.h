@@ -121,6 +121,11 @@ void fake_pool_put(CUmemoryPool pool, uint64_t bytes);
 /* Locked, in a forked child: forget the parent's pools. */
 void fake_pools_forget(void);
 
+/* cuMemAlloc_v2 and cuMemFree_v2 by names an interposer cannot replace
+ * (FAKE_CUDA_PRIVATE_ENTRIES). */
+CUresult fake_private_alloc(CUdeviceptr *dptr, size_t bytesize);
+CUresult fake_private_free(CUdeviceptr dptr);
+
 /* --- Graphs (graph.c) ----------------------------------------------------- */
 
 /* Locked, in a forked child: the graph allocator's memory is the parent's. */

@@ -23,6 +23,11 @@
  *                         that exported entry point in this process return
  *                         CUDA_ERROR_UNKNOWN, with no effect; "ENTRY:N+"
  *                         the Nth and every later call; comma list.
+ *   FAKE_CUDA_PRIVATE_ENTRIES  set (to anything): cuGetProcAddress hands
+ *                         out private functions, not the exported ones, for
+ *                         cuMemAlloc_v2 and cuMemFree_v2 (read at each
+ *                         call), as a driver might: an interposer cannot
+ *                         recognise them.
  */
 #include <limits.h>
 #include <pthread.h>

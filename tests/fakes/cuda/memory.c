@@ -145,6 +145,13 @@ FAKE_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
                   false);
 }
 
+/* The same functions under hidden names: a call through them stays in the
+ * fake, where a call to the exported name would reach an interposer. */
+extern __typeof__(cuMemAlloc_v2) fake_private_alloc
+    __attribute__((alias("cuMemAlloc_v2"), visibility("hidden")));
+extern __typeof__(cuMemFree_v2) fake_private_free
+    __attribute__((alias("cuMemFree_v2"), visibility("hidden")));
+
 static CUresult host_alloc(void **pp, size_t bytesize) {
   CUdeviceptr p = 0;
   if (!pp)

@@ -10,9 +10,13 @@
  * The address returned is that of the exported symbol, looked up with
  * dlsym in this library itself, so it equals what dlsym on a dlopen'd
  * libcuda.so.1 gives, and never an interposer's (LD_PRELOAD) definition.
+ * With FAKE_CUDA_PRIVATE_ENTRIES set, cuMemAlloc_v2 and cuMemFree_v2 are
+ * handed out as private functions that do the same: a driver is free to do
+ * that, and then an interposer cannot tell what they are.
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "fake-cuda-int.h"
 
@@ -144,6 +148,26 @@ static const proc_entry_t g_procs[] = {
     {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle", 4010, false},
 };
 
+/* Functions of their own (an alias would share the exported address),
+ * calling the fake by names no interposer replaces. */
+static CUresult private_alloc(CUdeviceptr *dptr, size_t bytes) {
+  return fake_private_alloc(dptr, bytes);
+}
+
+static CUresult private_free(CUdeviceptr p) {
+  return fake_private_free(p);
+}
+
+static void *private_entry(const char *variant) {
+  if (!getenv("FAKE_CUDA_PRIVATE_ENTRIES"))
+    return NULL;
+  if (!strcmp(variant, "cuMemAlloc_v2"))
+    return (void *)private_alloc;
+  if (!strcmp(variant, "cuMemFree_v2"))
+    return (void *)private_free;
+  return NULL;
+}
+
 static void *g_self; /* this library, for dlsym */
 static pthread_once_t g_self_once = PTHREAD_ONCE_INIT;
 
@@ -195,7 +219,9 @@ static CUresult get_proc_address(const char *symbol, void **pfn,
       (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, &status);
   if (e) {
     pthread_once(&g_self_once, self_open);
-    *pfn = g_self ? dlsym(g_self, e->variant) : NULL;
+    *pfn = private_entry(e->variant);
+    if (!*pfn)
+      *pfn = g_self ? dlsym(g_self, e->variant) : NULL;
     if (!*pfn)
       status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   }
