@@ -2038,6 +2038,9 @@ TEST_IMPL(cli_doctor_healthy) {
   EXPECT_RC(r, 0);
   ASSERT_CONTAINS(r->out, "all checks passed");
   ASSERT_CONTAINS(r->out, "ok       NVML: GPU 0");
+  ASSERT_CONTAINS(r->out, "ok       CUDA driver: libcuda.so.1, CUDA 13.0");
+  ASSERT_CONTAINS(r->out, "ok       CUDA entry points: cuGetProcAddress "
+                          "gives the driver's exported functions");
   ASSERT_CONTAINS(r->out, "not created yet");
   ASSERT(!strstr(r->out, "PROBLEM"));
   EXPECT_RC(COGPU("status"), 0);
@@ -2069,6 +2072,25 @@ TEST_IMPL(cli_doctor_nvml_failure) {
   EXPECT_RC(r, 1);
   ASSERT_CONTAINS(r->out, "PROBLEM  NVML");
   ASSERT_CONTAINS(r->out, "nvmlInit");
+}
+
+/* The driver's cuGetProcAddress hands out functions the preload library
+ * cannot recognise (as a driver may): doctor names them. A driver that
+ * does not initialise is a problem too. */
+TEST_IMPL(cli_doctor_cuda_problems) {
+  res_t *r = COGPU_ENV(
+      ((const char *const[]){"FAKE_CUDA_PRIVATE_ENTRIES=1", NULL}), "doctor");
+  EXPECT_RC(r, 1);
+  ASSERT_CONTAINS(r->out, "PROBLEM  CUDA entry points: cuGetProcAddress "
+                          "gives functions cogpu does not recognise for: "
+                          "cuMemAlloc, cuMemFree\n");
+  ASSERT_CONTAINS(r->out, "1 problem(s)");
+  r = COGPU_ENV(((const char *const[]){"FAKE_CUDA_FAIL=cuInit:1", NULL}),
+                "doctor");
+  EXPECT_RC(r, 1);
+  ASSERT_CONTAINS(r->out,
+                  "PROBLEM  CUDA driver: cuInit failed with CUDA error 999");
+  ASSERT(!strstr(r->out, "CUDA entry points"));
 }
 
 TEST_IMPL(cli_doctor_corrupt_state) {
