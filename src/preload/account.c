@@ -87,6 +87,8 @@ static void pl_fork_child(void) {
     atomic_store(&pl_devs[i].state, DEV_UNKNOWN);
     atomic_store(&pl_devs[i].used, 0);
     atomic_store(&pl_devs[i].reserved, 0);
+    atomic_store(&pl_devs[i].graph, 0); /* the child's allocator is empty */
+    atomic_store(&pl_devs[i].shrink_pending, 0);
     pl_devs[i].base = pl_devs[i].primary_refs = 0;
     pthread_mutex_init(&pl_devs[i].mu, NULL);
   }
