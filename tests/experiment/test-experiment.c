@@ -201,3 +201,49 @@ TEST_IMPL(experiment_mixes_oversubscribed) {
   ASSERT_GE(n, 4); /* fake, quick, small, large */
   ASSERT_STREQ(strchr(out, '\n') + 1, "\n");
 }
+
+/* The kit's own workloads: the CUDA programs build with nvcc when it is
+ * installed (they need a GPU to run, so here they only show their usage),
+ * and the PyTorch scripts parse their arguments without torch. */
+TEST_IMPL_T(experiment_workloads_build, 240) {
+  const char *root = repo_root();
+  bool nvcc = on_path("nvcc") || access("/usr/local/cuda/bin/nvcc", X_OK) == 0;
+  const char *clean[] = {"LD_PRELOAD=", NULL};
+  static char out[65536], err[65536];
+  if (nvcc) {
+    char dir[PATH_MAX + 16], bdir[PATH_MAX + 8];
+    snprintf(dir, sizeof dir, "%s/bench/experiment", root);
+    snprintf(bdir, sizeof bdir, "B=%s", th_path("wl"));
+    const char *make[] = {"make", "-s", "-C", dir, "workloads", bdir, NULL};
+    int rc =
+        th_run(make, clean, out, sizeof out, err, sizeof err, th_ms(200000));
+    if (rc != 0)
+      fprintf(stderr, "make workloads: exit %d\n%s\n%s\n", rc, out, err);
+    ASSERT_EQ(rc, 0);
+    const char *progs[] = {"stencil", "stream", "bursty"};
+    for (int i = 0; i < 3; i++) {
+      char bin[PATH_MAX + 32];
+      snprintf(bin, sizeof bin, "%s/experiment/%s", th_path("wl"), progs[i]);
+      const char *argv[] = {bin, "--phases", "0", NULL};
+      ASSERT_EQ(
+          th_run(argv, clean, out, sizeof out, err, sizeof err, th_ms(20000)),
+          4);
+      ASSERT_CONTAINS(err, "usage:");
+    }
+  }
+  if (!on_path("python3")) {
+    if (!nvcc)
+      SKIP("neither nvcc nor python3 found");
+    return;
+  }
+  const char *scripts[] = {"resnet.py", "transformer.py"};
+  for (int i = 0; i < 2; i++) {
+    char py[PATH_MAX + 64];
+    snprintf(py, sizeof py, "%s/bench/experiment/workloads/%s", root,
+             scripts[i]);
+    const char *argv[] = {"python3", py, "--help", NULL};
+    ASSERT_EQ(
+        th_run(argv, clean, out, sizeof out, err, sizeof err, th_ms(20000)), 0);
+    ASSERT_CONTAINS(out, "--footprint-gib");
+  }
+}

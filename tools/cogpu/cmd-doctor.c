@@ -120,7 +120,8 @@ typedef struct probe_s {
 static void base_of(const char *variant, char *base, size_t len) {
   snprintf(base, len, "%s", variant);
   size_t n = strlen(base);
-  if (n > 5 && (!strcmp(base + n - 5, "_ptsz") || !strcmp(base + n - 5, "_ptds")))
+  if (n > 5 &&
+      (!strcmp(base + n - 5, "_ptsz") || !strcmp(base + n - 5, "_ptds")))
     base[n -= 5] = 0;
   char *v = strrchr(base, '_');
   if (v && v[1] == 'v' && v[2] && strspn(v + 2, "0123456789") == strlen(v + 2))
@@ -169,8 +170,8 @@ static int probe_all(const probe_t *p, int version, char *bad, size_t len) {
       known = known && (!fn || probe_known(p, base, fn));
     }
     if (!known && strlen(bad) + strlen(base) + 3 < len)
-      snprintf(bad + strlen(bad), len - strlen(bad), "%s%s",
-               bad[0] ? ", " : "", base);
+      snprintf(bad + strlen(bad), len - strlen(bad), "%s%s", bad[0] ? ", " : "",
+               base);
   }
   return asked;
 }
@@ -259,4 +260,3 @@ int cli_doctor(int argc, char **argv) {
     printf("all checks passed\n");
   return d.problems ? 1 : 0;
 }
-
