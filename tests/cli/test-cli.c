@@ -2043,6 +2043,7 @@ TEST_IMPL(cli_doctor_healthy) {
                           "gives the driver's exported functions");
   ASSERT_CONTAINS(r->out, "not created yet");
   ASSERT(!strstr(r->out, "PROBLEM"));
+  ASSERT(access(state_file(), F_OK) != 0); /* doctor only looks */
   EXPECT_RC(COGPU("status"), 0);
   r = COGPU("doctor");
   EXPECT_RC(r, 0);

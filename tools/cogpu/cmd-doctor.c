@@ -56,8 +56,11 @@ static void doctor_state(doctor_t *d, const cogpu__config_t *cfg,
     return;
   }
   if (!exists) {
+    /* A check only looks: the first cogpu user creates the state. */
     doc_ok("state", "not created yet; the first cogpu user creates it");
-  } else if (cogpu__ledger_check(cfg, why, sizeof why)) {
+    return;
+  }
+  if (cogpu__ledger_check(cfg, why, sizeof why)) {
     doc_bad(d, "state", why,
             live ? "stop the processes using it, then `cogpu reset`"
                  : "`cogpu reset` (or any cogpu user replaces it)");
