@@ -41,13 +41,24 @@ typedef struct job_opts_s {
   bool wait_given;
   bool no_preload; /* keep the reservation, do not interpose */
   char preload[PATH_MAX];
+  /* plugstack.conf whole_gpu_wait=: how long a whole-GPU job waits for
+   * --gpu-mem jobs to leave its GPUs before it runs unguarded. */
+  int64_t whole_wait_ms;
 } job_opts_t;
 
-static job_opts_t opts;
+static job_opts_t opts = {.whole_wait_ms = COGPU_WAIT_FOREVER};
 static cogpu_t *holder; /* this step's ledger handle (slurmstepd) */
 static char token[32];
 static int job_gpu = -1;
 static char job_uuid[96]; /* job_gpu's UUID, for CUDA_VISIBLE_DEVICES */
+/* What the step waited for before it started. slurmstepd's messages go
+ * to slurmd's log only, so the first task prints this on its stderr: the
+ * user's terminal, or the batch job's output. */
+static char notice[512];
+
+static double secs_since(uint64_t t0_ns) {
+  return (double)(cogpu__now_ns() - t0_ns) / 1e9;
+}
 
 static int opt_cb(int val, const char *arg, int remote);
 
@@ -153,8 +164,16 @@ static int parse_args(int ac, char **av) {
       snprintf(opts.preload, sizeof opts.preload, "%s", av[i] + 8);
       continue;
     }
+    if (strncmp(av[i], "whole_gpu_wait=", 15) == 0) {
+      if (cogpu__parse_duration_ms("whole_gpu_wait", av[i] + 15,
+                                   &opts.whole_wait_ms) != 0) {
+        slurm_error("cogpu: plugstack.conf: %s", cogpu_last_error());
+        return -1;
+      }
+      continue;
+    }
     slurm_error("cogpu: unknown argument '%s' in plugstack.conf (accepted: "
-                "preload=PATH)",
+                "preload=PATH, whole_gpu_wait=DURATION)",
                 av[i]);
     return -1;
   }
@@ -257,8 +276,12 @@ static int hold_reservation(const char *job_id, const char *cmd,
   if (rc == -EAGAIN || rc == -EBUSY) {
     slurm_info("cogpu: job %s: waiting for %llu MiB of GPU memory", job_id,
                (unsigned long long)(opts.mem >> 20));
+    uint64_t t0 = cogpu__now_ns();
     req.timeout_ms = bound;
     rc = cogpu_reserve(holder, &req, &job_gpu);
+    snprintf(notice, sizeof notice,
+             "cogpu: job %s waited %.1f s for %llu MiB of GPU memory", job_id,
+             secs_since(t0), (unsigned long long)(opts.mem >> 20));
   }
   if (rc == 0)
     rc = cogpu_job_token(holder, token, sizeof token);
@@ -283,9 +306,10 @@ static void note_gpu_uuid(void) {
 
 /* A job that Slurm gave whole GPUs (`gpu` GRES without --gpu-mem) takes
  * them exclusively in the ledger for the step, so that no --gpu-mem job is
- * placed there; if cogpu jobs hold memory there, the step waits for it.
- * Never fails the job: without the ledger it runs as it would without
- * cogpu. */
+ * placed there. If --gpu-mem jobs hold memory there, the step says so and
+ * waits for them to leave, for at most whole_gpu_wait. Never fails the
+ * job: without the ledger, or after that wait, it runs as it would
+ * without cogpu. */
 static void guard_whole_gpus(const char *job_id, const char *cmd,
                              const char *cvd) {
   cogpu_attach_opts_t ao = {.job_id = job_id, .command = cmd};
@@ -300,9 +324,24 @@ static void guard_whole_gpus(const char *job_id, const char *cmd,
   for (int i = 0; (gpu = slurm_gpu(cvd, i)) != NO_GPU; i++) {
     cogpu_request_t req = {.gpu = gpu,
                            .priority = COGPU_PRIORITY_DEFAULT,
-                           .timeout_ms = COGPU_WAIT_FOREVER,
+                           .timeout_ms = COGPU_NOWAIT,
                            .flags = COGPU_REQ_EXCLUSIVE};
-    if (gpu >= 0 && cogpu_reserve(holder, &req, NULL) != 0)
+    if (gpu < 0)
+      continue;
+    int rc = cogpu_reserve(holder, &req, NULL);
+    if (rc == -EAGAIN && opts.whole_wait_ms != 0) {
+      slurm_info("cogpu: job %s: waiting for --gpu-mem jobs to leave GPU %d",
+                 job_id, gpu);
+      uint64_t t0 = cogpu__now_ns();
+      req.timeout_ms = opts.whole_wait_ms;
+      rc = cogpu_reserve(holder, &req, NULL);
+      snprintf(notice, sizeof notice,
+               "cogpu: job %s waited %.1f s for --gpu-mem jobs to leave GPU "
+               "%d%s",
+               job_id, secs_since(t0), gpu,
+               rc ? "; it runs without exclusive use (whole_gpu_wait)" : "");
+    }
+    if (rc != 0)
       slurm_info("cogpu: GPU %d of job %s not guarded: %s", gpu, job_id,
                  cogpu_last_error());
   }
@@ -392,7 +431,11 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
   (void)ac;
   (void)av;
   char buf[32], id[32];
-  uint32_t jid = 0;
+  uint32_t jid = 0, task = 0;
+  if (notice[0] &&
+      spank_get_item(sp, S_TASK_GLOBAL_ID, &task) == ESPANK_SUCCESS &&
+      task == 0)
+    fprintf(stderr, "%s\n", notice);
   if (!opts.mem || !holder)
     return 0;
   spank_get_item(sp, S_JOB_ID, &jid);

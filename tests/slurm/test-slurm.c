@@ -488,3 +488,71 @@ TEST_IMPL_T(slurm_coexists_with_whole_gpu_jobs, 240) {
   wait_jobs_done(60000);
   stop_cluster(); /* tests end with _exit: no atexit */
 }
+
+/* A GPU that Slurm hands whole to a job while --gpu-mem jobs hold memory
+ * there (a mixed node): the job says it waits for them to leave, for at
+ * most plugstack.conf's whole_gpu_wait, then runs unguarded; without the
+ * argument it waits until they are gone. */
+TEST_IMPL_T(slurm_whole_gpu_job_waits_for_gpu_mem_jobs, 240) {
+  setenv("COGPU_CLUSTER_GPUS", "2", 1);
+  start_cluster_gpus("160G", "80G,80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2], conf[PATH_MAX + 32];
+  char line[PATH_MAX * 2];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o /dev/null --gpu-mem=70G --wrap 'sleep 600'",
+           th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_output("squeue -h -o '%i %t'", "1 R", 30000);
+  wait_job_reserved("1", 70 * GiB, 20000);
+  snprintf(conf, sizeof conf, "%s/plugstack.conf", cluster);
+  snprintf(line, sizeof line, "required %s whole_gpu_wait=soon\n",
+           getenv("COGPU_SPANK"));
+  th_write_file(conf, line);
+  ASSERT_NE(sh("srun --gres=gpu:1 true", out, sizeof out, th_ms(30000)), 0);
+  ASSERT_CONTAINS(out, "whole_gpu_wait");
+  /* Bounded: it waits 2 s, then runs anyway. */
+  snprintf(line, sizeof line, "required %s whole_gpu_wait=2s\n",
+           getenv("COGPU_SPANK"));
+  th_write_file(conf, line);
+  uint64_t t0 = cogpu__now_ns();
+  ASSERT_EQ(sh("srun --gres=gpu:1 sh -c 'echo started'", out, sizeof out,
+               th_ms(60000)),
+            0);
+  ASSERT_GE((int64_t)((cogpu__now_ns() - t0) / 1000000), 2000);
+  /* slurmstepd's own messages go to slurmd's log; the task tells the
+   * user. */
+  ASSERT_CONTAINS(out, "waited 2.0 s for --gpu-mem jobs to leave GPU 0; it "
+                       "runs without exclusive use (whole_gpu_wait)");
+  ASSERT_CONTAINS(out, "started");
+  /* Unbounded (the default): it runs once the --gpu-mem job has ended. */
+  snprintf(line, sizeof line, "required %s\n", getenv("COGPU_SPANK"));
+  th_write_file(conf, line);
+  snprintf(cmd, sizeof cmd,
+           "srun --gres=gpu:1 sh -c 'echo started2' >%s/whole.out 2>&1 &",
+           th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  char log[PATH_MAX + 64];
+  snprintf(log, sizeof log,
+           "grep -c 'waiting for --gpu-mem jobs' %s/slurmd.log", cluster);
+  wait_output(log, "2\n", 20000); /* the bounded step's line, and this one */
+  th_sleep_ms(1500);
+  ASSERT(!strstr(file("whole.out"), "started2"));
+  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(20000)), 0);
+  for (int i = 0;
+       i < th_ms(30000) / 100 && !strstr(file("whole.out"), "started2"); i++)
+    th_sleep_ms(100);
+  ASSERT_CONTAINS(file("whole.out"), "started2");
+  ASSERT_CONTAINS(file("whole.out"), "for --gpu-mem jobs to leave GPU 0\n");
+  ASSERT(!strstr(file("whole.out"), "without exclusive use"));
+  wait_jobs_done(60000);
+  /* A --gpu-mem step whose memory is held outside Slurm (here by cogpu
+   * jobs started on the node) waits for it, and says so. */
+  ASSERT_EQ(sh("cogpu run --mem 70G --gpu 0 -- sleep 3 & "
+               "cogpu run --mem 70G --gpu 1 -- sleep 3 & sleep 0.5; "
+               "srun --gpu-mem=30G sh -c 'echo ran3'; wait",
+               out, sizeof out, th_ms(60000)),
+            0);
+  ASSERT_CONTAINS(out, "for 30720 MiB of GPU memory\n");
+  ASSERT_CONTAINS(out, "ran3");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
