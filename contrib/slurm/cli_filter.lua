@@ -20,7 +20,11 @@ function cogpu_gpu_mem_to_gres(options)
   end
   -- Steps inside an allocation see the job's option too and ask for the
   -- same amount: Slurm gives a step its job's GRES on the node, and on the
-  -- node the step joins the job's one reservation.
+  -- node the step joins the job's one reservation. A step that names its
+  -- own gpumem count (or --gres=none) keeps it: `--gres=gpumem:0` lets
+  -- steps of one job run at once, sharing the job's reservation.
+  local step = options["type"] == "srun" and options["jobid"] ~= nil and
+               options["jobid"] ~= "" and options["jobid"] ~= "unset"
   -- Slurm counts in binary units like cogpu (30G = 30 GiB); "B" suffixes
   -- and lower case are cogpu's spellings of the same.
   local n, unit = string.match(string.upper(size), "^%s*(%d+)%s*([KMGTP]?)I?B?%s*$")
@@ -28,9 +32,12 @@ function cogpu_gpu_mem_to_gres(options)
     -- The SPANK plug-in refuses the value with its own message.
     return slurm.SUCCESS
   end
-  -- A gpumem count the user gave as well is replaced: Slurm must pack by
-  -- what cogpu reserves.
   local gres = options["gres"]
+  if step and gres ~= nil and (gres == "none" or string.find(gres, "gpumem:")) then
+    return slurm.SUCCESS
+  end
+  -- A gpumem count the user gave a job as well is replaced: Slurm must
+  -- pack by what cogpu reserves.
   local req = "gpumem:" .. n .. unit
   if gres == nil or gres == "" or gres == "none" then
     gres = req

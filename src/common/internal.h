@@ -156,6 +156,9 @@ int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,
  * process's share (*got, possibly 0). The share returns to the job when
  * the process detaches or dies. A process of its own job gets 0. */
 int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got);
+/* Give back up to `bytes` of this process's claim on `gpu` to its job, for
+ * the job's other processes: the job keeps the memory. */
+int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes);
 
 /* The token of a live job with this job id (one that joined no other job),
  * for a later process of the same batch-system job to join; -ESRCH if

@@ -357,6 +357,29 @@ int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
   return 0;
 }
 
+int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
+  int rc = check_handle(h);
+  if (rc == 0)
+    rc = check_gpu(h, gpu);
+  if (rc)
+    return rc;
+  cogpu__ledger_lock(h);
+  cogpu__ledger_check_job(h);
+  if (h->res_slot != h->slot) {
+    ledger_slot_t *job = &h->st->slots[h->res_slot];
+    ledger_slot_t *me = &h->st->slots[h->slot];
+    uint64_t n = bytes < me->claim[gpu] ? bytes : me->claim[gpu];
+    if (n) {
+      cogpu__ledger_tx_set(h, &me->claim[gpu], me->claim[gpu] - n);
+      cogpu__ledger_tx_set(h, &job->lent[gpu],
+                           job->lent[gpu] > n ? job->lent[gpu] - n : 0);
+      cogpu__ledger_tx_commit(h);
+    }
+  }
+  cogpu__ledger_unlock(h);
+  return 0;
+}
+
 int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
                            size_t len) {
   int rc = check_handle(h);

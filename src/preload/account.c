@@ -3,8 +3,11 @@
  * in the node ledger.
  *
  * Per CUDA device the process keeps `used` (what its allocations hold) and
- * `reserved` (what it may use: the job's base handed over by cogpu run, plus
- * what it grew itself). An allocation adds to `used`; while that stays
+ * `reserved` (what it may use). A process of a job (cogpu run, Slurm) grows
+ * first by claiming what the job holds and none of its other processes has
+ * taken (`base`), and only then by growing the job; so processes running at
+ * once share the job's reservation, and what one frees goes back to the
+ * job for the others. An allocation adds to `used`; while that stays
  * within `reserved` it costs one atomic add, no lock and no system call.
  * Beyond it the reservation grows through the ledger: in reserve mode (mem
  * set) only if memory is free now (or waiting, with grow_wait), otherwise
@@ -36,7 +39,7 @@ typedef struct pl_dev_s {
   int gpu; /* ledger index */
   _Atomic int64_t used;
   _Atomic int64_t reserved;
-  uint64_t base;              /* part of reserved that was the job's base */
+  uint64_t base;              /* part of reserved claimed from the job */
   uint64_t primary_refs;      /* primary context retains */
   _Atomic int shrink_pending; /* a free found mu taken: shrink at unlock */
   _Atomic uint64_t graph;     /* the graph allocator's footprint, charged */
@@ -163,15 +166,6 @@ static void dev_map(CUdevice dev, pl_dev_t *d) {
                  dev, text);
   }
   d->gpu = gpu;
-  /* In a job (cogpu run, Slurm), start with what the job holds here and
-   * none of its other processes has taken: the job's memory is counted
-   * once, whichever of its processes uses it. */
-  uint64_t got = 0;
-  if (gpu >= 0 && cogpu__ledger_claim(pl_h, gpu, UINT64_MAX, &got) == 0 &&
-      got) {
-    d->base = got;
-    atomic_store(&d->reserved, (int64_t)got);
-  }
   atomic_store_explicit(&d->state, gpu >= 0 ? DEV_ACCOUNTED : DEV_UNACCOUNTED,
                         memory_order_release);
 }
@@ -245,6 +239,15 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
     uint64_t want = need > step ? need : step;
     if (limit && (uint64_t)res + want > limit)
       want = need;
+    /* The job's memory first: it is counted once, whichever of its
+     * processes uses it. */
+    uint64_t got = 0;
+    if (pl_member && cogpu__ledger_claim(pl_h, d->gpu, want, &got) == 0 &&
+        got) {
+      d->base += got;
+      atomic_fetch_add(&d->reserved, (int64_t)got);
+      continue;
+    }
     int rc = dev_reserve(d, want, COGPU_NOWAIT);
     if (rc == -EAGAIN && want > need)
       rc = dev_reserve(d, want = need, timeout);
@@ -259,19 +262,29 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
   }
 }
 
-/* Give back what an on-demand reservation holds beyond one spare step (in
- * reserve mode, beyond mem); never the job's base. */
+/* Give back what a reservation holds beyond one spare step (a process of
+ * its own in reserve mode keeps mem): first what it grew the job by, to
+ * the node, then what it claimed of the job's memory, to the job. */
 static void dev_shrink(pl_dev_t *d) {
-  uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), floor = cfg_u(COGPU_OPT_MEM);
+  uint64_t step = cfg_u(COGPU_OPT_GROW_STEP);
+  uint64_t floor = pl_member ? 0 : cfg_u(COGPU_OPT_MEM);
   int64_t used = atomic_load(&d->used), res = atomic_load(&d->reserved);
   uint64_t keep = (uint64_t)(used > 0 ? used : 0) + step;
   keep = keep > floor ? keep : floor;
-  keep = keep > d->base ? keep : d->base;
   if ((uint64_t)res <= keep + step)
     return;
   uint64_t excess = (uint64_t)res - keep;
-  if (cogpu_release(pl_h, d->gpu, excess) == 0)
+  uint64_t grown = (uint64_t)res - d->base;
+  uint64_t drop = excess < grown ? excess : grown;
+  if (drop && cogpu_release(pl_h, d->gpu, drop) == 0) {
+    atomic_fetch_sub(&d->reserved, (int64_t)drop);
+    excess -= drop;
+  }
+  if (excess && excess <= d->base &&
+      cogpu__ledger_unclaim(pl_h, d->gpu, excess) == 0) {
+    d->base -= excess;
     atomic_fetch_sub(&d->reserved, (int64_t)excess);
+  }
 }
 
 /* Release d->mu, first doing a shrink that a free asked for meanwhile. */

@@ -394,6 +394,30 @@ TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
   const char *o = file("share.out");
   if (strstr(o, "error"))
     th_fail(__FILE__, __LINE__, "job failed:\n%s", o);
+  /* Steps that ask for no gpumem of their own (--gres=gpumem:0, which the
+   * cli_filter keeps) run at once, still within the job's reservation. */
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/conc.out -n2 --gpu-mem=8G --wrap '"
+           "for s in a b; do srun -n1 --exact --mem=50M --gres=gpumem:0 "
+           "sh -c \"date +%%s.%%N; %s direct init ctx alloc:3G hold:3000; "
+           "date +%%s.%%N\" >%s/step-$s.out 2>&1 & done; wait'",
+           th_tmpdir(), th_tmpdir(), prog(), th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  peak = 0;
+  for (int i = 0; i < th_ms(60000) / 50; i++) {
+    uint64_t r = job_reserved("2", NULL, 0);
+    peak = r > peak ? r : peak;
+    sh("squeue -h | wc -l", out, sizeof out, th_ms(20000));
+    if (!strcmp(out, "0\n"))
+      break;
+  }
+  ASSERT_UEQ(peak, 8 * GiB);
+  double a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+  if (sscanf(file("step-a.out"), "%lf alloc %*s ok %lf", &a0, &a1) != 2 ||
+      sscanf(file("step-b.out"), "%lf alloc %*s ok %lf", &b0, &b1) != 2)
+    th_fail(__FILE__, __LINE__, "steps:\n%s\n%s", file("step-a.out"),
+            file("step-b.out"));
+  ASSERT(a0 < b1 && b0 < a1); /* they overlapped */
   lt_check_invariants();
   stop_cluster(); /* tests end with _exit: no atexit */
 }

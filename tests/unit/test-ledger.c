@@ -408,6 +408,16 @@ TEST_IMPL(ledger_job_claims) {
   ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 0);
   ASSERT_EQ(cogpu__ledger_claim(a, 9, 1, &got), -ENODEV);
+  /* Part of a claim given back goes to the job, for its other processes,
+   * not to the node; no more than was claimed, and nothing for the job's
+   * own process. */
+  ASSERT_OK(cogpu__ledger_unclaim(b, 0, GiB));
+  ASSERT_OK(cogpu__ledger_unclaim(job, 0, GiB));
+  ASSERT_EQ(cogpu__ledger_unclaim(b, 9, 1), -ENODEV);
+  ASSERT_UEQ(lt_reserved_by(0, "job"), 4 * GiB);
+  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, GiB);
+  lt_check_invariants();
   /* What a process grows the job by is its own, not for others to claim;
    * what it releases leaves the job. */
   cogpu_t *c;
@@ -422,9 +432,12 @@ TEST_IMPL(ledger_job_claims) {
   ASSERT_UEQ(got, 0);
   ASSERT_UEQ(lt_reserved_by(0, "job"), 4 * GiB);
   cogpu_detach(c);
+  ASSERT_OK(cogpu__ledger_unclaim(b, 0, 10 * GiB)); /* all of its 2G */
+  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_UEQ(got, 2 * GiB);
   cogpu_detach(b);
   ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
-  ASSERT_UEQ(got, 3 * GiB);
+  ASSERT_UEQ(got, 0);
   cogpu_detach(a);
   const char *args[] = {tok, NULL};
   int st = th_wait(th_spawn_helper("claim_and_die", args), th_ms(5000));
