@@ -331,6 +331,10 @@ int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes) {
   return rc;
 }
 
+static uint64_t unclaimed(const ledger_slot_t *job, int gpu) {
+  return job->held[gpu] > job->lent[gpu] ? job->held[gpu] - job->lent[gpu] : 0;
+}
+
 int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
   int rc = check_handle(h);
   if (rc == 0)
@@ -339,13 +343,15 @@ int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
     return rc;
   *got = 0;
   cogpu__ledger_lock(h);
-  cogpu__ledger_sweep(h); /* members that died give their claims back */
   cogpu__ledger_check_job(h);
   if (h->res_slot != h->slot) {
     ledger_slot_t *job = &h->st->slots[h->res_slot];
     ledger_slot_t *me = &h->st->slots[h->slot];
-    uint64_t free_part =
-        job->held[gpu] > job->lent[gpu] ? job->held[gpu] - job->lent[gpu] : 0;
+    uint64_t free_part = unclaimed(job, gpu);
+    /* Members that died give their claims back; the sweep costs a probe
+     * per client, so only when the job is short. */
+    if (free_part < want && cogpu__ledger_sweep(h))
+      free_part = unclaimed(job, gpu);
     *got = want < free_part ? want : free_part;
     if (*got) {
       cogpu__ledger_tx_set(h, &job->lent[gpu], job->lent[gpu] + *got);
