@@ -156,6 +156,9 @@ int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,
  * process's share (*got, possibly 0). The share returns to the job when
  * the process detaches or dies. A process of its own job gets 0. */
 int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got);
+/* What this process's job holds on `gpu` that none of its processes has
+ * claimed (0 for a process of its own), read without the lock. */
+uint64_t cogpu__ledger_job_spare(cogpu_t *h, int gpu);
 /* Give back up to `bytes` of this process's claim on `gpu` to its job, for
  * the job's other processes: the job keeps the memory. */
 int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes);

@@ -255,6 +255,15 @@ int cogpu__ledger_room(struct cogpu_s *h, int gpu, uint64_t *capacity,
   return 0;
 }
 
+uint64_t cogpu__ledger_job_spare(struct cogpu_s *h, int gpu) {
+  if (check_handle(h) || check_gpu(h, gpu) || h->res_slot == h->slot)
+    return 0;
+  const ledger_slot_t *job = &h->st->slots[h->res_slot];
+  uint64_t held = __atomic_load_n(&job->held[gpu], __ATOMIC_RELAXED);
+  uint64_t lent = __atomic_load_n(&job->lent[gpu], __ATOMIC_RELAXED);
+  return held > lent ? held - lent : 0;
+}
+
 int cogpu_job_token(cogpu_t *h, char *buf, size_t len) {
   int rc = check_handle(h);
   if (rc)

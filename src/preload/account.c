@@ -441,6 +441,11 @@ bool cogpu__pl_meminfo(CUdevice dev, uint64_t *free_b, uint64_t *total_b,
   if (share) {
     *total_b = share;
     fr = share > u ? share - u : 0;
+    /* The job's other processes use part of a shared reservation. */
+    uint64_t mine = (res > used ? (uint64_t)(res - used) : 0) +
+                    cogpu__ledger_job_spare(pl_h, d->gpu);
+    if (pl_member && !limit && mine < fr)
+      fr = mine;
   } else {
     uint64_t cap = 0, gfree = 0;
     cogpu__ledger_room(pl_h, d->gpu, &cap, &gfree);

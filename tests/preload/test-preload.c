@@ -603,6 +603,27 @@ TEST_IMPL(preload_job_concurrent_members) {
   ASSERT_UEQ(concurrent_peak("512M"), 2 * GiB + 88 * MiB);
 }
 
+/* A program of a job reports as free what it may still use of the job's
+ * reservation: what it holds spare, and what no other program of the job
+ * has taken. */
+TEST_IMPL(preload_job_meminfo_shared) {
+  preload_env();
+  char script[9000];
+  snprintf(script, sizeof script,
+           "%s direct init ctx alloc:1G hold:1500 & "
+           "sleep 0.5; %s direct init ctx info; wait",
+           prog(), prog());
+  const char *argv[] = {"cogpu", "run", "--mem", "2G", "--",
+                        "sh",    "-c",  script,  NULL};
+  ASSERT_EQ(finish(spawn("out", argv), "out"), 0);
+  /* 2G less the first's 1G + 300M and the second's own 300M context. */
+  char want[96];
+  snprintf(want, sizeof want, "free=%llu total=%llu",
+           (unsigned long long)(2 * GiB - GiB - 600 * MiB),
+           (unsigned long long)(2 * GiB));
+  ASSERT_CONTAINS(slurp("out"), want);
+}
+
 TEST_IMPL(preload_fork_child_attaches_to_job) {
   preload_env();
   const char *argv[] = {"cogpu",   "run",      "--",  prog(),
