@@ -344,52 +344,61 @@ static uint64_t unclaimed(const ledger_slot_t *job, int gpu) {
   return job->held[gpu] > job->lent[gpu] ? job->held[gpu] - job->lent[gpu] : 0;
 }
 
-int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
+/* Checks the handle and GPU, then takes the lock with the job re-checked
+ * (the caller unlocks). */
+static int claims_lock(cogpu_t *h, int gpu) {
   int rc = check_handle(h);
   if (rc == 0)
     rc = check_gpu(h, gpu);
   if (rc)
     return rc;
-  *got = 0;
   cogpu__ledger_lock(h);
   cogpu__ledger_check_job(h);
+  return 0;
+}
+
+/* Moves n bytes on gpu between the job's unclaimed part and this
+ * process's claim (n < 0: back to the job), in one transaction. */
+static void claim_move(struct cogpu_s *h, int gpu, int64_t n) {
+  ledger_slot_t *job = &h->st->slots[h->res_slot];
+  ledger_slot_t *me = &h->st->slots[h->slot];
+  uint64_t lent = job->lent[gpu], back = n < 0 ? (uint64_t)-n : 0;
+  cogpu__ledger_tx_set(h, &job->lent[gpu],
+                       back ? (lent > back ? lent - back : 0)
+                            : lent + (uint64_t)n);
+  cogpu__ledger_tx_set(h, &me->claim[gpu], me->claim[gpu] + (uint64_t)n);
+  cogpu__ledger_tx_commit(h);
+}
+
+int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
+  int rc = claims_lock(h, gpu);
+  if (rc)
+    return rc;
+  *got = 0;
   if (h->res_slot != h->slot) {
-    ledger_slot_t *job = &h->st->slots[h->res_slot];
-    ledger_slot_t *me = &h->st->slots[h->slot];
+    const ledger_slot_t *job = &h->st->slots[h->res_slot];
     uint64_t free_part = unclaimed(job, gpu);
     /* Members that died give their claims back; the sweep costs a probe
      * per client, so only when the job is short. */
     if (free_part < want && cogpu__ledger_sweep(h))
       free_part = unclaimed(job, gpu);
     *got = want < free_part ? want : free_part;
-    if (*got) {
-      cogpu__ledger_tx_set(h, &job->lent[gpu], job->lent[gpu] + *got);
-      cogpu__ledger_tx_set(h, &me->claim[gpu], me->claim[gpu] + *got);
-      cogpu__ledger_tx_commit(h);
-    }
+    if (*got)
+      claim_move(h, gpu, (int64_t)*got);
   }
   cogpu__ledger_unlock(h);
   return 0;
 }
 
 int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
-  int rc = check_handle(h);
-  if (rc == 0)
-    rc = check_gpu(h, gpu);
+  int rc = claims_lock(h, gpu);
   if (rc)
     return rc;
-  cogpu__ledger_lock(h);
-  cogpu__ledger_check_job(h);
   if (h->res_slot != h->slot) {
-    ledger_slot_t *job = &h->st->slots[h->res_slot];
-    ledger_slot_t *me = &h->st->slots[h->slot];
-    uint64_t n = bytes < me->claim[gpu] ? bytes : me->claim[gpu];
-    if (n) {
-      cogpu__ledger_tx_set(h, &me->claim[gpu], me->claim[gpu] - n);
-      cogpu__ledger_tx_set(h, &job->lent[gpu],
-                           job->lent[gpu] > n ? job->lent[gpu] - n : 0);
-      cogpu__ledger_tx_commit(h);
-    }
+    uint64_t mine = h->st->slots[h->slot].claim[gpu];
+    uint64_t n = bytes < mine ? bytes : mine;
+    if (n)
+      claim_move(h, gpu, -(int64_t)n);
   }
   cogpu__ledger_unlock(h);
   return 0;

@@ -371,6 +371,20 @@ TEST_IMPL_T(slurm_under_declared_job_waits_or_ooms, 240) {
   stop_cluster(); /* tests end with _exit: no atexit */
 }
 
+/* The highest reservation of Slurm job `job_id` until no job is left. */
+static uint64_t peak_until_done(const char *job_id) {
+  char out[OUT_MAX];
+  uint64_t peak = 0;
+  for (int i = 0; i < th_ms(60000) / 50; i++) {
+    uint64_t r = job_reserved(job_id, NULL, 0);
+    peak = r > peak ? r : peak;
+    sh("squeue -h | wc -l", out, sizeof out, th_ms(20000));
+    if (!strcmp(out, "0\n"))
+      break;
+  }
+  return peak;
+}
+
 /* A batch job whose script runs a CUDA program itself and then in a step:
  * both draw on the job's one reservation. */
 TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
@@ -382,15 +396,7 @@ TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
            "srun %s direct init ctx alloc:6G hold:1500'",
            th_tmpdir(), th_tmpdir(), prog(), prog());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
-  uint64_t peak = 0;
-  for (int i = 0; i < th_ms(60000) / 50; i++) {
-    uint64_t r = job_reserved("1", NULL, 0);
-    peak = r > peak ? r : peak;
-    sh("squeue -h | wc -l", out, sizeof out, th_ms(20000));
-    if (!strcmp(out, "0\n"))
-      break;
-  }
-  ASSERT_UEQ(peak, 8 * GiB);
+  ASSERT_UEQ(peak_until_done("1"), 8 * GiB);
   const char *o = file("share.out");
   if (strstr(o, "error"))
     th_fail(__FILE__, __LINE__, "job failed:\n%s", o);
@@ -403,15 +409,7 @@ TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
            "date +%%s.%%N\" >%s/step-$s.out 2>&1 & done; wait'",
            th_tmpdir(), th_tmpdir(), prog(), th_tmpdir());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
-  peak = 0;
-  for (int i = 0; i < th_ms(60000) / 50; i++) {
-    uint64_t r = job_reserved("2", NULL, 0);
-    peak = r > peak ? r : peak;
-    sh("squeue -h | wc -l", out, sizeof out, th_ms(20000));
-    if (!strcmp(out, "0\n"))
-      break;
-  }
-  ASSERT_UEQ(peak, 8 * GiB);
+  ASSERT_UEQ(peak_until_done("2"), 8 * GiB);
   double a0 = 0, a1 = 0, b0 = 0, b1 = 0;
   if (sscanf(file("step-a.out"), "%lf alloc %*s ok %lf", &a0, &a1) != 2 ||
       sscanf(file("step-b.out"), "%lf alloc %*s ok %lf", &b0, &b1) != 2)
