@@ -7,7 +7,6 @@
  * sooner than one-at-a-time.
  */
 #include <limits.h>
-#include <link.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,20 +30,6 @@ static const char *repo_root(void) {
   if (getcwd(root, sizeof root) && access("bench/experiment/run.sh", R_OK) == 0)
     return root;
   SKIP("bench/experiment/run.sh not found");
-}
-
-/* The sanitizer runtime this test carries, if any: the jobs (programs
- * built here, under cogpu run, which appends the preload library to
- * LD_PRELOAD) get it preloaded first; bash, python3 and other
- * system tools do not. */
-static int runtime_of(struct dl_phdr_info *info, size_t size, void *out) {
-  (void)size;
-  if (strstr(info->dlpi_name, "libasan.so") ||
-      strstr(info->dlpi_name, "libtsan.so")) {
-    snprintf(out, PATH_MAX, "%s", info->dlpi_name);
-    return 1;
-  }
-  return 0;
 }
 
 /* Summary of one scenario from results.json: name, makespan, jobs,
@@ -88,9 +73,11 @@ TEST_IMPL_T(experiment_fake_mix, 120) {
   snprintf(outdir, sizeof outdir, "%s", th_path("out"));
   snprintf(json, sizeof json, "%s/results.json", outdir);
   snprintf(benv, sizeof benv, "B=%s", th_build_dir());
-  char rt[PATH_MAX] = "";
-  dl_iterate_phdr(runtime_of, rt);
-  snprintf(preload, sizeof preload, "COGPU_EXP_PRELOAD=%s", rt);
+  /* The jobs (programs built here, under cogpu run, which appends the
+   * preload library) get the sanitizer runtime preloaded first; bash,
+   * python3 and other system tools do not. */
+  snprintf(preload, sizeof preload, "COGPU_EXP_PRELOAD=%s",
+           th_sanitizer_runtime());
   /* In two runs into one folder, as a GPU session with a per-command time
    * limit would: the results cover both. */
   const char *env[] = {benv, preload, "LD_PRELOAD=", "COGPU=", NULL};

@@ -264,9 +264,17 @@ static int runtime_of(struct dl_phdr_info *info, size_t size, void *out) {
   return 0;
 }
 
+const char *th_sanitizer_runtime(void) {
+  static char rt[PATH_MAX];
+  if (!rt[0])
+    dl_iterate_phdr(runtime_of, rt);
+  return rt;
+}
+
 static void sanitizer_env(void) {
-  char rt[PATH_MAX] = "", supp[PATH_MAX + 64];
-  if (!dl_iterate_phdr(runtime_of, rt) || !rt[0])
+  char supp[PATH_MAX + 64];
+  const char *rt = th_sanitizer_runtime();
+  if (!rt[0])
     return;
   setenv("LD_PRELOAD", rt, 1);
   snprintf(supp, sizeof supp,

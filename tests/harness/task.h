@@ -103,6 +103,9 @@ const char *th_tmpdir(void);
 const char *th_path(const char *name);
 /* Directory holding the built binaries (cogpu, fakes). */
 const char *th_build_dir(void);
+/* The sanitizer runtime (libasan/libtsan) this test binary carries, or ""
+ * in the plain build: programs a test starts get it preloaded first. */
+const char *th_sanitizer_runtime(void);
 /* Write `text` to the file at `path` (created or truncated). */
 void th_write_file(const char *path, const char *text);
 

@@ -6,7 +6,6 @@
  * complete, where without cogpu some die of out-of-memory.
  */
 #include <fcntl.h>
-#include <link.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,20 +18,9 @@
 /* In a sanitizer build every program here carries the sanitizer runtime,
  * which must be the first library loaded: preload it ahead of ours (cogpu
  * run appends to LD_PRELOAD). */
-static int find_runtime(struct dl_phdr_info *info, size_t size, void *out) {
-  (void)size;
-  if (strstr(info->dlpi_name, "libasan.so") ||
-      strstr(info->dlpi_name, "libtsan.so")) {
-    snprintf(out, 4096, "%s", info->dlpi_name);
-    return 1;
-  }
-  return 0;
-}
-
 static void sanitizer_first(void) {
-  char rt[4096] = "";
-  if (dl_iterate_phdr(find_runtime, rt) && rt[0])
-    setenv("LD_PRELOAD", rt, 1);
+  if (th_sanitizer_runtime()[0])
+    setenv("LD_PRELOAD", th_sanitizer_runtime(), 1);
 }
 
 static void preload_env(void) {
