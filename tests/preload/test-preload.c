@@ -88,19 +88,28 @@ static void expect_job(const char *cmd_prefix, uint64_t want, uint64_t slack) {
           (unsigned long long)slack);
 }
 
-static void route_accounted(const char *route) {
+/* A program reached by `route` takes `held` beyond its context with `take`,
+ * then gives it back with `give` (and `last`, if not NULL): the job holds
+ * exactly that while it runs, and keeps at most two growth steps spare
+ * after. */
+static void held_then_returned(const char *route, const char *take,
+                               uint64_t held, const char *give,
+                               const char *last) {
   preload_env();
-  const char *argv[] = {"cogpu",     "run",  "--",        prog(),
-                        route,       "init", "ctx",       "alloc:1G",
-                        "hold:1500", "free", "hold:1500", NULL};
+  const char *argv[] = {"cogpu",     "run", "--", prog(),      route,
+                        "init",      "ctx", take, "hold:1500", give,
+                        "hold:1500", last,  NULL};
   pid_t p = spawn("out", argv);
   char job[4200];
   snprintf(job, sizeof job, "%s %s", prog(), route);
-  expect_job(job, 300 * MiB + GiB, 0);
-  /* After the free, the job keeps at most two growth steps spare. */
+  expect_job(job, 300 * MiB + held, 0);
   expect_job(job, 300 * MiB, 128 * MiB);
   ASSERT_EQ(finish(p, "out"), 0);
   lt_check_invariants();
+}
+
+static void route_accounted(const char *route) {
+  held_then_returned(route, "alloc:1G", GiB, "free", NULL);
 }
 
 TEST_IMPL(preload_route_direct) {
@@ -294,18 +303,7 @@ TEST_IMPL(preload_unaccounted_without_ledger) {
 /* A graph that allocates 2G: what the device's graph allocator holds
  * after the launch counts, until cuDeviceGraphMemTrim gives it back. */
 static void graph_accounted(const char *route) {
-  preload_env();
-  const char *argv[] = {"cogpu",     "run",       "--",        prog(),
-                        route,       "init",      "ctx",       "graph:2G",
-                        "hold:1500", "graphtrim", "hold:1500", "graphdestroy",
-                        NULL};
-  pid_t p = spawn("out", argv);
-  char job[4200];
-  snprintf(job, sizeof job, "%s %s", prog(), route);
-  expect_job(job, 300 * MiB + 2 * GiB, 0);
-  expect_job(job, 300 * MiB, 128 * MiB);
-  ASSERT_EQ(finish(p, "out"), 0);
-  lt_check_invariants();
+  held_then_returned(route, "graph:2G", 2 * GiB, "graphtrim", "graphdestroy");
 }
 
 TEST_IMPL(preload_graph_memory_direct) {
