@@ -35,7 +35,9 @@ ALLCFLAGS := $(BASEFLAGS) $(SANFLAGS) $(CFLAGS)
 LDLIBS := -ldl -lpthread
 VERSION := 0.1.0
 
-LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/ledger/*.c))
+LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/node/*.c src/ledger/*.c))
+DAEMON_SRCS := $(sort $(wildcard src/daemon/*.c tools/cogpud/*.c))
+DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
 TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c tests/preload/test-*.c \
                tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/experiment/test-*.c \
@@ -62,16 +64,17 @@ SLURM_H ?= $(wildcard /usr/include/slurm/spank.h)
 SPANK_OBJS := $(B)/objs/contrib/slurm/spank-cogpu.o $(LIB_SRCS:%.c=$(B)/objs/%.o)
 SPANK := $(if $(SLURM_H),$(B)/spank_cogpu.so)
 
-.PHONY: all lib cli tests check check-all bench install uninstall clean \
+.PHONY: all lib cli daemon tests check check-all bench install uninstall clean \
         format format-check
 
-all: lib cli preload tests $(SPANK)
+all: lib cli daemon preload tests $(SPANK)
 
 lib: $(B)/libcogpu.a $(B)/libcogpu.so
 preload: $(B)/libcogpu-preload.so
 cli: $(B)/cogpu
+daemon: $(B)/cogpud
 # The CLI tests run the built cogpu.
-tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1 $(B)/cogpu \
+tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1 $(B)/cogpu $(B)/cogpud \
        $(B)/tests/fakes/libcuda.so.1
 
 $(B)/obj/%.o: %.c
@@ -115,6 +118,11 @@ $(B)/libcogpu.so: $(LIB_OBJS)
 
 $(B)/cogpu: $(CLI_OBJS) $(B)/libcogpu.a
 	$(CC) $(ALLCFLAGS) -o $@ $(CLI_OBJS) $(B)/libcogpu.a $(LDLIBS)
+
+# cogpud: the node daemon. libsystemd for socket activation, readiness and
+# the watchdog (Debian libsystemd-dev).
+$(B)/cogpud: $(DAEMON_OBJS) $(B)/libcogpu.a
+	$(CC) $(ALLCFLAGS) -o $@ $(DAEMON_OBJS) $(B)/libcogpu.a -lsystemd $(LDLIBS)
 
 # Test doubles are built without sanitizers: they stand in for vendor
 # libraries, which are not instrumented either.
@@ -177,10 +185,12 @@ experiment: all
 	$(MAKE) -C bench/experiment workloads B=$(abspath $(B))
 	B=$(B) bench/experiment/run.sh --mix small
 
-install: lib cli preload $(SPANK) $(B)/cogpu.pc
+install: lib cli daemon preload $(SPANK) $(B)/cogpu.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
 	install -d $(DESTDIR)$(LIBDIR)/cogpu
 	install -m 0755 $(B)/cogpu $(DESTDIR)$(BINDIR)/cogpu
+	install -d $(DESTDIR)$(PREFIX)/sbin
+	install -m 0755 $(B)/cogpud $(DESTDIR)$(PREFIX)/sbin/cogpud
 	install -m 0755 $(B)/libcogpu-preload.so $(DESTDIR)$(LIBDIR)/cogpu/libcogpu-preload.so
 	install -m 0644 $(B)/libcogpu.a $(DESTDIR)$(LIBDIR)/libcogpu.a
 	install -m 0755 $(B)/libcogpu.so $(DESTDIR)$(LIBDIR)/libcogpu.so.$(VERSION)

@@ -9,10 +9,11 @@ PREFIX=${PREFIX:-/usr/local}
 # gcc, make, libc headers: the build. The sanitizer runtimes (libasan,
 # libubsan, libtsan) come with gcc. python3: the CLI tests parse JSON with it.
 # pkg-config: to check the installed cogpu.pc.
+# libsystemd-dev: cogpud's socket activation, readiness and watchdog.
 # libslurm-dev: spank.h and slurm.h, to build the Slurm SPANK plug-in.
 # slurmctld, slurmd, slurm-client, munge: the test suite starts a private
 # one-node Slurm cluster with them (the packages start no daemon).
-deps="gcc make libc6-dev pkg-config python3 libslurm-dev slurmctld slurmd
+deps="gcc make libc6-dev pkg-config python3 libsystemd-dev libslurm-dev slurmctld slurmd
       slurm-client munge"
 missing=""
 for p in $deps; do

@@ -134,7 +134,9 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v,
   case COGPU_OPT_TYPE_STRING:
     if (strlen(text) >= sizeof v->s)
       *why = "longer than 255 bytes";
-    else if (id == COGPU_OPT_STATE_DIR && text[0] != '/')
+    else if ((id == COGPU_OPT_STATE_DIR || id == COGPU_OPT_SOCKET ||
+              id == COGPU_OPT_DAEMON_DIR) &&
+             text[0] != '/')
       *why = "not an absolute path";
     rc = *why ? -1 : 0;
     break;
@@ -157,6 +159,10 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v,
       *why = "must be from 10ms to 1h";
       rc = -1;
     } else if (rc == 0 && id == COGPU_OPT_FOREIGN_REFRESH &&
+               (v->i < 0 || v->i > 3600 * 1000)) {
+      *why = "must be from 0 to 1h";
+      rc = -1;
+    } else if (rc == 0 && id == COGPU_OPT_DAEMON_WAIT &&
                (v->i < 0 || v->i > 3600 * 1000)) {
       *why = "must be from 0 to 1h";
       rc = -1;

@@ -24,13 +24,16 @@
 
 #include "cogpu.h"
 #include "internal.h"
+#include "node/node.h"
 #include "nvml/nvml.h"
 
 #define LEDGER_MAGIC "COGPUST\0"
-#define LEDGER_VERSION 2u
+#define LEDGER_VERSION 3u
 #define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
-#define LEDGER_MAX_SLOTS 1024u
-#define LEDGER_MAX_WAITERS 1024u
+/* Enough for the node daemon's 10,000 connected clients; a slot costs
+ * nothing until it is used (the file's pages are touched on use). */
+#define LEDGER_MAX_SLOTS 16384u
+#define LEDGER_MAX_WAITERS 4096u
 #define LEDGER_TX_MAX 32u
 /* Liveness lock bytes live far past the end of the data, at an offset that
  * every layout version keeps, so a newer or older cogpu can still tell
@@ -38,11 +41,11 @@
 #define LEDGER_LOCK_BASE ((off_t)1 << 40)
 #define LEDGER_LOCK_MASTER (LEDGER_LOCK_BASE - 1) /* held during creation */
 
-/* Lock word: bits 0-10 slot+1, bit 11 contended, bits 12-31 generation. */
-#define LOCKW_SLOT_MASK 0x7ffu
-#define LOCKW_CONTENDED 0x800u
-#define LOCKW_GEN_SHIFT 12
-#define LOCKW_GEN_MASK 0xfffffu
+/* Lock word: bits 0-14 slot+1, bit 15 contended, bits 16-31 generation. */
+#define LOCKW_SLOT_MASK 0x7fffu
+#define LOCKW_CONTENDED 0x8000u
+#define LOCKW_GEN_SHIFT 16
+#define LOCKW_GEN_MASK 0xffffu
 
 enum slot_state { SLOT_FREE = 0, SLOT_ACTIVE = 1 };
 /* W_REFUSED: failed by the deadlock guard; the waiter returns
@@ -83,6 +86,17 @@ typedef struct ledger_slot_s {
   uint64_t job_gen;                /* that slot's generation */
   uint64_t claim[LEDGER_MAX_GPUS]; /* member: bytes taken from its job */
   uint64_t lent[LEDGER_MAX_GPUS];  /* job: its members' claims (derived) */
+  /* Node mode (the daemon's state, readable by root only): what a client
+   * proves to re-register after a daemon restart, and its process's start
+   * time, which with the host PID names the process without ambiguity. */
+  uint64_t secret[2];
+  uint64_t starttime;
+  /* The client's last request that changed the ledger, and its answer: a
+   * request resent after a daemon restart is answered, not done twice. */
+  uint64_t last_op;
+  int64_t last_rc;
+  int64_t last_gpu;
+  uint64_t last_a;
 } ledger_slot_t;
 
 typedef struct ledger_waiter_s {
@@ -142,8 +156,12 @@ typedef struct ledger_state_s {
   ledger_waiter_t waiters[LEDGER_MAX_WAITERS];
 } ledger_state_t;
 
-/* A process's attachment (the public cogpu_t). */
+struct cogpu__node_s;
+
+/* A process's attachment (the public cogpu_t). In node mode (a daemon
+ * runs) node is set and st is NULL: every call goes to the daemon. */
 struct cogpu_s {
+  struct cogpu__node_s *node;
   ledger_state_t *st;
   int fd;
   uint32_t slot; /* this process's own slot: lock owner, liveness */
@@ -156,6 +174,14 @@ struct cogpu_s {
   cogpu__config_t cfg;
   struct cogpu_s *next; /* list of live handles, for the fork handler */
 };
+
+/* --- Trusted mode (the node daemon) ----------------------------------------
+ * In the daemon's process the ledger is written by one thread on behalf of
+ * its clients, and a client is alive while its connection is: the daemon
+ * frees a slot when the connection closes. So liveness is the slot's state
+ * and generation, the lock is never contended, and wake-ups are collected
+ * for the daemon (cogpu__ledger_take_wakes) instead of futex calls. */
+extern bool cogpu__ledger_trusted;
 
 /* --- shm.c: the state file ---------------------------------------------- */
 /* Open (creating if needed) and map the node state per cfg; claims a slot
@@ -205,6 +231,49 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
 /* With the lock held: if the joined job's slot is gone (its process died
  * and the slot was reclaimed), fall back to the handle's own slot. */
 void cogpu__ledger_check_job(struct cogpu_s *h);
+
+/* --- reserve.c: the parts of cogpu_reserve, for the daemon ---------------- */
+typedef struct reserve_req_s {
+  int64_t gpu;
+  uint64_t bytes;
+  int64_t priority;
+  int64_t timeout_ms;
+  bool exclusive;
+} reserve_req_t;
+int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
+                                reserve_req_t *r);
+/* With the lock held: grant at once if nobody waits and it fits; returns
+ * the GPU or -1. */
+int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r);
+/* With the lock held: join the queue and let the policy run; returns the
+ * granted GPU (having left the queue), -1 if queued (*w), or an error. */
+int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r, int64_t *w);
+int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r);
+/* Leave the queue: the granted GPU, -1 not granted, -2 refused. */
+int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w);
+int cogpu__ledger_refused(const reserve_req_t *r);
+
+/* --- ledger.c / status.c: for the daemon ------------------------------------
+ */
+/* With the lock held: give back bytes of h's reservation on gpu (COGPU_ALL
+ * for all, which also ends exclusive use). */
+int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes);
+/* With the lock held: take back an exclusive grant that was not delivered. */
+void cogpu__ledger_end_exclusive(cogpu_t *h, int gpu);
+/* With the lock held: the snapshot cogpu_status returns. */
+int cogpu__ledger_status_fill(cogpu_t *h, cogpu_status_t *st);
+/* The waiters answered since the last call (trusted mode); returns n. */
+size_t cogpu__ledger_take_wakes_of(cogpu_t *h, uint32_t *out, size_t max);
+/* Fills a slot for a client of the daemon (trusted mode, lock held). */
+void cogpu__ledger_slot_fill(cogpu_t *h, uint32_t slot, int pid, uint32_t uid,
+                             int priority, const char *command,
+                             const char *job_id);
+/* The daemon's own attachment (trusted mode), recovered; and its end. */
+int cogpu__ledger_open_trusted(const cogpu__config_t *cfg, cogpu_t **out);
+void cogpu__ledger_close_trusted(cogpu_t *h);
+/* The slot's owner joins the job of slot job/gen (lock held). */
+void cogpu__ledger_slot_join(cogpu_t *h, uint32_t slot, uint32_t job,
+                             uint32_t job_gen);
 
 /* --- wait.c: sleeping and waking ----------------------------------------- */
 /* Sleep until *word != val or timeout_ms passes (-1 = no bound). */

@@ -31,6 +31,8 @@ static void fork_parent(void) {
  * it), and marks the handles as the parent's. */
 static void fork_child(void) {
   for (struct cogpu_s *h = handles; h; h = h->next) {
+    if (h->node && !h->forked)
+      cogpu__node_forked(h->node);
     if (!h->forked && h->fd >= 0)
       close(h->fd);
     h->fd = -1;
@@ -100,25 +102,34 @@ static void utf8_trim_tail(char *s) {
     s[i - 1] = 0;
 }
 
-static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
-  ledger_slot_t *s = &h->st->slots[h->slot];
-  s->pid = self_host_pid();
-  s->uid = (uint32_t)geteuid();
-  s->priority = o ? o->priority : 0;
+void cogpu__ledger_slot_fill(struct cogpu_s *h, uint32_t slot, int pid,
+                             uint32_t uid, int priority, const char *command,
+                             const char *job_id) {
+  ledger_slot_t *s = &h->st->slots[slot];
+  s->pid = pid;
+  s->uid = uid;
+  s->priority = priority;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   s->attached_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-  if (o && o->command)
-    snprintf(s->command, sizeof s->command, "%s", o->command);
-  else
-    self_cmdline(s->command, sizeof s->command);
-  snprintf(s->job_id, sizeof s->job_id, "%s", o && o->job_id ? o->job_id : "");
+  snprintf(s->command, sizeof s->command, "%s", command ? command : "");
+  snprintf(s->job_id, sizeof s->job_id, "%s", job_id ? job_id : "");
   utf8_trim_tail(s->command);
   utf8_trim_tail(s->job_id);
   memset(s->held, 0, sizeof s->held);
   memset(s->claim, 0, sizeof s->claim);
   memset(s->lent, 0, sizeof s->lent);
   s->job = s->job_gen = 0;
+}
+
+static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
+  char cmd[128];
+  if (o && o->command)
+    snprintf(cmd, sizeof cmd, "%s", o->command);
+  else
+    self_cmdline(cmd, sizeof cmd);
+  cogpu__ledger_slot_fill(h, h->slot, self_host_pid(), (uint32_t)geteuid(),
+                          o ? o->priority : 0, cmd, o ? o->job_id : NULL);
 }
 
 /* Settings that are the node's, fixed when the state was created: say so
@@ -146,6 +157,18 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
   int rc = cogpu__config_load(&h->cfg);
   if (rc == 0 && h->cfg.v[COGPU_OPT_LOG].source != COGPU_SRC_DEFAULT)
     cogpu__log_set_level((int)h->cfg.v[COGPU_OPT_LOG].i);
+  int node = rc == 0 && !observer ? cogpu__node_mode(&h->cfg) : 0;
+  if (node == 1) {
+    rc = cogpu__node_attach(&h->cfg, opts, (uint32_t)-1, &h->node);
+    if (rc) {
+      free(h);
+      return rc;
+    }
+    h->priority = opts ? opts->priority : 0;
+    handles_add(h);
+    *out = h;
+    return 0;
+  }
   if (rc == 0)
     rc = cogpu__ledger_shm_open(h);
   if (rc != 0) {
@@ -173,6 +196,8 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
 }
 
 static int check_handle(cogpu_t *h) {
+  if (h && h->node && !h->forked)
+    return 0;
   if (!h || !h->st)
     return cogpu__seterr(-EINVAL, "invalid cogpu handle");
   if (h->forked)
@@ -207,10 +232,7 @@ static int attach_join(struct cogpu_s *h, const char *token) {
   if (live) {
     h->res_slot = slot;
     h->res_gen = gen;
-    ledger_slot_t *me = &h->st->slots[h->slot];
-    cogpu__ledger_tx_set(h, &me->job, slot + 1);
-    cogpu__ledger_tx_set(h, &me->job_gen, gen);
-    cogpu__ledger_tx_commit(h);
+    cogpu__ledger_slot_join(h, h->slot, slot, gen);
   }
   cogpu__ledger_unlock(h);
   if (!live)
@@ -218,9 +240,17 @@ static int attach_join(struct cogpu_s *h, const char *token) {
   return 0;
 }
 
+void cogpu__ledger_slot_join(struct cogpu_s *h, uint32_t slot, uint32_t job,
+                             uint32_t job_gen) {
+  ledger_slot_t *me = &h->st->slots[slot];
+  cogpu__ledger_tx_set(h, &me->job, job + 1);
+  cogpu__ledger_tx_set(h, &me->job_gen, job_gen);
+  cogpu__ledger_tx_commit(h);
+}
+
 int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out) {
   int rc = cogpu__ledger_attach(opts, false, out);
-  if (rc == 0 && opts && opts->join && *opts->join) {
+  if (rc == 0 && !(*out)->node && opts && opts->join && *opts->join) {
     rc = attach_join(*out, opts->join);
     if (rc) {
       char msg[1024];
@@ -242,6 +272,8 @@ static int check_gpu(cogpu_t *h, int gpu) {
 
 int cogpu__ledger_room(struct cogpu_s *h, int gpu, uint64_t *capacity,
                        uint64_t *free_bytes) {
+  if (h && h->node)
+    return cogpu__node_room(h->node, gpu, capacity, free_bytes);
   int rc = check_handle(h);
   if (rc == 0)
     rc = check_gpu(h, gpu);
@@ -256,6 +288,8 @@ int cogpu__ledger_room(struct cogpu_s *h, int gpu, uint64_t *capacity,
 }
 
 uint64_t cogpu__ledger_job_spare(struct cogpu_s *h, int gpu) {
+  if (h && h->node)
+    return cogpu__node_job_spare(h->node, gpu);
   if (check_handle(h) || check_gpu(h, gpu) || h->res_slot == h->slot)
     return 0;
   const ledger_slot_t *job = &h->st->slots[h->res_slot];
@@ -265,6 +299,8 @@ uint64_t cogpu__ledger_job_spare(struct cogpu_s *h, int gpu) {
 }
 
 int cogpu_job_token(cogpu_t *h, char *buf, size_t len) {
+  if (h && h->node)
+    return cogpu__node_job_token(h->node, buf, len);
   int rc = check_handle(h);
   if (rc)
     return rc;
@@ -280,6 +316,11 @@ int cogpu_detach(cogpu_t *h) {
   if (!h)
     return cogpu__seterr(-EINVAL, "invalid cogpu handle");
   handles_remove(h);
+  if (h->node) {
+    cogpu__node_detach(h->node);
+    free(h);
+    return 0;
+  }
   if (!h->forked && h->st) {
     cogpu__ledger_lock(h);
     cogpu__ledger_slot_free(h, h->slot);
@@ -292,11 +333,15 @@ int cogpu_detach(cogpu_t *h) {
 }
 
 int cogpu_gpu_count(cogpu_t *h) {
+  if (h && h->node)
+    return cogpu__node_gpu_count(h->node);
   int rc = check_handle(h);
   return rc ? rc : (int)h->st->hdr.ngpus;
 }
 
 int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu) {
+  if (h && h->node)
+    return cogpu__node_gpu_lookup(h->node, spec, gpu);
   int rc = check_handle(h);
   if (rc)
     return rc;
@@ -329,6 +374,8 @@ int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu) {
 }
 
 int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes) {
+  if (h && h->node)
+    return cogpu__node_held(h->node, gpu, bytes);
   int rc = check_handle(h);
   if (rc == 0)
     rc = check_gpu(h, gpu);
@@ -371,6 +418,8 @@ static void claim_move(struct cogpu_s *h, int gpu, int64_t n) {
 }
 
 int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
+  if (h && h->node)
+    return cogpu__node_claim(h->node, gpu, want, got);
   int rc = claims_lock(h, gpu);
   if (rc)
     return rc;
@@ -391,6 +440,8 @@ int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
 }
 
 int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
+  if (h && h->node)
+    return cogpu__node_unclaim(h->node, gpu, bytes);
   int rc = claims_lock(h, gpu);
   if (rc)
     return rc;
@@ -406,6 +457,8 @@ int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
 
 int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
                            size_t len) {
+  if (h && h->node)
+    return cogpu__node_find_job(h->node, job_id, tok, len);
   int rc = check_handle(h);
   if (rc)
     return rc;
@@ -427,29 +480,19 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
   return rc ? cogpu__seterr(rc, "no live job '%s' on this node", job_id) : 0;
 }
 
-int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
-  cogpu__clearerr();
-  int rc = check_handle(h);
-  if (rc == 0)
-    rc = check_gpu(h, gpu);
-  if (rc)
-    return rc;
+int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_gpu_t *g = &hd->gpus[gpu];
-  cogpu__ledger_lock(h);
-  cogpu__ledger_check_job(h);
   ledger_slot_t *s = &h->st->slots[h->res_slot];
   uint64_t held = s->held[gpu];
   bool all = bytes == COGPU_ALL;
   bool excl = g->excl_slot == h->res_slot + 1;
   if (all)
     bytes = held;
-  if (bytes > held) {
-    cogpu__ledger_unlock(h);
+  if (bytes > held)
     return cogpu__seterr(
         -EINVAL, "cannot release %llu bytes on GPU %d: %llu held",
         (unsigned long long)bytes, gpu, (unsigned long long)held);
-  }
   bool ends_excl = all && excl;
   if (bytes) {
     cogpu__ledger_tx_set(h, &s->held[gpu], held - bytes);
@@ -470,8 +513,34 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
     cogpu__ledger_tx_set(h, &g->nclients, g->nclients - 1);
   cogpu__ledger_tx_commit(h);
   cogpu__ledger_serve(h);
-  cogpu__ledger_unlock(h);
   return 0;
+}
+
+void cogpu__ledger_end_exclusive(cogpu_t *h, int gpu) {
+  ledger_gpu_t *g = &h->st->hdr.gpus[gpu];
+  if (g->excl_slot != h->res_slot + 1)
+    return;
+  cogpu__ledger_tx_set(h, &g->excl_slot, 0);
+  if (h->st->slots[h->res_slot].held[gpu] == 0)
+    cogpu__ledger_tx_set(h, &g->nclients, g->nclients - 1);
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_serve(h);
+}
+
+int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
+  cogpu__clearerr();
+  if (h && h->node)
+    return cogpu__node_release(h->node, gpu, bytes);
+  int rc = check_handle(h);
+  if (rc == 0)
+    rc = check_gpu(h, gpu);
+  if (rc)
+    return rc;
+  cogpu__ledger_lock(h);
+  cogpu__ledger_check_job(h);
+  rc = cogpu__ledger_release_locked(h, gpu, bytes);
+  cogpu__ledger_unlock(h);
+  return rc;
 }
 
 /* Detach what is still attached at exit, so waiters are served now rather
@@ -480,7 +549,7 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
 __attribute__((destructor)) static void ledger_at_exit(void) {
   pthread_mutex_lock(&handles_mu);
   for (struct cogpu_s *h = handles; h; h = h->next) {
-    if (h->forked || !h->st)
+    if (h->forked || !h->st || h->node)
       continue;
     cogpu__ledger_lock(h);
     cogpu__ledger_slot_free(h, h->slot);
@@ -495,4 +564,35 @@ const char *cogpu_policy_name(int policy) {
   if (policy < 0 || policy >= (int)COGPU_ARRAY_SIZE(names))
     return "unknown";
   return names[policy];
+}
+
+/* The node daemon's attachment to its own state (trusted mode): opened with
+ * the daemon's configuration, then recovered from a previous daemon that
+ * died: its lock word is cleared and a half-done transaction rolled back.
+ * The daemon's own slot holds no reservation and is never a client. */
+int cogpu__ledger_open_trusted(const cogpu__config_t *cfg,
+                               struct cogpu_s **out) {
+  cogpu__ledger_trusted = true;
+  struct cogpu_s *h = calloc(1, sizeof *h);
+  if (!h)
+    return cogpu__seterr(-ENOMEM, "out of memory");
+  h->fd = -1;
+  h->cfg = *cfg;
+  int rc = cogpu__ledger_shm_open(h);
+  if (rc) {
+    free(h);
+    return rc;
+  }
+  atomic_store(&h->st->hdr.lock, 0);
+  cogpu__ledger_repair(h);
+  h->st->slots[h->slot].state = SLOT_FREE;
+  *out = h;
+  return 0;
+}
+
+void cogpu__ledger_close_trusted(struct cogpu_s *h) {
+  if (!h)
+    return;
+  cogpu__ledger_shm_close(h);
+  free(h);
 }

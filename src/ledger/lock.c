@@ -30,6 +30,8 @@ static uint32_t lockw_make(uint32_t slot, uint32_t gen) {
   return (slot + 1) | ((gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
 }
 
+bool cogpu__ledger_trusted;
+
 bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen) {
   if (slot >= LEDGER_MAX_SLOTS)
     return false;
@@ -37,6 +39,8 @@ bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen) {
   uint32_t cur = atomic_load_explicit(&s->gen, memory_order_acquire);
   if ((cur & LOCKW_GEN_MASK) != (gen & LOCKW_GEN_MASK))
     return false;
+  if (cogpu__ledger_trusted)
+    return s->state == SLOT_ACTIVE; /* the daemon frees the dead itself */
   /* Our own OFD lock does not conflict with our own probe. */
   if (slot == h->slot)
     return true;
@@ -116,13 +120,39 @@ locked:
 
 /* Waiters served while this thread holds the lock, woken once it is
  * released. A waiter entry reused in between only gets a spurious wake-up,
- * which every sleeper tolerates. */
-static __thread uint32_t wake_list[LEDGER_MAX_WAITERS];
+ * which every sleeper tolerates. The list is small (thread-local storage
+ * costs every thread of every program under the preload library); past it,
+ * every answered waiter is woken. */
+#define WAKE_LIST 32
+static __thread uint32_t wake_list[WAKE_LIST];
 static __thread uint32_t wake_n;
+static __thread bool wake_all;
 
 void cogpu__ledger_wake_later(uint32_t waiter) {
-  if (wake_n < LEDGER_MAX_WAITERS)
+  if (wake_n < WAKE_LIST)
     wake_list[wake_n++] = waiter;
+  else
+    wake_all = true;
+}
+
+static bool answered(const ledger_waiter_t *wt) {
+  return wt->state == W_GRANTED || wt->state == W_REFUSED;
+}
+
+size_t cogpu__ledger_take_wakes_of(struct cogpu_s *h, uint32_t *out,
+                                   size_t max) {
+  size_t n = 0;
+  if (wake_all) {
+    for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && n < max; w++)
+      if (answered(&h->st->waiters[w]))
+        out[n++] = w;
+  } else {
+    for (uint32_t i = 0; i < wake_n && n < max; i++)
+      out[n++] = wake_list[i];
+  }
+  wake_n = 0;
+  wake_all = false;
+  return n;
 }
 
 void cogpu__ledger_unlock(struct cogpu_s *h) {
@@ -131,9 +161,18 @@ void cogpu__ledger_unlock(struct cogpu_s *h) {
       atomic_exchange_explicit(&h->st->hdr.lock, 0, memory_order_release);
   if (old & LOCKW_CONTENDED)
     cogpu__ledger_futex_wake(&h->st->hdr.lock, 1);
-  for (uint32_t i = 0; i < wake_n; i++)
-    cogpu__ledger_futex_wake(&h->st->waiters[wake_list[i]].futex, 1);
+  if (cogpu__ledger_trusted)
+    return; /* the daemon takes the list and answers the waiters itself */
+  if (wake_all) {
+    for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+      if (answered(&h->st->waiters[w]))
+        cogpu__ledger_futex_wake(&h->st->waiters[w].futex, 1);
+  } else {
+    for (uint32_t i = 0; i < wake_n; i++)
+      cogpu__ledger_futex_wake(&h->st->waiters[wake_list[i]].futex, 1);
+  }
   wake_n = 0;
+  wake_all = false;
 }
 
 /* Undo log: record the old value, publish the entry, then store. A holder

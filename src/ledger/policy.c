@@ -165,33 +165,36 @@ static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
          now - wt->since_ns >= h->st->hdr.sweep_interval_ms * 1000000u;
 }
 
-/* Does slot s wait for memory on GPU g? */
-static bool slot_waits_on(struct cogpu_s *h, uint64_t s, uint32_t g,
-                          uint64_t now) {
-  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
-    const ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->slot == s && guard_waiting(h, wt, g, now))
-      return true;
-  }
-  return false;
-}
-
 /* The waiter to fail on GPU g if every job holding memory there waits for
  * more there: nobody would ever release, so nobody could proceed. The
- * victim is the waiting holder of lowest priority, then the newest. */
+ * victim is the waiting holder of lowest priority, then the newest. One
+ * pass over the waiters marks the slots that wait, one pass over the slots
+ * looks for a holder that does not: O(slots + waiters), not their product. */
 static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
   int64_t victim = -1;
   uint64_t now = cogpu__now_ns();
+  uint8_t waits[LEDGER_MAX_SLOTS / 8] = {0};
+  bool any = false;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->slot < LEDGER_MAX_SLOTS && guard_waiting(h, wt, g, now)) {
+      waits[wt->slot / 8] |= (uint8_t)(1u << (wt->slot % 8));
+      any = true;
+    }
+  }
+  if (!any)
+    return -1;
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     const ledger_slot_t *sl = &h->st->slots[s];
     bool holds = sl->state == SLOT_ACTIVE &&
                  (sl->held[g] > 0 || h->st->hdr.gpus[g].excl_slot == s + 1);
-    if (holds && !slot_waits_on(h, s, g, now))
+    if (holds && !(waits[s / 8] & (1u << (s % 8))))
       return -1; /* someone can still make progress and release */
   }
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     const ledger_waiter_t *wt = &h->st->waiters[w];
-    if (!guard_waiting(h, wt, g, now) || h->st->slots[wt->slot].held[g] == 0)
+    if (!guard_waiting(h, wt, g, now) || wt->slot >= LEDGER_MAX_SLOTS ||
+        h->st->slots[wt->slot].held[g] == 0)
       continue;
     const ledger_waiter_t *v = victim < 0 ? NULL : &h->st->waiters[victim];
     if (!v || wt->priority < v->priority ||

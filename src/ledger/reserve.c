@@ -12,16 +12,8 @@
 
 #include "ledger-int.h"
 
-typedef struct reserve_req_s {
-  int64_t gpu;
-  uint64_t bytes;
-  int64_t priority;
-  int64_t timeout_ms;
-  bool exclusive;
-} reserve_req_t;
-
-static int reserve_check(cogpu_t *h, const cogpu_request_t *req,
-                         reserve_req_t *r) {
+int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
+                                reserve_req_t *r) {
   if (!h || !h->st || !req)
     return cogpu__seterr(-EINVAL, "cogpu_reserve: NULL handle or request");
   if (h->forked)
@@ -63,7 +55,7 @@ static int reserve_check(cogpu_t *h, const cogpu_request_t *req,
 }
 
 /* With nobody waiting, grant at once where it fits (auto: most free). */
-static int reserve_fast(cogpu_t *h, const reserve_req_t *r) {
+int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
   ledger_hdr_t *hd = &h->st->hdr;
   if (hd->nwaiting)
     return -1;
@@ -90,7 +82,7 @@ static int reserve_fast(cogpu_t *h, const reserve_req_t *r) {
   return best;
 }
 
-static int64_t enqueue(cogpu_t *h, const reserve_req_t *r) {
+int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r) {
   ledger_hdr_t *hd = &h->st->hdr;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
@@ -119,7 +111,7 @@ static int64_t enqueue(cogpu_t *h, const reserve_req_t *r) {
 }
 
 /* Leave the queue: returns the granted GPU, or -1 if it was not granted. */
-static int dequeue(cogpu_t *h, uint32_t w) {
+int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_waiter_t *wt = &h->st->waiters[w];
   int gpu = wt->state == W_GRANTED   ? (int)wt->granted_gpu
@@ -134,7 +126,7 @@ static int dequeue(cogpu_t *h, uint32_t w) {
   return gpu;
 }
 
-static int refused(const reserve_req_t *r) {
+int cogpu__ledger_refused(const reserve_req_t *r) {
   char need[32];
   return cogpu__seterr(
       COGPU_EDEADLOCK,
@@ -148,9 +140,9 @@ static int refused(const reserve_req_t *r) {
  * return 0 with the GPU, or the refusal. */
 static int answered(cogpu_t *h, uint32_t w, const reserve_req_t *r,
                     int *gpu_out) {
-  int g = dequeue(h, w);
+  int g = cogpu__ledger_dequeue(h, w);
   if (g == -2)
-    return refused(r);
+    return cogpu__ledger_refused(r);
   *gpu_out = g;
   return 0;
 }
@@ -186,7 +178,7 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
       return rc;
     }
     if (deadline != UINT64_MAX && ms_left(deadline) == 0) {
-      dequeue(h, w);
+      cogpu__ledger_dequeue(h, w);
       cogpu__ledger_unlock(h);
       char need[32];
       return cogpu__seterr(-ETIMEDOUT, "timed out after %lld ms waiting for %s",
@@ -207,8 +199,9 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
 /* The request's turn under the policy, with the lock held: join the queue
  * and let the policy run. Returns the granted GPU (having left the queue),
  * -1 when not served yet (*w is its waiter), or a negative error. */
-static int reserve_queue(cogpu_t *h, const reserve_req_t *r, int64_t *w) {
-  *w = enqueue(h, r);
+int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
+                                int64_t *w) {
+  *w = cogpu__ledger_enqueue(h, r);
   if (*w < 0)
     return cogpu__seterr(-ENOSPC, "the wait queue is full (%u waiters)",
                          LEDGER_MAX_WAITERS);
@@ -229,10 +222,10 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
   if (cogpu__ledger_sweep(h))
     cogpu__ledger_serve(h);
   if (is_answered(&h->st->waiters[w]) || r->timeout_ms == 0) {
-    int g = dequeue(h, w);
+    int g = cogpu__ledger_dequeue(h, w);
     cogpu__ledger_unlock(h);
     if (g == -2)
-      return refused(r);
+      return cogpu__ledger_refused(r);
     if (g >= 0) {
       *gpu_out = g;
       return 0;
@@ -248,16 +241,20 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
 }
 
 int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
+  if (h && h->node && !h->forked) {
+    cogpu__clearerr();
+    return cogpu__node_reserve(h->node, req, gpu_out);
+  }
   reserve_req_t r = {0};
-  int rc = reserve_check(h, req, &r);
+  int rc = cogpu__ledger_reserve_check(h, req, &r);
   if (rc)
     return rc;
   int64_t w = -1;
   cogpu__ledger_lock(h);
   cogpu__ledger_check_job(h);
-  int g = reserve_fast(h, &r);
+  int g = cogpu__ledger_reserve_fast(h, &r);
   if (g < 0)
-    g = reserve_queue(h, &r, &w);
+    g = cogpu__ledger_reserve_queue(h, &r, &w);
   cogpu__ledger_unlock(h);
   if (g < -1)
     return g;

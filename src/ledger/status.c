@@ -68,6 +68,9 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
   }
 }
 
+static int status_fill_ordered(struct cogpu_s *h, cogpu_status_t *st,
+                               uint32_t *order);
+
 /* Names are looked up after the lock is released: NSS may be slow (LDAP). */
 static void status_names(cogpu_status_t *st) {
   for (size_t g = 0; g < st->ngpus; g++) {
@@ -81,9 +84,18 @@ static void status_names(cogpu_status_t *st) {
   }
 }
 
-static int status_fill(struct cogpu_s *h, cogpu_status_t *st) {
+int cogpu__ledger_status_fill(struct cogpu_s *h, cogpu_status_t *st) {
+  uint32_t *order = malloc(LEDGER_MAX_WAITERS * sizeof *order);
+  if (!order)
+    return -ENOMEM;
+  int rc = status_fill_ordered(h, st, order);
+  free(order);
+  return rc;
+}
+
+static int status_fill_ordered(struct cogpu_s *h, cogpu_status_t *st,
+                               uint32_t *order) {
   ledger_hdr_t *hd = &h->st->hdr;
-  static __thread uint32_t order[LEDGER_MAX_WAITERS];
   snprintf(st->policy, sizeof st->policy, "%s",
            cogpu_policy_name((int)hd->policy));
   snprintf(st->state_path, sizeof st->state_path, "%s", h->path);
@@ -121,6 +133,16 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
   if (!out)
     return cogpu__seterr(-EINVAL, "cogpu_status: out is NULL");
   struct cogpu_s *own = NULL;
+  if (h && h->node && !h->forked)
+    return cogpu__node_status(&h->cfg, h->node, out);
+  if (!h) {
+    cogpu__config_t cfg;
+    int rc = cogpu__config_load(&cfg);
+    if (rc)
+      return rc;
+    if (cogpu__node_mode(&cfg) == 1)
+      return cogpu__node_status(&cfg, NULL, out);
+  }
   if (!h) {
     int rc = cogpu__ledger_attach(NULL, true, &own);
     if (rc)
@@ -136,7 +158,7 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
     cogpu__ledger_lock(h);
     if (cogpu__ledger_sweep(h))
       cogpu__ledger_serve(h);
-    rc = status_fill(h, st);
+    rc = cogpu__ledger_status_fill(h, st);
     cogpu__ledger_unlock(h);
     if (rc == 0)
       status_names(st);

@@ -1456,6 +1456,14 @@ static const struct {
     {"DRIVER_WAIT", "2m"},
     {"DRIVER_WAIT", "inf"},
     {"REPORT_TOTAL", "2"},
+    {"NODE_MODE", "maybe"},
+    {"SOCKET", "relative/sock"},
+    {"DAEMON_WAIT", "2h"},
+    {"DAEMON_DIR", "run/cogpu"},
+    {"ADMIN_GROUP", NULL},
+    {"PRIORITY_CAP", "1001"},
+    {"USER_MAX_CLIENTS", "0"},
+    {"USER_MAX_WAITERS", "5000"},
 };
 
 static const char *long_value(void) {

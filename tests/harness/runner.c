@@ -11,7 +11,9 @@
 #include <link.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,6 +28,7 @@ typedef struct {
   th_test_fn fn;
   const char *file;
   int timeout_s;
+  bool single; /* daemonless (single-user mode) only: not run in node mode */
 } test_t;
 
 typedef struct {
@@ -44,7 +47,13 @@ static char selfexe[PATH_MAX];
 void th_register_test(const char *name, th_test_fn fn, const char *file,
                       int timeout_s) {
   if (ntests < MAX_TESTS)
-    tests[ntests++] = (test_t){name, fn, file, timeout_s};
+    tests[ntests++] = (test_t){name, fn, file, timeout_s, false};
+}
+
+void th_register_single(const char *name, th_test_fn fn, const char *file,
+                        int timeout_s) {
+  if (ntests < MAX_TESTS)
+    tests[ntests++] = (test_t){name, fn, file, timeout_s, true};
 }
 
 void th_register_helper(const char *name, th_helper_fn fn) {
@@ -282,6 +291,70 @@ static void sanitizer_env(void) {
   setenv("LSAN_OPTIONS", supp, 1);
 }
 
+/* Node mode (COGPU_TEST_NODE=1): every test gets a private cogpud of its
+ * own, started with the test's environment, and its processes must use it
+ * (node_mode=daemon). */
+static bool node_mode(void) {
+  const char *s = getenv("COGPU_TEST_NODE");
+  return s && strcmp(s, "1") == 0;
+}
+
+static pid_t daemon_pid = -1;
+
+bool th_node_mode(void) {
+  return node_mode();
+}
+
+pid_t th_daemon_pid(void) {
+  return daemon_pid;
+}
+
+static bool daemon_answers(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  if (fd >= 0)
+    close(fd);
+  return ok;
+}
+
+void th_daemon_start(void) {
+  char bin[PATH_MAX + 16], log[PATH_MAX + 16];
+  snprintf(bin, sizeof bin, "%s/cogpud", builddir);
+  snprintf(log, sizeof log, "%s/cogpud.log", tmpdir);
+  const char *sock = getenv("COGPU_SOCKET");
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd >= 0)
+      dup2(fd, 2);
+    /* The daemon reads only its own configuration: none here. */
+    unsetenv("COGPU_NODE_MODE");
+    execl(bin, "cogpud", (char *)NULL);
+    _exit(127);
+  }
+  daemon_pid = pid;
+  for (int i = 0; i < 2000; i++) {
+    if (daemon_answers(sock))
+      return;
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid)
+      th_fail(__FILE__, __LINE__, "cogpud exited at start (see %s)", log);
+    th_sleep_ms(5);
+  }
+  th_fail(__FILE__, __LINE__, "cogpud did not come up in 10 s (see %s)", log);
+}
+
+void th_daemon_stop(int sig) {
+  if (daemon_pid <= 0)
+    return;
+  kill(daemon_pid, sig);
+  int st;
+  waitpid(daemon_pid, &st, 0);
+  daemon_pid = -1;
+}
+
 static void test_env(void) {
   extern char **environ;
   char names[64][128];
@@ -300,6 +373,14 @@ static void test_env(void) {
   setenv("COGPU_STATE_DIR", buf, 1);
   setenv("COGPU_CONFIG", "", 1);
   setenv("COGPU_LOG", "error", 1);
+  /* Never a node daemon the machine may run: a private one in node mode,
+   * none otherwise. */
+  snprintf(buf, sizeof buf, "%s/cogpud.sock", tmpdir);
+  setenv("COGPU_SOCKET", buf, 1);
+  snprintf(buf, sizeof buf, "%s/cogpud", tmpdir);
+  setenv("COGPU_DAEMON_DIR", buf, 1);
+  if (node_mode())
+    setenv("COGPU_NODE_MODE", "daemon", 1);
   setenv("FAKE_NVML_GPUS", "16G", 1);
   snprintf(buf, sizeof buf, "%s/fake-cuda", tmpdir);
   setenv("FAKE_CUDA_STATE", buf, 1);
@@ -324,6 +405,8 @@ static int run_one(const test_t *t) {
   if (pid == 0) {
     setpgid(0, 0);
     test_env();
+    if (node_mode())
+      th_daemon_start();
     t->fn();
     fflush(NULL);
     _exit(0);
@@ -356,7 +439,10 @@ static int run_one(const test_t *t) {
   return code;
 }
 
-static bool selected(const char *name, int nf, char **filters) {
+static bool selected(const test_t *t, int nf, char **filters) {
+  const char *name = t->name;
+  if (t->single && node_mode())
+    return false;
   if (nf == 0)
     return true;
   for (int i = 0; i < nf; i++)
@@ -404,11 +490,11 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   int nf = argc - 1, n = 0, pass = 0, fail = 0, skip = 0;
   for (int i = 0; i < ntests; i++)
-    n += selected(tests[i].name, nf, argv + 1);
+    n += selected(&tests[i], nf, argv + 1);
   printf("TAP version 13\n1..%d\n", n);
   int k = 0;
   for (int i = 0; i < ntests; i++) {
-    if (!selected(tests[i].name, nf, argv + 1))
+    if (!selected(&tests[i], nf, argv + 1))
       continue;
     int64_t t0 = now_ms();
     int code = run_one(&tests[i]);

@@ -9,6 +9,7 @@
 #define COGPU_TASK_H
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,8 @@ typedef int (*th_helper_fn)(int argc, char **argv);
 
 void th_register_test(const char *name, th_test_fn fn, const char *file,
                       int timeout_s);
+void th_register_single(const char *name, th_test_fn fn, const char *file,
+                        int timeout_s);
 void th_register_helper(const char *name, th_helper_fn fn);
 _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -35,6 +38,16 @@ _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
 /* A test with the default timeout (30 s, times COGPU_TEST_TIMEOUT_MULTIPLIER).
  */
 #define TEST_IMPL(name) TEST_IMPL_T(name, 30)
+
+/* A test of the daemonless single-user mode only (the state file, its
+ * lock and liveness, fault points in clients): not run in node mode. */
+#define TEST_IMPL_SINGLE_T(name, timeout_s)                                    \
+  static void test_##name(void);                                               \
+  __attribute__((constructor)) static void th_reg_##name(void) {               \
+    th_register_single(#name, test_##name, __FILE__, timeout_s);               \
+  }                                                                            \
+  static void test_##name(void)
+#define TEST_IMPL_SINGLE(name) TEST_IMPL_SINGLE_T(name, 30)
 
 #define HELPER_IMPL(name)                                                      \
   static int helper_##name(int argc, char **argv);                             \
@@ -128,6 +141,13 @@ void th_apply_env(const char *const env[]);
  * (128+signal if killed). */
 int th_run(const char *const argv[], const char *const env[], char *out,
            size_t outlen, char *err, size_t errlen, int timeout_ms);
+
+/* Node mode (COGPU_TEST_NODE=1): each test runs against a private cogpud
+ * that the runner starts; these restart or stop it (a signal). */
+bool th_node_mode(void);
+pid_t th_daemon_pid(void);
+void th_daemon_start(void);
+void th_daemon_stop(int sig);
 
 /* Milliseconds scaled by COGPU_TEST_TIMEOUT_MULTIPLIER (for slow sanitizer
  * builds). */

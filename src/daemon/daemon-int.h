@@ -1,0 +1,82 @@
+/*
+ * daemon-int.h: cogpud, the node daemon: the one writer of the node's
+ * ledger (a root-only file under daemon_dir), serving clients over a Unix
+ * socket (src/node/proto.h). Single-threaded: an epoll loop over the
+ * listening socket, client connections, a timer and, after a restart, the
+ * pidfds of clients that have not reconnected yet. It never blocks on a
+ * client: sockets are non-blocking, and a client that does not read its
+ * replies is disconnected.
+ */
+#ifndef COGPU_DAEMON_INT_H
+#define COGPU_DAEMON_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "internal.h"
+#include "ledger/ledger-int.h"
+#include "node/proto.h"
+
+enum dconn_kind { DC_NEW = 0, DC_MAIN, DC_WAIT, DC_QUERY, DC_PIDFD };
+
+typedef struct dconn_s {
+  int fd;
+  int kind; /* enum dconn_kind */
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  bool admin;
+  /* MAIN: the client's slot and the job its reservations go to. WAIT: the
+   * same, of the process that waits. PIDFD: the orphaned slot watched. */
+  uint32_t slot, gen, res_slot, res_gen;
+  int priority;
+  /* WAIT: the queue entry (-1 none) and a grant sent but not yet
+   * acknowledged, taken back if the connection closes first. */
+  int64_t waiter;
+  uint64_t ticket;
+  bool grant_pending;
+  int grant_gpu;
+  uint64_t grant_bytes;
+  bool grant_excl;
+  bool closing;
+  struct dconn_s *prev, *next; /* every connection, for reset and exit */
+} dconn_t;
+
+typedef struct cogpu__daemon_s {
+  cogpu__config_t cfg;
+  struct cogpu_s *dh;   /* the daemon's own attachment to its state */
+  struct cogpu_s proxy; /* acts for one client at a time */
+  int epfd, lfd, tfd;
+  bool lfd_owned; /* created here (unlink at exit), not from systemd */
+  gid_t admin_gid;
+  bool have_admin_group;
+  dconn_t **slot_conn;   /* LEDGER_MAX_SLOTS: MAIN connection per slot */
+  dconn_t **waiter_conn; /* LEDGER_MAX_WAITERS: WAIT connection */
+  /* After a restart: waiters whose client has not come back by then are
+   * dropped (ms on the monotonic clock, 0 when none). */
+  uint64_t rebind_deadline_ms;
+  uint64_t nconns;
+  dconn_t *conns;
+  bool stop;
+  bool fuzz; /* no sockets: replies are dropped (fuzzing, tests) */
+} cogpu__daemon_t;
+
+/* Opens (or recovers) the node state and, unless fuzzing, the socket. */
+int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
+                       bool fuzz);
+/* Runs until SIGTERM/SIGINT (or d->stop). */
+int cogpu__daemon_run(cogpu__daemon_t *d);
+void cogpu__daemon_fini(cogpu__daemon_t *d);
+
+/* One received message on connection c (the core that the fuzzer drives):
+ * validates it, acts, replies. Returns 0, or -1 when the connection must
+ * be closed (a protocol violation or a finished exchange). */
+int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
+                         size_t len);
+/* A connection ended: frees what it held (slot, queue entry, grant). */
+void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c);
+/* Checks the ledger's invariants; returns 0 or a description's length. */
+int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len);
+
+#endif /* COGPU_DAEMON_INT_H */

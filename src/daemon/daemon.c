@@ -1,0 +1,492 @@
+/*
+ * daemon.c: cogpud's life: the node state (opened, or recovered after a
+ * crash), the listening socket (from systemd, or made here), and the event
+ * loop. The loop sleeps in epoll_wait; a timer is armed only while
+ * something is due (waiters for the deadlock guard and the mmu age,
+ * clients still to come back after a restart, systemd's watchdog), so an
+ * idle daemon uses no CPU.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "daemon/daemon-int.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+uint64_t cogpu__daemon_starttime(pid_t pid);
+void cogpu__daemon_answer_waiters(cogpu__daemon_t *d);
+int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
+
+static dconn_t mark_listen, mark_timer, mark_signal;
+static int sigfd = -1;
+static uint64_t watchdog_us;
+
+static uint64_t now_ms(void) {
+  return cogpu__now_ns() / 1000000u;
+}
+
+/* --- connections ------------------------------------------------------------ */
+
+static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
+  dconn_t *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->fd = fd;
+  c->kind = kind;
+  c->waiter = -1;
+  c->next = d->conns;
+  if (d->conns)
+    d->conns->prev = c;
+  d->conns = c;
+  d->nconns++;
+  return c;
+}
+
+static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
+  cogpu__daemon_close(d, c);
+  if (c->fd >= 0) {
+    if (!d->fuzz)
+      epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+  }
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    d->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  d->nconns--;
+  free(c);
+}
+
+static bool in_group(pid_t pid, gid_t gid, gid_t want) {
+  if (gid == want)
+    return true;
+  char path[64], line[1024];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "re");
+  bool yes = false;
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, "Groups:", 7) == 0) {
+      char *p = line + 7, *end;
+      for (;;) {
+        unsigned long g = strtoul(p, &end, 10);
+        if (end == p)
+          break;
+        yes |= (gid_t)g == want;
+        p = end;
+      }
+      break;
+    }
+  if (f)
+    fclose(f);
+  return yes;
+}
+
+static void on_accept(cogpu__daemon_t *d) {
+  for (;;) {
+    int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0)
+      return; /* EAGAIN, or out of descriptors: the next event retries */
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 ||
+        cr.pid <= 0) {
+      /* A peer whose PID this namespace cannot see (pid 0) is refused:
+       * its process could not be told apart from another. */
+      close(fd);
+      continue;
+    }
+    dconn_t *c = conn_new(d, fd, DC_NEW);
+    if (!c) {
+      close(fd);
+      continue;
+    }
+    c->pid = cr.pid;
+    c->uid = cr.uid;
+    c->gid = cr.gid;
+    c->admin = cr.uid == 0 ||
+               (d->have_admin_group && in_group(cr.pid, cr.gid, d->admin_gid));
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+    if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+      conn_free(d, c);
+  }
+}
+
+static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
+  if (c->kind == DC_PIDFD) {
+    cogpu__log(COGPU_LOG_INFO,
+               "client pid %d ended while the daemon was away: its slot %u "
+               "is freed",
+               (int)c->pid, c->slot);
+    conn_free(d, c);
+    return;
+  }
+  for (int i = 0; i < 16; i++) {
+    cogpu__msg_t m;
+    struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+      break;
+    if (n <= 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+        cogpu__daemon_handle(d, c, &m, (size_t)n) != 0) {
+      conn_free(d, c);
+      return;
+    }
+  }
+  if (events & (EPOLLHUP | EPOLLERR))
+    conn_free(d, c);
+}
+
+/* --- recovery after a restart ------------------------------------------------ */
+
+/* Slots of the previous daemon's clients: kept while their process lives
+ * (watched by pidfd), until it reconnects; freed if it is gone. */
+static void recover(cogpu__daemon_t *d) {
+  ledger_state_t *st = d->dh->st;
+  struct cogpu_s *h = d->dh;
+  unsigned kept = 0, freed = 0;
+  cogpu__ledger_lock(h);
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    ledger_slot_t *sl = &st->slots[s];
+    if (sl->state != SLOT_ACTIVE || s == h->slot)
+      continue;
+    uint64_t t = cogpu__daemon_starttime(sl->pid);
+    if (t == 0 || t != sl->starttime) {
+      cogpu__ledger_slot_free(h, s);
+      freed++;
+      continue;
+    }
+    kept++;
+    int pfd = (int)syscall(SYS_pidfd_open, sl->pid, 0);
+    if (pfd < 0)
+      continue; /* no pidfd (kernel < 5.3): the timer checks it */
+    dconn_t *c = conn_new(d, pfd, DC_PIDFD);
+    if (!c) {
+      close(pfd);
+      continue;
+    }
+    c->pid = sl->pid;
+    c->uid = sl->uid;
+    c->slot = s;
+    c->gen = atomic_load(&sl->gen);
+    c->res_slot = s;
+    c->res_gen = c->gen;
+    d->slot_conn[s] = c;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    epoll_ctl(d->epfd, EPOLL_CTL_ADD, pfd, &ev);
+  }
+  /* Grants the previous daemon made but whose acknowledgement it never
+   * read stay granted: the client may have taken them. Queue entries
+   * wait for their clients to come back. */
+  unsigned waiting = 0;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    ledger_waiter_t *wt = &st->waiters[w];
+    if (wt->state == W_GRANTED || wt->state == W_REFUSED) {
+      cogpu__ledger_tx_set(h, &wt->state, W_FREE);
+      cogpu__ledger_tx_commit(h);
+    } else if (wt->state == W_WAITING) {
+      waiting++;
+    }
+  }
+  cogpu__ledger_serve(h);
+  cogpu__ledger_unlock(h);
+  uint32_t drop[LEDGER_MAX_WAITERS];
+  cogpu__ledger_take_wakes_of(h, drop, LEDGER_MAX_WAITERS);
+  if (waiting)
+    d->rebind_deadline_ms = now_ms() + 10000;
+  if (kept || freed || waiting)
+    cogpu__log(COGPU_LOG_WARN,
+               "recovered the node state: %u clients kept until they "
+               "reconnect, %u gone, %u requests waiting",
+               kept, freed, waiting);
+}
+
+/* Periodic work: the policy's time-based decisions, foreign memory,
+ * orphans without a pidfd, queue entries whose clients did not return. */
+static void on_tick(cogpu__daemon_t *d) {
+  struct cogpu_s *h = d->dh;
+  ledger_state_t *st = h->st;
+  cogpu__ledger_foreign_refresh(h, false);
+  cogpu__ledger_lock(h);
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    ledger_slot_t *sl = &st->slots[s];
+    if (sl->state != SLOT_ACTIVE || s == h->slot || d->slot_conn[s])
+      continue;
+    if (cogpu__daemon_starttime(sl->pid) != sl->starttime)
+      cogpu__ledger_slot_free(h, s);
+  }
+  if (d->rebind_deadline_ms && now_ms() >= d->rebind_deadline_ms) {
+    d->rebind_deadline_ms = 0;
+    for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+      if (st->waiters[w].state == W_WAITING && !d->waiter_conn[w])
+        cogpu__ledger_dequeue(h, w);
+  }
+  cogpu__ledger_serve(h);
+  cogpu__ledger_unlock(h);
+  cogpu__daemon_answer_waiters(d);
+  for (dconn_t *c = d->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->closing)
+      conn_free(d, c);
+  }
+  if (watchdog_us)
+    sd_notify(0, "WATCHDOG=1");
+}
+
+static bool orphans_unwatched(cogpu__daemon_t *d) {
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
+    if (st->slots[s].state == SLOT_ACTIVE && s != d->dh->slot &&
+        !d->slot_conn[s])
+      return true;
+  return false;
+}
+
+/* Arms the timer only while something is due. */
+static void arm_timer(cogpu__daemon_t *d) {
+  uint64_t ms = 0;
+  if (d->dh->st->hdr.nwaiting || d->rebind_deadline_ms || orphans_unwatched(d))
+    ms = d->dh->st->hdr.sweep_interval_ms;
+  if (watchdog_us && (ms == 0 || ms > watchdog_us / 2000))
+    ms = watchdog_us / 2000;
+  struct itimerspec its = {0};
+  if (ms) {
+    its.it_value.tv_sec = (time_t)(ms / 1000);
+    its.it_value.tv_nsec = (long)(ms % 1000) * 1000000;
+    its.it_interval = its.it_value;
+  }
+  timerfd_settime(d->tfd, 0, &its, NULL);
+}
+
+/* --- set-up --------------------------------------------------------------------- */
+
+static int make_socket(cogpu__daemon_t *d) {
+  if (sd_listen_fds(1) == 1) {
+    d->lfd = SD_LISTEN_FDS_START;
+    int fl = fcntl(d->lfd, F_GETFL);
+    fcntl(d->lfd, F_SETFL, fl | O_NONBLOCK);
+    return 0;
+  }
+  const char *path = d->cfg.v[COGPU_OPT_SOCKET].s;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof sa.sun_path)
+    return cogpu__seterr(-ENAMETOOLONG, "socket path %s is too long", path);
+  strcpy(sa.sun_path, path);
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash && slash != dir) {
+    *slash = 0;
+    if (mkdir(dir, 0755) == 0)
+      chmod(dir, 0755);
+  }
+  struct stat sb;
+  if (lstat(path, &sb) == 0) {
+    if (!S_ISSOCK(sb.st_mode))
+      return cogpu__seterr(-EEXIST, "%s exists and is not a socket", path);
+    unlink(path); /* left by a daemon that died */
+  }
+  d->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (d->lfd < 0)
+    return cogpu__seterr(-errno, "socket: %s", strerror(errno));
+  mode_t old = umask(0);
+  int rc = bind(d->lfd, (struct sockaddr *)&sa, sizeof sa);
+  umask(old);
+  if (rc != 0 || chmod(path, 0666) != 0 || listen(d->lfd, 4096) != 0) {
+    rc = cogpu__seterr(-errno, "cannot listen on %s: %s", path,
+                       strerror(errno));
+    close(d->lfd);
+    d->lfd = -1;
+    return rc;
+  }
+  d->lfd_owned = true;
+  return 0;
+}
+
+static int open_state(cogpu__daemon_t *d) {
+  cogpu__config_t cfg = d->cfg;
+  /* The daemon's state is its own: root's, readable by nobody else. */
+  int rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_DIR,
+                             d->cfg.v[COGPU_OPT_DAEMON_DIR].s);
+  if (rc == 0)
+    rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_MODE, "0600");
+  if (rc == 0)
+    rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_GROUP, "");
+  if (rc == 0)
+    rc = cogpu__ledger_open_trusted(&cfg, &d->dh);
+  if (rc)
+    return rc;
+  d->proxy = *d->dh;
+  return 0;
+}
+
+int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
+                       bool fuzz) {
+  memset(d, 0, sizeof *d);
+  d->cfg = *cfg;
+  d->fuzz = fuzz;
+  d->epfd = d->lfd = d->tfd = -1;
+  d->slot_conn = calloc(LEDGER_MAX_SLOTS, sizeof *d->slot_conn);
+  d->waiter_conn = calloc(LEDGER_MAX_WAITERS, sizeof *d->waiter_conn);
+  if (!d->slot_conn || !d->waiter_conn)
+    return cogpu__seterr(-ENOMEM, "out of memory");
+  const char *grp = cfg->v[COGPU_OPT_ADMIN_GROUP].s;
+  if (*grp) {
+    struct group *gr = getgrnam(grp);
+    if (!gr)
+      return cogpu__seterr(COGPU_ECONFIG, "admin_group: no group named '%s'",
+                           grp);
+    d->admin_gid = gr->gr_gid;
+    d->have_admin_group = true;
+  }
+  int rc = open_state(d);
+  if (rc || fuzz)
+    return rc;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max; /* one descriptor per client */
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  d->epfd = epoll_create1(EPOLL_CLOEXEC);
+  d->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (d->epfd < 0 || d->tfd < 0)
+    return cogpu__seterr(-errno, "epoll/timerfd: %s", strerror(errno));
+  rc = make_socket(d);
+  if (rc)
+    return rc;
+  sigset_t ss;
+  sigemptyset(&ss);
+  sigaddset(&ss, SIGTERM);
+  sigaddset(&ss, SIGINT);
+  sigprocmask(SIG_BLOCK, &ss, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  sigfd = signalfd(-1, &ss, SFD_NONBLOCK | SFD_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &mark_listen};
+  epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->lfd, &ev);
+  ev.data.ptr = &mark_timer;
+  epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->tfd, &ev);
+  ev.data.ptr = &mark_signal;
+  if (sigfd >= 0)
+    epoll_ctl(d->epfd, EPOLL_CTL_ADD, sigfd, &ev);
+  recover(d);
+  if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
+    watchdog_us = 0;
+  return 0;
+}
+
+int cogpu__daemon_run(cogpu__daemon_t *d) {
+  sd_notify(0, "READY=1");
+  cogpu__log(COGPU_LOG_INFO, "cogpud ready on %s (%u GPUs, policy %s)",
+             d->cfg.v[COGPU_OPT_SOCKET].s, d->dh->st->hdr.ngpus,
+             cogpu_policy_name((int)d->dh->st->hdr.policy));
+  while (!d->stop) {
+    arm_timer(d);
+    struct epoll_event evs[64];
+    int n = epoll_wait(d->epfd, evs, 64, -1);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return cogpu__seterr(-errno, "epoll_wait: %s", strerror(errno));
+    for (int i = 0; i < n; i++) {
+      dconn_t *c = evs[i].data.ptr;
+      if (c == &mark_listen) {
+        on_accept(d);
+      } else if (c == &mark_timer) {
+        uint64_t x;
+        if (read(d->tfd, &x, sizeof x) < 0) {
+          /* nothing: the tick runs anyway */
+        }
+        on_tick(d);
+      } else if (c == &mark_signal) {
+        d->stop = true;
+      } else {
+        on_readable(d, c, evs[i].events);
+      }
+    }
+    /* Replies that could not be sent marked their connections. */
+    for (dconn_t *c = d->conns, *next; c; c = next) {
+      next = c->next;
+      if (c->closing)
+        conn_free(d, c);
+    }
+  }
+  sd_notify(0, "STOPPING=1");
+  return 0;
+}
+
+int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
+  ledger_state_t *st = d->dh->st;
+  int n = 0;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
+    n += st->slots[s].state == SLOT_ACTIVE && s != d->dh->slot;
+  *live = n;
+  if (n && !force)
+    return cogpu__seterr(-EBUSY,
+                         "%d processes are attached; `cogpu reset --force` "
+                         "disconnects them (their memory is no longer "
+                         "accounted)",
+                         n);
+  for (dconn_t *c = d->conns, *next; c; c = next) {
+    next = c->next;
+    c->closing = true;
+    if (c->kind == DC_MAIN || c->kind == DC_WAIT || c->kind == DC_PIDFD)
+      conn_free(d, c);
+  }
+  char path[600];
+  snprintf(path, sizeof path, "%s", d->dh->path);
+  cogpu__ledger_close_trusted(d->dh);
+  d->dh = NULL;
+  unlink(path);
+  cogpu__config_t cfg;
+  if (cogpu__config_load(&cfg) == 0)
+    d->cfg = cfg; /* apply an edited configuration */
+  int rc = open_state(d);
+  if (rc) {
+    cogpu__log(COGPU_LOG_ERROR, "reset: cannot create a new state: %s",
+               cogpu_last_error());
+    d->stop = true;
+  }
+  return rc;
+}
+
+/* Stopping is not detaching: the state keeps every client's reservation,
+ * and clients re-register with the next daemon. */
+void cogpu__daemon_fini(cogpu__daemon_t *d) {
+  while (d->conns) {
+    dconn_t *c = d->conns;
+    d->conns = c->next;
+    if (c->fd >= 0)
+      close(c->fd);
+    free(c);
+  }
+  if (d->lfd >= 0 && d->lfd_owned) {
+    unlink(d->cfg.v[COGPU_OPT_SOCKET].s);
+    close(d->lfd);
+  }
+  if (d->tfd >= 0)
+    close(d->tfd);
+  if (d->epfd >= 0)
+    close(d->epfd);
+  cogpu__ledger_close_trusted(d->dh);
+  free(d->slot_conn);
+  free(d->waiter_conn);
+}

@@ -1,0 +1,915 @@
+/*
+ * handle.c: what cogpud does with each client message. Every message has
+ * passed cogpu__msg_check; identity comes from the connection (SO_PEERCRED),
+ * never from the message. Authorisation: a client acts on its own slot and
+ * on jobs of its own user; root and the admin group on all.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "daemon/daemon-int.h"
+
+/* --- replies --------------------------------------------------------------- */
+
+static int send_msg(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
+                    int passfd) {
+  if (d->fuzz || c->fd < 0)
+    return 0;
+  struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof *m};
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (passfd >= 0) {
+    memset(cbuf, 0, sizeof cbuf);
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &passfd, sizeof passfd);
+  }
+  ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n != (ssize_t)sizeof *m) {
+    /* A client that does not read its replies loses its connection; it
+     * never holds up the daemon. */
+    c->closing = true;
+    return -1;
+  }
+  return 0;
+}
+
+static int reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
+                 int rc, cogpu__msg_t *r) {
+  r->magic = COGPU_PROTO_MAGIC;
+  r->version = COGPU_PROTO_VERSION;
+  r->type = COGPU_M_REPLY;
+  r->seq = req->seq;
+  r->rc = rc;
+  if (rc && !r->u.reply.msg[0])
+    snprintf(r->u.reply.msg, sizeof r->u.reply.msg, "%s",
+             *cogpu_last_error() ? cogpu_last_error() : cogpu_strerror(rc));
+  return send_msg(d, c, r, -1);
+}
+
+static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
+                int rc, const char *fmt, ...) COGPU_PRINTF(5, 6);
+static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
+                int rc, const char *fmt, ...) {
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r.u.reply.msg, sizeof r.u.reply.msg, fmt, ap);
+  va_end(ap);
+  reply(d, c, req, rc, &r);
+  return 0;
+}
+
+/* --- acting for a client --------------------------------------------------- */
+
+/* The proxy handle acts as the connection's process. */
+static struct cogpu_s *as(cogpu__daemon_t *d, dconn_t *c) {
+  struct cogpu_s *h = &d->proxy;
+  h->slot = c->slot;
+  h->gen = c->gen;
+  h->res_slot = c->res_slot;
+  h->res_gen = c->res_gen;
+  h->priority = c->priority;
+  return h;
+}
+
+static int cap_priority(cogpu__daemon_t *d, dconn_t *c, int prio,
+                        bool *capped) {
+  int cap = (int)d->cfg.v[COGPU_OPT_PRIORITY_CAP].i;
+  if (!c->admin && prio > cap) {
+    *capped = true;
+    return cap;
+  }
+  return prio;
+}
+
+static size_t user_slots(cogpu__daemon_t *d, uid_t uid) {
+  size_t n = 0;
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
+    n += st->slots[s].state == SLOT_ACTIVE && st->slots[s].uid == uid;
+  return n;
+}
+
+static size_t user_waiters(cogpu__daemon_t *d, uid_t uid) {
+  size_t n = 0;
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &st->waiters[w];
+    n += wt->state != W_FREE && wt->owner < LEDGER_MAX_SLOTS &&
+         st->slots[wt->owner].uid == uid;
+  }
+  return n;
+}
+
+/* The start time of a process (field 22 of /proc/PID/stat), 0 if gone. */
+uint64_t cogpu__daemon_starttime(pid_t pid);
+uint64_t cogpu__daemon_starttime(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  unsigned long long t = 0;
+  if (!p || sscanf(p + 1,
+                   " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d "
+                   "%*d %*d %*d %*d %*d %llu",
+                   &t) != 1)
+    return 0;
+  return t;
+}
+
+static uint32_t free_slot(cogpu__daemon_t *d) {
+  ledger_state_t *st = d->dh->st;
+  static uint32_t next;
+  for (uint32_t k = 0; k < LEDGER_MAX_SLOTS; k++) {
+    uint32_t s = (next + k) % LEDGER_MAX_SLOTS;
+    if (s != d->dh->slot && st->slots[s].state == SLOT_FREE &&
+        !d->slot_conn[s]) {
+      next = s + 1;
+      return s;
+    }
+  }
+  return UINT32_MAX;
+}
+
+/* May connection c act on slot s's job? Its own user's, or an admin. */
+static bool may_use(const cogpu__daemon_t *d, const dconn_t *c, uint32_t s) {
+  return c->admin || d->dh->st->slots[s].uid == c->uid;
+}
+
+static int parse_token(const char *tok, uint32_t *slot, uint32_t *gen) {
+  unsigned s, g;
+  char extra;
+  if (sscanf(tok, "%u.%u%c", &s, &g, &extra) != 2 || s >= LEDGER_MAX_SLOTS)
+    return -EINVAL;
+  *slot = s;
+  *gen = g;
+  return 0;
+}
+
+static void send_gpus(cogpu__daemon_t *d, dconn_t *c) {
+  const ledger_hdr_t *hd = &d->dh->st->hdr;
+  for (uint32_t g = 0; g < hd->ngpus; g++) {
+    cogpu__msg_t m;
+    cogpu__msg_init(&m, COGPU_M_GPU, 0);
+    m.u.gpu.index = g;
+    m.u.gpu.nvml_index = hd->gpus[g].index;
+    m.u.gpu.total = hd->gpus[g].total;
+    m.u.gpu.margin = hd->gpus[g].margin;
+    snprintf(m.u.gpu.uuid, sizeof m.u.gpu.uuid, "%s", hd->gpus[g].uuid);
+    snprintf(m.u.gpu.name, sizeof m.u.gpu.name, "%s", hd->gpus[g].name);
+    send_msg(d, c, &m, -1);
+  }
+}
+
+static void identity_reply(cogpu__daemon_t *d, dconn_t *c, cogpu__msg_t *r) {
+  ledger_slot_t *sl = &d->dh->st->slots[c->slot];
+  r->u.reply.slot = c->slot;
+  r->u.reply.gen = c->gen;
+  r->u.reply.res_slot = c->res_slot;
+  r->u.reply.res_gen = c->res_gen;
+  r->u.reply.secret[0] = sl->secret[0];
+  r->u.reply.secret[1] = sl->secret[1];
+  r->u.reply.ngpus = d->dh->st->hdr.ngpus;
+  r->u.reply.policy = d->dh->st->hdr.policy;
+  r->u.reply.a = (uint64_t)c->pid;
+}
+
+static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  const cogpu__m_attach_t *a = &m->u.attach;
+  uid_t owner = c->uid;
+  if (a->flags & COGPU_ATTACH_FOR_UID) {
+    if (c->uid != 0)
+      return fail(d, c, m, -EPERM, "only root may book a job for another "
+                                   "user") - 1;
+    owner = a->for_uid;
+  }
+  long most = d->cfg.v[COGPU_OPT_USER_MAX_CLIENTS].i;
+  if (!c->admin && (long)user_slots(d, owner) >= most)
+    return fail(d, c, m, -EAGAIN,
+                "user %u already has %ld processes attached "
+                "(user_max_clients)",
+                (unsigned)owner, most) -
+           1;
+  uint32_t job = 0, job_gen = 0;
+  ledger_state_t *st = d->dh->st;
+  if (a->join[0]) {
+    if (parse_token(a->join, &job, &job_gen) ||
+        st->slots[job].state != SLOT_ACTIVE ||
+        atomic_load(&st->slots[job].gen) != job_gen || job == d->dh->slot)
+      return fail(d, c, m, -ESRCH, "the job of token '%s' has ended",
+                  a->join) -
+             1;
+    /* A token is not a key: only the job's own user joins it. */
+    if (st->slots[job].uid != owner && !c->admin)
+      return fail(d, c, m, -EPERM,
+                  "job token '%s' belongs to another user: refused", a->join) -
+             1;
+  }
+  uint32_t s = free_slot(d);
+  if (s == UINT32_MAX)
+    return fail(d, c, m, -ENOSPC, "all %u client slots are in use",
+                LEDGER_MAX_SLOTS) -
+           1;
+  bool capped = false;
+  int prio = cap_priority(d, c, a->priority, &capped);
+  struct cogpu_s *h = d->dh;
+  cogpu__ledger_lock(h);
+  ledger_slot_t *sl = &st->slots[s];
+  c->gen = atomic_fetch_add(&sl->gen, 1) + 1;
+  c->slot = c->res_slot = s;
+  c->res_gen = c->gen;
+  c->priority = prio;
+  cogpu__ledger_slot_fill(h, s, c->pid, (uint32_t)owner, prio, a->command,
+                          a->job_id);
+  if (getrandom(sl->secret, sizeof sl->secret, 0) != sizeof sl->secret) {
+    sl->secret[0] = cogpu__now_ns() ^ (uint64_t)c->pid << 32;
+    sl->secret[1] = (uint64_t)random() << 31 ^ (uint64_t)random();
+  }
+  sl->starttime = cogpu__daemon_starttime(c->pid);
+  sl->last_op = 0;
+  cogpu__ledger_tx_set(h, &sl->state, SLOT_ACTIVE);
+  cogpu__ledger_tx_commit(h);
+  if (a->join[0]) {
+    cogpu__ledger_slot_join(h, s, job, job_gen);
+    c->res_slot = job;
+    c->res_gen = job_gen;
+  }
+  cogpu__ledger_serve(h);
+  cogpu__ledger_unlock(h);
+  c->kind = DC_MAIN;
+  d->slot_conn[s] = c;
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  identity_reply(d, c, &r);
+  if (capped) {
+    r.u.reply.flags |= COGPU_REPLY_PRIORITY_CAPPED;
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+             "priority %d capped to %d (priority_cap; only admins may go "
+             "higher)",
+             a->priority, prio);
+  }
+  reply(d, c, m, 0, &r);
+  send_gpus(d, c);
+  return 0;
+}
+
+/* Does the message prove ownership of the slot it names? */
+static int authenticate(cogpu__daemon_t *d, dconn_t *c,
+                        const cogpu__m_resume_t *who) {
+  ledger_state_t *st = d->dh->st;
+  if (who->slot >= LEDGER_MAX_SLOTS || who->slot == d->dh->slot)
+    return -ESRCH;
+  ledger_slot_t *sl = &st->slots[who->slot];
+  if (sl->state != SLOT_ACTIVE || atomic_load(&sl->gen) != who->gen ||
+      sl->secret[0] != who->secret[0] || sl->secret[1] != who->secret[1])
+    return -ESRCH;
+  if (sl->uid != c->uid && c->uid != 0)
+    return -EPERM;
+  c->slot = who->slot;
+  c->gen = who->gen;
+  c->res_slot = who->slot;
+  c->res_gen = who->gen;
+  if (sl->job && sl->job <= LEDGER_MAX_SLOTS && sl->job - 1 == who->res_slot &&
+      sl->job_gen == who->res_gen) {
+    c->res_slot = who->res_slot;
+    c->res_gen = who->res_gen;
+  }
+  c->priority = sl->priority;
+  return 0;
+}
+
+static int on_resume(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  int rc = authenticate(d, c, &m->u.resume);
+  if (rc)
+    return fail(d, c, m, rc, "no such registration on this node") - 1;
+  dconn_t *old = d->slot_conn[c->slot];
+  if (old && old->kind == DC_MAIN)
+    return fail(d, c, m, -EBUSY, "this registration is connected") - 1;
+  if (old && old->kind == DC_PIDFD)
+    cogpu__daemon_close(d, old); /* stops watching the orphan */
+  c->kind = DC_MAIN;
+  d->slot_conn[c->slot] = c;
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  identity_reply(d, c, &r);
+  reply(d, c, m, 0, &r);
+  return 0;
+}
+
+/* A request resent after a restart that was already done is answered from
+ * the slot's record. */
+static bool replay(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  ledger_slot_t *sl = &d->dh->st->slots[c->slot];
+  if (m->seq == 0 || sl->last_op != m->seq)
+    return false;
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  r.u.reply.gpu = (int32_t)sl->last_gpu;
+  r.u.reply.a = sl->last_a;
+  reply(d, c, m, (int)sl->last_rc, &r);
+  return true;
+}
+
+static void record(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
+                   int rc, int gpu, uint64_t a) {
+  struct cogpu_s *h = d->dh;
+  ledger_slot_t *sl = &h->st->slots[c->slot];
+  cogpu__ledger_tx_set(h, &sl->last_op, m->seq);
+  cogpu__ledger_tx_set(h, (uint64_t *)&sl->last_rc, (uint64_t)(int64_t)rc);
+  cogpu__ledger_tx_set(h, (uint64_t *)&sl->last_gpu, (uint64_t)(int64_t)gpu);
+  cogpu__ledger_tx_set(h, &sl->last_a, a);
+  cogpu__ledger_tx_commit(h);
+}
+
+static int to_request(cogpu__daemon_t *d, dconn_t *c,
+                      const cogpu__m_reserve_t *q, cogpu_request_t *req,
+                      bool *capped) {
+  req->gpu = q->gpu;
+  req->bytes = q->bytes;
+  req->flags = q->flags;
+  req->timeout_ms = q->timeout_ms;
+  req->priority = q->priority == COGPU_PRIORITY_DEFAULT
+                      ? c->priority
+                      : cap_priority(d, c, q->priority, capped);
+  return 0;
+}
+
+static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  if (replay(d, c, m))
+    return 0;
+  cogpu_request_t req;
+  bool capped = false;
+  to_request(d, c, &m->u.reserve, &req, &capped);
+  req.timeout_ms = COGPU_NOWAIT;
+  struct cogpu_s *h = as(d, c);
+  reserve_req_t r;
+  cogpu__clearerr();
+  int rc = cogpu__ledger_reserve_check(h, &req, &r);
+  int g = -1;
+  if (rc == 0) {
+    cogpu__ledger_lock(h);
+    cogpu__ledger_check_job(h);
+    c->res_slot = h->res_slot;
+    g = cogpu__ledger_reserve_fast(h, &r);
+    if (g < 0) {
+      int64_t w = -1;
+      g = cogpu__ledger_reserve_queue(h, &r, &w);
+      if (g == -1) {
+        g = cogpu__ledger_dequeue(h, (uint32_t)w);
+        if (g == -2)
+          rc = cogpu__ledger_refused(&r);
+      }
+    }
+    if (g < -1 && rc == 0)
+      rc = g;
+    if (rc == 0 && g < 0) {
+      char need[32];
+      rc = cogpu__seterr(-EAGAIN, "%s not available now",
+                         r.exclusive ? "exclusive use is"
+                                     : cogpu__fmt_size(r.bytes, need,
+                                                       sizeof need));
+    }
+    record(d, c, m, rc, g, 0);
+    cogpu__ledger_unlock(h);
+  }
+  if (rc == -EAGAIN)
+    cogpu__ledger_foreign_refresh(d->dh, false); /* for the next try */
+  cogpu__msg_t rp;
+  memset(&rp, 0, sizeof rp);
+  rp.u.reply.gpu = g;
+  if (capped)
+    rp.u.reply.flags |= COGPU_REPLY_PRIORITY_CAPPED;
+  reply(d, c, m, rc, &rp);
+  return 0;
+}
+
+static int on_release(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  if (replay(d, c, m))
+    return 0;
+  struct cogpu_s *h = as(d, c);
+  int gpu = m->u.amount.gpu;
+  cogpu__clearerr();
+  int rc = 0;
+  if ((uint32_t)gpu >= h->st->hdr.ngpus)
+    rc = cogpu__seterr(-ENODEV, "no GPU %d on this node", gpu);
+  if (rc == 0) {
+    cogpu__ledger_lock(h);
+    cogpu__ledger_check_job(h);
+    c->res_slot = h->res_slot;
+    rc = cogpu__ledger_release_locked(h, gpu, m->u.amount.bytes);
+    record(d, c, m, rc, gpu, 0);
+    cogpu__ledger_unlock(h);
+  }
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  return reply(d, c, m, rc, &r) ? -1 : 0;
+}
+
+static int on_claim(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
+                    bool give_back) {
+  if (replay(d, c, m))
+    return 0;
+  struct cogpu_s *h = as(d, c);
+  uint64_t got = 0;
+  cogpu__clearerr();
+  int rc = give_back
+               ? cogpu__ledger_unclaim(h, m->u.amount.gpu, m->u.amount.bytes)
+               : cogpu__ledger_claim(h, m->u.amount.gpu, m->u.amount.bytes,
+                                     &got);
+  c->res_slot = h->res_slot;
+  cogpu__ledger_lock(h);
+  record(d, c, m, rc, m->u.amount.gpu, got);
+  cogpu__ledger_unlock(h);
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  r.u.reply.a = got;
+  reply(d, c, m, rc, &r);
+  return 0;
+}
+
+static int on_query_amount(cogpu__daemon_t *d, dconn_t *c,
+                           const cogpu__msg_t *m) {
+  struct cogpu_s *h = as(d, c);
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  int gpu = m->u.amount.gpu;
+  cogpu__clearerr();
+  int rc = 0;
+  if (m->type == COGPU_M_ROOM) {
+    rc = cogpu__ledger_room(h, gpu, &r.u.reply.a, &r.u.reply.b);
+  } else if ((uint32_t)gpu >= h->st->hdr.ngpus) {
+    rc = cogpu__seterr(-ENODEV, "no GPU %d on this node", gpu);
+  } else {
+    r.u.reply.a = h->st->slots[h->res_slot].held[gpu];
+    r.u.reply.b = cogpu__ledger_job_spare(h, gpu);
+  }
+  reply(d, c, m, rc, &r);
+  return 0;
+}
+
+static int on_find_job(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    ledger_slot_t *sl = &st->slots[s];
+    if (s == c->slot || sl->state != SLOT_ACTIVE || sl->job ||
+        strncmp(sl->job_id, m->u.find_job.job_id, sizeof sl->job_id) != 0 ||
+        !may_use(d, c, s))
+      continue;
+    cogpu__msg_t r;
+    memset(&r, 0, sizeof r);
+    r.u.reply.slot = s;
+    r.u.reply.gen = atomic_load(&sl->gen);
+    reply(d, c, m, 0, &r);
+    return 0;
+  }
+  return fail(d, c, m, -ESRCH, "no live job '%s' of yours on this node",
+              m->u.find_job.job_id);
+}
+
+/* --- waiting --------------------------------------------------------------- */
+
+static void grant_reply(cogpu__daemon_t *d, dconn_t *c, int rc, int gpu) {
+  cogpu__msg_t r, req;
+  memset(&r, 0, sizeof r);
+  cogpu__msg_init(&req, COGPU_M_WAIT, 1);
+  r.u.reply.gpu = gpu;
+  reply(d, c, &req, rc, &r);
+}
+
+static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  const cogpu__m_wait_t *wm = &m->u.wait;
+  int rc = authenticate(d, c, &wm->who);
+  if (rc)
+    return fail(d, c, m, rc, "no such registration on this node") - 1;
+  c->kind = DC_WAIT;
+  c->waiter = -1;
+  ledger_state_t *st = d->dh->st;
+  /* After a daemon restart: the same request keeps its queue entry. */
+  if (wm->prev_waiter && wm->prev_waiter <= LEDGER_MAX_WAITERS) {
+    uint32_t w = wm->prev_waiter - 1;
+    ledger_waiter_t *wt = &st->waiters[w];
+    if (wt->state != W_FREE && wt->owner == c->slot &&
+        wt->ticket == wm->prev_ticket && !d->waiter_conn[w]) {
+      c->waiter = w;
+      c->ticket = wt->ticket;
+      d->waiter_conn[w] = c;
+      if (wt->state == W_WAITING) {
+        cogpu__msg_t r;
+        memset(&r, 0, sizeof r);
+        r.u.reply.flags = COGPU_REPLY_QUEUED;
+        r.u.reply.waiter = w;
+        r.u.reply.ticket = wt->ticket;
+        reply(d, c, m, 0, &r);
+      }
+      /* Answered while the client was away: the next pass replies. */
+      return 0;
+    }
+  }
+  long most = d->cfg.v[COGPU_OPT_USER_MAX_WAITERS].i;
+  if (!c->admin && (long)user_waiters(d, c->uid) >= most)
+    return fail(d, c, m, -EAGAIN,
+                "user %u already has %ld requests waiting "
+                "(user_max_waiters)",
+                (unsigned)c->uid, most) -
+           1;
+  cogpu_request_t req;
+  bool capped = false;
+  to_request(d, c, &wm->req, &req, &capped);
+  if (req.timeout_ms == COGPU_NOWAIT)
+    req.timeout_ms = COGPU_WAIT_FOREVER; /* the client bounds its wait */
+  struct cogpu_s *h = as(d, c);
+  reserve_req_t r;
+  cogpu__clearerr();
+  rc = cogpu__ledger_reserve_check(h, &req, &r);
+  if (rc)
+    return fail(d, c, m, rc, "%s", cogpu_last_error()) - 1;
+  cogpu__ledger_lock(h);
+  cogpu__ledger_check_job(h);
+  c->res_slot = h->res_slot;
+  int64_t w = -1;
+  int g = cogpu__ledger_reserve_fast(h, &r);
+  if (g < 0)
+    g = cogpu__ledger_reserve_queue(h, &r, &w);
+  cogpu__ledger_unlock(h);
+  if (g >= 0) {
+    c->grant_pending = true;
+    c->grant_gpu = g;
+    c->grant_bytes = r.bytes;
+    c->grant_excl = r.exclusive;
+    grant_reply(d, c, 0, g);
+    return 0;
+  }
+  if (g < -1)
+    return fail(d, c, m, g, "%s", cogpu_last_error()) - 1;
+  c->waiter = w;
+  c->ticket = st->waiters[w].ticket;
+  d->waiter_conn[w] = c;
+  cogpu__msg_t rp;
+  memset(&rp, 0, sizeof rp);
+  rp.u.reply.flags = COGPU_REPLY_QUEUED;
+  rp.u.reply.waiter = (uint32_t)w;
+  rp.u.reply.ticket = c->ticket;
+  reply(d, c, m, 0, &rp);
+  return 0;
+}
+
+/* The grant was delivered: the queue entry is no longer needed. */
+static int on_ack(cogpu__daemon_t *d, dconn_t *c) {
+  if (!c->grant_pending)
+    return -1;
+  c->grant_pending = false;
+  if (c->waiter >= 0) {
+    struct cogpu_s *h = as(d, c);
+    cogpu__ledger_lock(h);
+    cogpu__ledger_dequeue(h, (uint32_t)c->waiter);
+    cogpu__ledger_unlock(h);
+    d->waiter_conn[c->waiter] = NULL;
+    c->waiter = -1;
+  }
+  return -1; /* the exchange is over */
+}
+
+/* Answers the wait connections whose requests the policy has served or
+ * refused, or whose entries are gone (their job ended). */
+void cogpu__daemon_answer_waiters(cogpu__daemon_t *d);
+void cogpu__daemon_answer_waiters(cogpu__daemon_t *d) {
+  static uint32_t woken[LEDGER_MAX_WAITERS];
+  size_t n = cogpu__ledger_take_wakes_of(d->dh, woken, LEDGER_MAX_WAITERS);
+  ledger_state_t *st = d->dh->st;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t w = woken[i];
+    dconn_t *c = d->waiter_conn[w];
+    ledger_waiter_t *wt = &st->waiters[w];
+    if (!c || c->grant_pending)
+      continue;
+    if (wt->state == W_GRANTED) {
+      c->grant_pending = true;
+      c->grant_gpu = (int)wt->granted_gpu;
+      c->grant_bytes = wt->bytes;
+      c->grant_excl = wt->exclusive;
+      grant_reply(d, c, 0, (int)wt->granted_gpu);
+    } else if (wt->state == W_REFUSED) {
+      char need[32];
+      reserve_req_t r = {.bytes = wt->bytes, .exclusive = wt->exclusive != 0};
+      (void)need;
+      struct cogpu_s *h = as(d, c);
+      cogpu__ledger_lock(h);
+      cogpu__ledger_dequeue(h, w);
+      cogpu__ledger_unlock(h);
+      d->waiter_conn[w] = NULL;
+      c->waiter = -1;
+      int rc = cogpu__ledger_refused(&r);
+      grant_reply(d, c, rc, -1);
+      c->closing = true;
+    }
+  }
+}
+
+/* After a slot was freed: wait connections whose entries went with it. */
+static void drop_orphaned_waits(cogpu__daemon_t *d) {
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    dconn_t *c = d->waiter_conn[w];
+    if (!c || (st->waiters[w].state != W_FREE &&
+               st->waiters[w].ticket == c->ticket))
+      continue;
+    d->waiter_conn[w] = NULL;
+    c->waiter = -1;
+    if (!c->grant_pending) {
+      grant_reply(d, c, -ECANCELED, -1);
+      c->closing = true;
+    }
+  }
+}
+
+/* --- status and reset -------------------------------------------------------- */
+
+static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  struct cogpu_s *h = d->dh;
+  cogpu_status_t st;
+  memset(&st, 0, sizeof st);
+  cogpu__ledger_foreign_refresh(h, false);
+  cogpu__ledger_lock(h);
+  int rc = cogpu__ledger_status_fill(h, &st);
+  cogpu__ledger_unlock(h);
+  /* Clients see the daemon's socket: the state file is root's own. */
+  snprintf(st.state_path, sizeof st.state_path, "cogpud %.400s",
+           d->cfg.v[COGPU_OPT_SOCKET].s);
+  size_t nc = 0, nw = 0;
+  for (size_t g = 0; g < st.ngpus; g++) {
+    nc += st.gpus[g].nclients;
+    nw += st.gpus[g].nwaiting;
+  }
+  size_t size = sizeof(cogpu__snap_hdr_t) + st.ngpus * sizeof(cogpu__snap_gpu_t) +
+                nc * sizeof(cogpu__snap_client_t) +
+                nw * sizeof(cogpu__snap_waiter_t);
+  char *buf = rc ? NULL : calloc(1, size);
+  int mfd = -1;
+  if (buf) {
+    cogpu__snap_hdr_t *sh = (void *)buf;
+    sh->magic = COGPU_SNAP_MAGIC;
+    sh->version = 1;
+    sh->ngpus = (uint32_t)st.ngpus;
+    sh->nclients = (uint32_t)nc;
+    sh->nwaiters = (uint32_t)nw;
+    sh->layout_version = st.layout_version;
+    snprintf(sh->policy, sizeof sh->policy, "%s", st.policy);
+    snprintf(sh->state_path, sizeof sh->state_path, "%s", st.state_path);
+    cogpu__snap_gpu_t *gs = (void *)(sh + 1);
+    cogpu__snap_client_t *cs = (void *)(gs + st.ngpus);
+    cogpu__snap_waiter_t *ws = (void *)(cs + nc);
+    for (size_t g = 0; g < st.ngpus; g++) {
+      const cogpu_gpu_info_t *gi = &st.gpus[g];
+      gs[g] = (cogpu__snap_gpu_t){.index = gi->index,
+                                  .max_clients = gi->max_clients,
+                                  .total = gi->total_bytes,
+                                  .margin = gi->margin_bytes,
+                                  .foreign = gi->foreign_bytes,
+                                  .capacity = gi->capacity_bytes,
+                                  .reserved = gi->reserved_bytes,
+                                  .exclusive = gi->exclusive};
+      snprintf(gs[g].uuid, sizeof gs[g].uuid, "%s", gi->uuid);
+      snprintf(gs[g].name, sizeof gs[g].name, "%s", gi->name);
+      for (size_t i = 0; i < gi->nclients; i++, cs++) {
+        const cogpu_client_info_t *ci = &gi->clients[i];
+        *cs = (cogpu__snap_client_t){.gpu = (uint32_t)g,
+                                     .pid = ci->pid,
+                                     .uid = ci->uid,
+                                     .priority = ci->priority,
+                                     .reserved = ci->reserved_bytes,
+                                     .exclusive = ci->exclusive,
+                                     .slot = UINT32_MAX};
+        snprintf(cs->command, sizeof cs->command, "%s", ci->command);
+        snprintf(cs->job_id, sizeof cs->job_id, "%s", ci->job_id);
+      }
+      for (size_t i = 0; i < gi->nwaiting; i++, ws++) {
+        const cogpu_waiter_info_t *wi = &gi->waiting[i];
+        *ws = (cogpu__snap_waiter_t){.gpu = (uint32_t)g,
+                                     .pid = wi->pid,
+                                     .uid = wi->uid,
+                                     .priority = wi->priority,
+                                     .asked_gpu = wi->gpu,
+                                     .exclusive = wi->exclusive,
+                                     .bytes = wi->requested_bytes,
+                                     .waiting_seconds = wi->waiting_seconds,
+                                     .position = (uint32_t)wi->position,
+                                     .owner_slot = UINT32_MAX};
+        snprintf(ws->command, sizeof ws->command, "%s", wi->command);
+        snprintf(ws->job_id, sizeof ws->job_id, "%s", wi->job_id);
+      }
+    }
+    mfd = memfd_create("cogpu-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (mfd >= 0 && (write(mfd, buf, size) != (ssize_t)size ||
+                     fcntl(mfd, F_ADD_SEALS,
+                           F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE |
+                               F_SEAL_SEAL) != 0)) {
+      close(mfd);
+      mfd = -1;
+    }
+    free(buf);
+  }
+  for (size_t g = 0; g < st.ngpus; g++) {
+    free(st.gpus[g].clients);
+    free(st.gpus[g].waiting);
+  }
+  free(st.gpus);
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  r.magic = COGPU_PROTO_MAGIC;
+  r.version = COGPU_PROTO_VERSION;
+  r.type = COGPU_M_REPLY;
+  r.seq = m->seq;
+  r.rc = mfd >= 0 ? 0 : -ENOMEM;
+  if (mfd < 0)
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "cannot build a snapshot");
+  send_msg(d, c, &r, mfd);
+  if (mfd >= 0)
+    close(mfd);
+  return -1;
+}
+
+int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
+
+static int on_reset(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  if (!c->admin)
+    return fail(d, c, m, -EPERM, "only root or the admin group may reset the "
+                                 "node") -
+           1;
+  int live = 0;
+  cogpu__clearerr();
+  int rc = cogpu__daemon_reset(d, m->u.reset.force, &live);
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  r.u.reply.a = (uint64_t)live;
+  reply(d, c, m, rc, &r);
+  return -1;
+}
+
+/* --- dispatch --------------------------------------------------------------- */
+
+int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
+                         size_t len) {
+  cogpu__msg_t m;
+  char why[96];
+  if (len != sizeof m)
+    return -1;
+  memcpy(&m, buf, sizeof m);
+  if (cogpu__msg_check(&m, len, why, sizeof why) != 0) {
+    cogpu__log(COGPU_LOG_INFO, "client pid %d (uid %u): %s: disconnected",
+               (int)c->pid, (unsigned)c->uid, why);
+    return -1;
+  }
+  int rc;
+  switch (c->kind) {
+  case DC_NEW:
+    switch (m.type) {
+    case COGPU_M_ATTACH:
+      rc = on_attach(d, c, &m);
+      break;
+    case COGPU_M_RESUME:
+      rc = on_resume(d, c, &m);
+      break;
+    case COGPU_M_WAIT:
+      rc = on_wait(d, c, &m);
+      break;
+    case COGPU_M_STATUS:
+      c->kind = DC_QUERY;
+      rc = on_status(d, c, &m);
+      break;
+    case COGPU_M_RESET:
+      c->kind = DC_QUERY;
+      rc = on_reset(d, c, &m);
+      break;
+    default:
+      rc = -1;
+    }
+    break;
+  case DC_MAIN:
+    switch (m.type) {
+    case COGPU_M_RESERVE:
+      rc = on_reserve(d, c, &m);
+      break;
+    case COGPU_M_RELEASE:
+      rc = on_release(d, c, &m);
+      break;
+    case COGPU_M_CLAIM:
+    case COGPU_M_UNCLAIM:
+      rc = on_claim(d, c, &m, m.type == COGPU_M_UNCLAIM);
+      break;
+    case COGPU_M_ROOM:
+    case COGPU_M_HELD:
+      rc = on_query_amount(d, c, &m);
+      break;
+    case COGPU_M_FIND_JOB:
+      rc = on_find_job(d, c, &m);
+      break;
+    case COGPU_M_DETACH:
+    default:
+      rc = -1;
+    }
+    break;
+  case DC_WAIT:
+    rc = m.type == COGPU_M_ACK ? on_ack(d, c) : -1;
+    break;
+  default:
+    rc = -1;
+  }
+  cogpu__daemon_answer_waiters(d);
+  drop_orphaned_waits(d);
+  return rc < 0 || c->closing ? -1 : 0;
+}
+
+/* --- closing ------------------------------------------------------------------ */
+
+void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
+  ledger_state_t *st = d->dh->st;
+  if (c->kind == DC_MAIN || c->kind == DC_PIDFD) {
+    if (d->slot_conn[c->slot] == c) {
+      d->slot_conn[c->slot] = NULL;
+      struct cogpu_s *h = as(d, c);
+      ledger_slot_t *sl = &st->slots[c->slot];
+      if (sl->state == SLOT_ACTIVE && atomic_load(&sl->gen) == c->gen) {
+        cogpu__ledger_lock(h);
+        cogpu__ledger_slot_free(h, c->slot);
+        cogpu__ledger_serve(h);
+        cogpu__ledger_unlock(h);
+      }
+    }
+  } else if (c->kind == DC_WAIT) {
+    struct cogpu_s *h = as(d, c);
+    ledger_slot_t *sl = &st->slots[c->slot];
+    bool live = sl->state == SLOT_ACTIVE && atomic_load(&sl->gen) == c->gen;
+    cogpu__ledger_lock(h);
+    if (c->waiter >= 0 && d->waiter_conn[c->waiter] == c) {
+      d->waiter_conn[c->waiter] = NULL;
+      ledger_waiter_t *wt = &st->waiters[c->waiter];
+      if (wt->state != W_FREE && wt->ticket == c->ticket)
+        cogpu__ledger_dequeue(h, (uint32_t)c->waiter);
+    }
+    /* A grant the client never acknowledged: it gave up (its own timeout)
+     * before it saw it, so the memory is not its. */
+    if (c->grant_pending && live) {
+      cogpu__ledger_check_job(h);
+      if (c->grant_bytes)
+        cogpu__ledger_release_locked(
+            h, c->grant_gpu,
+            c->grant_bytes <= st->slots[h->res_slot].held[c->grant_gpu]
+                ? c->grant_bytes
+                : st->slots[h->res_slot].held[c->grant_gpu]);
+      if (c->grant_excl)
+        cogpu__ledger_end_exclusive(h, c->grant_gpu);
+    }
+    cogpu__ledger_serve(h);
+    cogpu__ledger_unlock(h);
+  }
+  cogpu__daemon_answer_waiters(d);
+  drop_orphaned_waits(d);
+}
+
+/* --- invariants ---------------------------------------------------------------- */
+
+int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len) {
+  ledger_state_t *st = d->dh->st;
+  const ledger_hdr_t *hd = &st->hdr;
+  uint64_t reserved[LEDGER_MAX_GPUS] = {0};
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    for (uint32_t g = 0; g < hd->ngpus; g++) {
+      if (sl->state != SLOT_ACTIVE && sl->held[g])
+        return snprintf(why, len, "free slot %u holds %llu bytes on GPU %u", s,
+                        (unsigned long long)sl->held[g], g);
+      reserved[g] += sl->state == SLOT_ACTIVE ? sl->held[g] : 0;
+    }
+  }
+  for (uint32_t g = 0; g < hd->ngpus; g++)
+    if (reserved[g] != hd->gpus[g].reserved)
+      return snprintf(why, len, "GPU %u: reserved %llu, slots hold %llu", g,
+                      (unsigned long long)hd->gpus[g].reserved,
+                      (unsigned long long)reserved[g]);
+  uint64_t nw = 0;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+    nw += st->waiters[w].state == W_WAITING;
+  if (nw != hd->nwaiting)
+    return snprintf(why, len, "nwaiting %llu, %llu waiting entries",
+                    (unsigned long long)hd->nwaiting, (unsigned long long)nw);
+  return 0;
+}

@@ -1,0 +1,747 @@
+/*
+ * client.c: node mode, the client side (node.h). One main connection per
+ * attached process carries its requests, one at a time under a mutex; its
+ * closing is how the daemon learns that the process ended. A request that
+ * must wait gets a connection of its own, so a waiting thread never holds
+ * up the process's other threads, and giving up is closing it: the daemon
+ * then cancels the request, or takes back a grant that was not acknowledged.
+ * The client's own clock bounds every wait, whatever the daemon does.
+ *
+ * When the daemon restarts (kill -9, systemctl restart), a request fails
+ * with EOF or EPIPE: the client reconnects within daemon_wait, proves with
+ * the secret it got at attach that it owns its slot (RESUME), and sends the
+ * request again; the daemon answers a request it already did from the
+ * slot's record instead of doing it twice.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "node/node.h"
+#include "node/proto.h"
+#include "nvml/nvml.h"
+
+#define NODE_MAX_GPUS COGPU_NVML_MAX_GPUS
+
+struct cogpu__node_s {
+  pthread_mutex_t mu; /* the main connection: one request at a time */
+  int fd;
+  bool forked, lost;
+  char sock[256];
+  int64_t daemon_wait_ms;
+  uint32_t seq;
+  uint32_t slot, gen, res_slot, res_gen;
+  uint64_t secret[2];
+  uint32_t ngpus, policy;
+  cogpu__m_gpu_t gpus[NODE_MAX_GPUS];
+};
+
+/* --- sockets ----------------------------------------------------------- */
+
+static uint64_t now_ms(void) {
+  return cogpu__now_ns() / 1000000u;
+}
+
+static uint64_t deadline_after(int64_t ms) {
+  return ms < 0 ? UINT64_MAX : now_ms() + (uint64_t)ms;
+}
+
+static int ms_until(uint64_t deadline) {
+  if (deadline == UINT64_MAX)
+    return -1;
+  uint64_t now = now_ms();
+  if (now >= deadline)
+    return 0;
+  uint64_t left = deadline - now;
+  return left > 1000000 ? 1000000 : (int)left;
+}
+
+/* Connects to the daemon; while it restarts (no socket, or nobody
+ * listening) tries again until the deadline. */
+static int sock_connect(const char *path, uint64_t deadline) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof sa.sun_path)
+    return cogpu__seterr(-ENAMETOOLONG, "socket path %s is too long", path);
+  strcpy(sa.sun_path, path);
+  unsigned delay_ms = 5;
+  for (;;) {
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      return cogpu__seterr(-errno, "socket: %s", strerror(errno));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
+      return fd;
+    int e = errno;
+    close(fd);
+    bool retry = e == ECONNREFUSED || e == ENOENT || e == EAGAIN;
+    int left = ms_until(deadline);
+    if (!retry || left == 0)
+      return cogpu__seterr(-e,
+                           "cannot reach the node daemon at %s: %s (is "
+                           "cogpud running? `cogpu doctor` checks)",
+                           path, strerror(e));
+    unsigned d = left >= 0 && (unsigned)left < delay_ms ? (unsigned)left
+                                                         : delay_ms;
+    usleep(d * 1000u);
+    if (delay_ms < 200)
+      delay_ms *= 2;
+  }
+}
+
+static int msg_send(int fd, const cogpu__msg_t *m) {
+  ssize_t n = send(fd, m, sizeof *m, MSG_NOSIGNAL);
+  if (n == (ssize_t)sizeof *m)
+    return 0;
+  return n < 0 ? -errno : -EPIPE;
+}
+
+/* Receives one message within the deadline: 0, -ETIMEDOUT, -EPIPE (the
+ * daemon went away) or -EPROTO. Takes a passed descriptor if fd_out. */
+static int msg_recv(int fd, cogpu__msg_t *m, uint64_t deadline, int *fd_out) {
+  for (;;) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, ms_until(deadline));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return -errno;
+    if (r == 0)
+      return -ETIMEDOUT;
+    break;
+  }
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {.iov_base = m, .iov_len = sizeof *m};
+  struct msghdr mh = {.msg_iov = &iov,
+                      .msg_iovlen = 1,
+                      .msg_control = cbuf,
+                      .msg_controllen = sizeof cbuf};
+  ssize_t n;
+  do
+    n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  if (n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE)))
+    return -EPIPE;
+  if (n < 0)
+    return -errno;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int pfd;
+      memcpy(&pfd, CMSG_DATA(c), sizeof pfd);
+      if (fd_out && *fd_out < 0)
+        *fd_out = pfd;
+      else
+        close(pfd);
+    }
+  char why[64];
+  if ((mh.msg_flags & MSG_TRUNC) ||
+      cogpu__msg_check(m, (size_t)n, why, sizeof why) != 0)
+    return -EPROTO;
+  return 0;
+}
+
+/* A failed request's rc, with the daemon's message as the last error. */
+static int reply_rc(const cogpu__msg_t *r) {
+  if (r->rc == 0)
+    return 0;
+  return cogpu__seterr(r->rc, "%s",
+                       r->u.reply.msg[0] ? r->u.reply.msg
+                                         : cogpu_strerror(r->rc));
+}
+
+/* One request and its reply on a fresh connection (queries). */
+static int query(const cogpu__config_t *cfg, cogpu__msg_t *m,
+                 cogpu__msg_t *reply, int *fd_out) {
+  uint64_t dl = deadline_after(cfg->v[COGPU_OPT_DAEMON_WAIT].i);
+  int fd = sock_connect(cfg->v[COGPU_OPT_SOCKET].s, dl);
+  if (fd < 0)
+    return fd;
+  int rc = msg_send(fd, m);
+  while (rc == 0) {
+    rc = msg_recv(fd, reply, dl, fd_out);
+    if (rc == 0 && (reply->type != COGPU_M_REPLY || reply->seq != m->seq))
+      continue;
+    break;
+  }
+  close(fd);
+  if (rc == -EPIPE || rc == -EPROTO)
+    return cogpu__seterr(rc, "the node daemon closed the connection");
+  if (rc == -ETIMEDOUT)
+    return cogpu__seterr(rc, "the node daemon did not answer in time");
+  return rc;
+}
+
+/* --- mode ---------------------------------------------------------------- */
+
+int cogpu__node_mode(const cogpu__config_t *cfg) {
+  int mode = (int)cfg->v[COGPU_OPT_NODE_MODE].i; /* auto|daemon|single */
+  if (mode == 2)
+    return 0;
+  if (mode == 1)
+    return 1;
+  /* The socket's presence decides, not whether the daemon answers now: a
+   * daemon that is restarting must be waited for, never replaced by a
+   * ledger of this process's own. */
+  struct stat sb;
+  return stat(cfg->v[COGPU_OPT_SOCKET].s, &sb) == 0 && S_ISSOCK(sb.st_mode);
+}
+
+/* --- attach, resume ---------------------------------------------------- */
+
+static void self_cmdline(char *buf, size_t len) {
+  FILE *f = fopen("/proc/self/cmdline", "re");
+  size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+  if (f)
+    fclose(f);
+  buf[n] = 0;
+  for (size_t i = 0; n && i < n - 1; i++)
+    if (buf[i] == 0)
+      buf[i] = ' ';
+}
+
+static void take_identity(cogpu__node_t *n, const cogpu__m_reply_t *r) {
+  n->slot = r->slot;
+  n->gen = r->gen;
+  n->res_slot = r->res_slot;
+  n->res_gen = r->res_gen;
+  n->secret[0] = r->secret[0];
+  n->secret[1] = r->secret[1];
+}
+
+int cogpu__node_attach(const cogpu__config_t *cfg,
+                       const cogpu_attach_opts_t *o, uint32_t for_uid,
+                       cogpu__node_t **out) {
+  cogpu__node_t *n = calloc(1, sizeof *n);
+  if (!n)
+    return cogpu__seterr(-ENOMEM, "out of memory");
+  pthread_mutex_init(&n->mu, NULL);
+  snprintf(n->sock, sizeof n->sock, "%s", cfg->v[COGPU_OPT_SOCKET].s);
+  n->daemon_wait_ms = cfg->v[COGPU_OPT_DAEMON_WAIT].i;
+  uint64_t dl = deadline_after(n->daemon_wait_ms);
+  n->fd = sock_connect(n->sock, dl);
+  if (n->fd < 0) {
+    int rc = n->fd;
+    free(n);
+    return rc;
+  }
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_ATTACH, ++n->seq);
+  cogpu__m_attach_t *a = &m.u.attach;
+  a->priority = o ? o->priority : 0;
+  if (for_uid != (uint32_t)-1) {
+    a->flags |= COGPU_ATTACH_FOR_UID;
+    a->for_uid = for_uid;
+  }
+  if (o && o->command)
+    snprintf(a->command, sizeof a->command, "%s", o->command);
+  else
+    self_cmdline(a->command, sizeof a->command);
+  if (o && o->job_id)
+    snprintf(a->job_id, sizeof a->job_id, "%s", o->job_id);
+  if (o && o->join) {
+    if (strlen(o->join) >= sizeof a->join) {
+      cogpu__node_detach(n);
+      return cogpu__seterr(-EINVAL, "invalid job token '%s'", o->join);
+    }
+    snprintf(a->join, sizeof a->join, "%s", o->join);
+  }
+  int rc = msg_send(n->fd, &m);
+  if (rc == 0)
+    rc = msg_recv(n->fd, &r, dl, NULL);
+  if (rc == 0 && (r.type != COGPU_M_REPLY || r.seq != m.seq))
+    rc = -EPROTO;
+  if (rc == 0)
+    rc = reply_rc(&r);
+  else
+    rc = cogpu__seterr(rc, "the node daemon did not accept this process: %s",
+                       strerror(-rc));
+  if (rc == 0) {
+    take_identity(n, &r.u.reply);
+    n->ngpus = r.u.reply.ngpus;
+    n->policy = r.u.reply.policy;
+    if (n->ngpus > NODE_MAX_GPUS)
+      rc = cogpu__seterr(-EPROTO, "the node daemon reports %u GPUs",
+                         n->ngpus);
+    for (uint32_t g = 0; rc == 0 && g < n->ngpus; g++) {
+      cogpu__msg_t gm;
+      rc = msg_recv(n->fd, &gm, dl, NULL);
+      if (rc == 0 && gm.type != COGPU_M_GPU)
+        rc = -EPROTO;
+      if (rc == 0)
+        n->gpus[g] = gm.u.gpu;
+      else
+        rc = cogpu__seterr(rc, "the node daemon's GPU list was cut short");
+    }
+  }
+  if (rc) {
+    close(n->fd);
+    free(n);
+    return rc;
+  }
+  if (r.u.reply.flags & COGPU_REPLY_PRIORITY_CAPPED)
+    cogpu__log(COGPU_LOG_WARN, "%s", r.u.reply.msg);
+  *out = n;
+  return 0;
+}
+
+/* The daemon went away: reconnect and re-register (mu held). */
+static int node_resume(cogpu__node_t *n) {
+  if (n->fd >= 0)
+    close(n->fd);
+  n->fd = -1;
+  if (n->lost)
+    return cogpu__seterr(-ENOTCONN, "the node daemon no longer knows this "
+                                    "process");
+  uint64_t dl = deadline_after(n->daemon_wait_ms);
+  int fd = sock_connect(n->sock, dl);
+  if (fd < 0)
+    return fd;
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_RESUME, ++n->seq);
+  m.u.resume = (cogpu__m_resume_t){.slot = n->slot,
+                                   .gen = n->gen,
+                                   .secret = {n->secret[0], n->secret[1]},
+                                   .res_slot = n->res_slot,
+                                   .res_gen = n->res_gen};
+  int rc = msg_send(fd, &m);
+  if (rc == 0)
+    rc = msg_recv(fd, &r, dl, NULL);
+  if (rc == 0 && r.rc != 0) {
+    /* The daemon lost its state (a new node state): this process's
+     * reservations are gone with it, and nothing it does is accounted. */
+    n->lost = true;
+    cogpu__log(COGPU_LOG_ERROR,
+               "the node daemon restarted without this process's "
+               "registration (%s): its GPU memory is no longer accounted",
+               r.u.reply.msg);
+    close(fd);
+    return cogpu__seterr(-ENOTCONN, "the node daemon no longer knows this "
+                                    "process");
+  }
+  if (rc) {
+    close(fd);
+    return cogpu__seterr(rc, "cannot re-register with the node daemon: %s",
+                         strerror(-rc));
+  }
+  n->fd = fd;
+  cogpu__log(COGPU_LOG_INFO, "reconnected to the node daemon");
+  return 0;
+}
+
+/* A request on the main connection and its reply; after a daemon restart,
+ * re-register and send it again (same seq: done at most once). */
+static int rpc(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r) {
+  if (n->forked)
+    return cogpu__seterr(-EINVAL, "this handle belongs to the parent process "
+                                  "(fork): attach again in the child");
+  pthread_mutex_lock(&n->mu);
+  m->seq = ++n->seq;
+  int rc = n->fd < 0 ? -EPIPE : 0;
+  for (int attempt = 0; attempt < 3; attempt++) {
+    if (rc == 0)
+      rc = msg_send(n->fd, m);
+    uint64_t dl = deadline_after(n->daemon_wait_ms);
+    while (rc == 0) {
+      rc = msg_recv(n->fd, r, dl, NULL);
+      if (rc == 0 && r->type == COGPU_M_REPLY && r->seq == m->seq)
+        break;
+    }
+    if (rc == 0 || (rc != -EPIPE && rc != -ECONNRESET && rc != -EPROTO))
+      break;
+    rc = node_resume(n);
+    if (rc)
+      break;
+  }
+  pthread_mutex_unlock(&n->mu);
+  if (rc == -ETIMEDOUT)
+    return cogpu__seterr(rc, "the node daemon did not answer in time");
+  if (rc)
+    return rc < 0 ? rc : -EIO;
+  return reply_rc(r);
+}
+
+void cogpu__node_detach(cogpu__node_t *n) {
+  if (!n)
+    return;
+  if (!n->forked && n->fd >= 0)
+    close(n->fd);
+  pthread_mutex_destroy(&n->mu);
+  free(n);
+}
+
+void cogpu__node_forked(cogpu__node_t *n) {
+  if (n->fd >= 0)
+    close(n->fd); /* the parent's connection stays open in the parent */
+  n->fd = -1;
+  n->forked = true;
+  pthread_mutex_init(&n->mu, NULL);
+}
+
+/* --- requests ------------------------------------------------------------ */
+
+static int check_gpu(cogpu__node_t *n, int gpu) {
+  if (gpu < 0 || (uint32_t)gpu >= n->ngpus)
+    return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)", gpu,
+                         n->ngpus);
+  return 0;
+}
+
+static int amount_rpc(cogpu__node_t *n, int type, int gpu, uint64_t bytes,
+                      cogpu__msg_t *r) {
+  int rc = check_gpu(n, gpu);
+  if (rc)
+    return rc;
+  cogpu__msg_t m;
+  cogpu__msg_init(&m, type, 0);
+  m.u.amount.gpu = gpu;
+  m.u.amount.bytes = bytes;
+  return rpc(n, &m, r);
+}
+
+/* The wait connection of one request (see the file comment). */
+static int node_wait(cogpu__node_t *n, const cogpu_request_t *req,
+                     int *gpu_out) {
+  uint64_t deadline = deadline_after(req->timeout_ms);
+  uint32_t prev_w = 0;
+  uint64_t prev_ticket = 0;
+  for (int restarts = 0;; restarts++) {
+    int fd = sock_connect(n->sock, deadline_after(n->daemon_wait_ms));
+    if (fd < 0)
+      return fd;
+    cogpu__msg_t m, r;
+    cogpu__msg_init(&m, COGPU_M_WAIT, 1);
+    m.u.wait.who = (cogpu__m_resume_t){.slot = n->slot,
+                                       .gen = n->gen,
+                                       .secret = {n->secret[0], n->secret[1]},
+                                       .res_slot = n->res_slot,
+                                       .res_gen = n->res_gen};
+    m.u.wait.req = (cogpu__m_reserve_t){.gpu = req->gpu,
+                                        .flags = req->flags,
+                                        .bytes = req->bytes,
+                                        .priority = req->priority,
+                                        .timeout_ms = req->timeout_ms};
+    m.u.wait.prev_waiter = prev_w;
+    m.u.wait.prev_ticket = prev_ticket;
+    int rc = msg_send(fd, &m);
+    for (;;) {
+      if (rc == 0)
+        rc = msg_recv(fd, &r, deadline, NULL);
+      if (rc == 0 && r.type == COGPU_M_REPLY &&
+          (r.u.reply.flags & COGPU_REPLY_QUEUED)) {
+        prev_w = r.u.reply.waiter + 1;
+        prev_ticket = r.u.reply.ticket;
+        continue;
+      }
+      break;
+    }
+    if (rc == 0 && r.type == COGPU_M_REPLY && r.rc == 0) {
+      cogpu__msg_t ack;
+      cogpu__msg_init(&ack, COGPU_M_ACK, 2);
+      rc = msg_send(fd, &ack);
+      close(fd);
+      if (rc == 0) {
+        if (gpu_out)
+          *gpu_out = r.u.reply.gpu;
+        return 0;
+      }
+      /* The daemon went away before the acknowledgement: it takes the
+       * grant back when it recovers; ask again. */
+    } else {
+      close(fd); /* a timeout cancels the request in the daemon */
+      if (rc == 0)
+        return reply_rc(&r);
+      if (rc == -ETIMEDOUT) {
+        char need[32];
+        return cogpu__seterr(
+            -ETIMEDOUT, "timed out after %lld ms waiting for %s",
+            (long long)req->timeout_ms,
+            req->flags & COGPU_REQ_EXCLUSIVE
+                ? "exclusive use"
+                : cogpu__fmt_size(req->bytes, need, sizeof need));
+      }
+    }
+    /* The daemon restarted: re-register, then wait again, keeping the
+     * queue entry if the daemon still has it. */
+    pthread_mutex_lock(&n->mu);
+    rc = node_resume(n);
+    pthread_mutex_unlock(&n->mu);
+    if (rc)
+      return rc;
+    if (ms_until(deadline) == 0 || restarts > 100)
+      return cogpu__seterr(-ETIMEDOUT, "timed out waiting across a restart "
+                                       "of the node daemon");
+  }
+}
+
+int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
+                        int *gpu_out) {
+  if (!req)
+    return cogpu__seterr(-EINVAL, "cogpu_reserve: NULL request");
+  if (req->gpu != COGPU_GPU_AUTO && check_gpu(n, req->gpu))
+    return -ENODEV;
+  if (req->flags & ~COGPU_REQ_EXCLUSIVE)
+    return cogpu__seterr(-EINVAL, "unknown request flags 0x%x", req->flags);
+  if (req->timeout_ms < COGPU_WAIT_FOREVER)
+    return cogpu__seterr(-EINVAL, "negative timeout %lld ms",
+                         (long long)req->timeout_ms);
+  if (!(req->flags & COGPU_REQ_EXCLUSIVE) && req->bytes == 0)
+    return cogpu__seterr(-EINVAL, "cannot reserve 0 bytes");
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_RESERVE, 0);
+  m.u.reserve = (cogpu__m_reserve_t){.gpu = req->gpu,
+                                     .flags = req->flags,
+                                     .bytes = req->bytes,
+                                     .priority = req->priority,
+                                     .timeout_ms = 0};
+  int rc = rpc(n, &m, &r);
+  if (rc == 0) {
+    if (gpu_out)
+      *gpu_out = r.u.reply.gpu;
+    return 0;
+  }
+  if (rc != -EAGAIN || req->timeout_ms == COGPU_NOWAIT)
+    return rc;
+  return node_wait(n, req, gpu_out);
+}
+
+int cogpu__node_release(cogpu__node_t *n, int gpu, uint64_t bytes) {
+  cogpu__msg_t r;
+  return amount_rpc(n, COGPU_M_RELEASE, gpu, bytes, &r);
+}
+
+int cogpu__node_held(cogpu__node_t *n, int gpu, uint64_t *bytes) {
+  cogpu__msg_t r;
+  if (!bytes)
+    return cogpu__seterr(-EINVAL, "bytes is NULL");
+  int rc = amount_rpc(n, COGPU_M_HELD, gpu, 0, &r);
+  if (rc == 0)
+    *bytes = r.u.reply.a;
+  return rc;
+}
+
+uint64_t cogpu__node_job_spare(cogpu__node_t *n, int gpu) {
+  cogpu__msg_t r;
+  if (n->res_slot == n->slot)
+    return 0;
+  return amount_rpc(n, COGPU_M_HELD, gpu, 0, &r) ? 0 : r.u.reply.b;
+}
+
+int cogpu__node_room(cogpu__node_t *n, int gpu, uint64_t *capacity,
+                     uint64_t *free_bytes) {
+  cogpu__msg_t r;
+  int rc = amount_rpc(n, COGPU_M_ROOM, gpu, 0, &r);
+  if (rc == 0) {
+    *capacity = r.u.reply.a;
+    *free_bytes = r.u.reply.b;
+  }
+  return rc;
+}
+
+int cogpu__node_claim(cogpu__node_t *n, int gpu, uint64_t want,
+                      uint64_t *got) {
+  cogpu__msg_t r;
+  *got = 0;
+  int rc = amount_rpc(n, COGPU_M_CLAIM, gpu, want, &r);
+  if (rc == 0)
+    *got = r.u.reply.a;
+  return rc;
+}
+
+int cogpu__node_unclaim(cogpu__node_t *n, int gpu, uint64_t bytes) {
+  cogpu__msg_t r;
+  return amount_rpc(n, COGPU_M_UNCLAIM, gpu, bytes, &r);
+}
+
+int cogpu__node_find_job(cogpu__node_t *n, const char *job_id, char *tok,
+                         size_t len) {
+  if (!job_id || !*job_id || len < 24)
+    return cogpu__seterr(-EINVAL, "find_job: empty job id or short buffer");
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_FIND_JOB, 0);
+  if (strlen(job_id) >= sizeof m.u.find_job.job_id)
+    return cogpu__seterr(-ESRCH, "no live job '%s' on this node", job_id);
+  snprintf(m.u.find_job.job_id, sizeof m.u.find_job.job_id, "%s", job_id);
+  int rc = rpc(n, &m, &r);
+  if (rc == 0)
+    snprintf(tok, len, "%u.%u", r.u.reply.slot, r.u.reply.gen);
+  return rc;
+}
+
+int cogpu__node_job_token(cogpu__node_t *n, char *buf, size_t len) {
+  if (!buf || len < 24)
+    return cogpu__seterr(-EINVAL, "cogpu_job_token: buffer too small");
+  snprintf(buf, len, "%u.%u", n->res_slot,
+           n->res_slot == n->slot ? n->gen : n->res_gen);
+  return 0;
+}
+
+int cogpu__node_gpu_count(cogpu__node_t *n) {
+  return (int)n->ngpus;
+}
+
+int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu) {
+  if (!spec || !*spec || !gpu)
+    return cogpu__seterr(-EINVAL, "empty GPU name");
+  char *end;
+  errno = 0;
+  long v = strtol(spec, &end, 10);
+  if (*end == 0) {
+    if (errno == ERANGE || v < 0 || v >= (long)n->ngpus)
+      return cogpu__seterr(-ENODEV, "no GPU %s on this node", spec);
+    *gpu = (int)v;
+    return 0;
+  }
+  int found = -1;
+  size_t len = strlen(spec);
+  for (uint32_t g = 0; g < n->ngpus; g++)
+    if (strncmp(n->gpus[g].uuid, spec, len) == 0) {
+      if (found >= 0)
+        return cogpu__seterr(-ENODEV, "'%s' matches more than one GPU", spec);
+      found = (int)g;
+    }
+  if (found < 0)
+    return cogpu__seterr(-ENODEV, "no GPU matches '%s'", spec);
+  *gpu = found;
+  return 0;
+}
+
+/* --- status and reset ---------------------------------------------------- */
+
+/* Copies a field the daemon wrote into a fixed buffer, NUL-terminated. */
+#define COPY_STR(dst, src)                                                     \
+  do {                                                                         \
+    size_t l_ = strnlen((src), sizeof(src));                                   \
+    if (l_ >= sizeof(dst))                                                     \
+      l_ = sizeof(dst) - 1;                                                    \
+    memcpy((dst), (src), l_);                                                  \
+    (dst)[l_] = 0;                                                             \
+  } while (0)
+
+/* Builds a cogpu_status_t from the daemon's snapshot. Every count is
+ * checked against the snapshot's size before it is used. */
+static int snap_parse(const char *p, size_t size, cogpu__node_t *n,
+                      cogpu_status_t *st) {
+  const cogpu__snap_hdr_t *h = (const void *)p;
+  if (size < sizeof *h || h->magic != COGPU_SNAP_MAGIC || h->version != 1 ||
+      h->ngpus > NODE_MAX_GPUS || h->nclients > (1u << 20) ||
+      h->nwaiters > (1u << 20))
+    return -EPROTO;
+  size_t need = sizeof *h + h->ngpus * sizeof(cogpu__snap_gpu_t) +
+                h->nclients * sizeof(cogpu__snap_client_t) +
+                h->nwaiters * sizeof(cogpu__snap_waiter_t);
+  if (need != size)
+    return -EPROTO;
+  const cogpu__snap_gpu_t *gs = (const void *)(h + 1);
+  const cogpu__snap_client_t *cs = (const void *)(gs + h->ngpus);
+  const cogpu__snap_waiter_t *ws = (const void *)(cs + h->nclients);
+  COPY_STR(st->policy, h->policy);
+  COPY_STR(st->state_path, h->state_path);
+  st->layout_version = h->layout_version;
+  st->ngpus = h->ngpus;
+  st->gpus = calloc(h->ngpus ? h->ngpus : 1, sizeof *st->gpus);
+  if (!st->gpus)
+    return -ENOMEM;
+  for (uint32_t g = 0; g < h->ngpus; g++) {
+    cogpu_gpu_info_t *gi = &st->gpus[g];
+    gi->index = gs[g].index;
+    COPY_STR(gi->uuid, gs[g].uuid);
+    COPY_STR(gi->name, gs[g].name);
+    gi->total_bytes = gs[g].total;
+    gi->margin_bytes = gs[g].margin;
+    gi->foreign_bytes = gs[g].foreign;
+    gi->capacity_bytes = gs[g].capacity;
+    gi->reserved_bytes = gs[g].reserved;
+    gi->max_clients = gs[g].max_clients;
+    gi->exclusive = gs[g].exclusive;
+    gi->clients = calloc(h->nclients + 1, sizeof *gi->clients);
+    gi->waiting = calloc(h->nwaiters + 1, sizeof *gi->waiting);
+    if (!gi->clients || !gi->waiting)
+      return -ENOMEM;
+  }
+  for (uint32_t i = 0; i < h->nclients; i++) {
+    if (cs[i].gpu >= h->ngpus)
+      return -EPROTO;
+    cogpu_gpu_info_t *gi = &st->gpus[cs[i].gpu];
+    cogpu_client_info_t *c = &gi->clients[gi->nclients++];
+    c->pid = cs[i].pid;
+    c->uid = cs[i].uid;
+    COPY_STR(c->command, cs[i].command);
+    COPY_STR(c->job_id, cs[i].job_id);
+    c->priority = cs[i].priority;
+    c->reserved_bytes = cs[i].reserved;
+    c->exclusive = cs[i].exclusive;
+    c->own = n && cs[i].slot == n->res_slot;
+  }
+  for (uint32_t i = 0; i < h->nwaiters; i++) {
+    if (ws[i].gpu >= h->ngpus)
+      return -EPROTO;
+    cogpu_gpu_info_t *gi = &st->gpus[ws[i].gpu];
+    cogpu_waiter_info_t *w = &gi->waiting[gi->nwaiting++];
+    w->pid = ws[i].pid;
+    w->uid = ws[i].uid;
+    COPY_STR(w->command, ws[i].command);
+    COPY_STR(w->job_id, ws[i].job_id);
+    w->gpu = ws[i].asked_gpu;
+    w->requested_bytes = ws[i].bytes;
+    w->priority = ws[i].priority;
+    w->exclusive = ws[i].exclusive;
+    w->waiting_seconds = ws[i].waiting_seconds;
+    w->position = (int)ws[i].position;
+    w->own = n && ws[i].owner_slot == n->slot;
+  }
+  return 0;
+}
+
+int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
+                       cogpu_status_t **out) {
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_STATUS, 1);
+  int mfd = -1;
+  int rc = query(cfg, &m, &r, &mfd);
+  if (rc == 0)
+    rc = reply_rc(&r);
+  if (rc == 0 && mfd < 0)
+    rc = cogpu__seterr(-EPROTO, "the node daemon sent no snapshot");
+  struct stat sb;
+  if (rc == 0 && (fstat(mfd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+                  sb.st_size <= 0 || sb.st_size > (256 << 20)))
+    rc = cogpu__seterr(-EPROTO, "the node daemon's snapshot is unreadable");
+  cogpu_status_t *st = NULL;
+  if (rc == 0) {
+    /* Read, not mapped: a file that changed size under us cannot fault. */
+    size_t size = (size_t)sb.st_size;
+    char *buf = malloc(size);
+    st = calloc(1, sizeof *st);
+    ssize_t got = buf ? pread(mfd, buf, size, 0) : -1;
+    if (!buf || !st)
+      rc = cogpu__seterr(-ENOMEM, "out of memory");
+    else if (got != (ssize_t)size || snap_parse(buf, size, n, st) != 0)
+      rc = cogpu__seterr(-EPROTO, "the node daemon's snapshot is malformed");
+    free(buf);
+  }
+  if (mfd >= 0)
+    close(mfd);
+  if (rc) {
+    cogpu_status_free(st);
+    return rc;
+  }
+  *out = st;
+  return 0;
+}
+
+int cogpu__node_reset(const cogpu__config_t *cfg, bool force, int *live) {
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_RESET, 1);
+  m.u.reset.force = force;
+  int rc = query(cfg, &m, &r, NULL);
+  if (rc == 0 && live)
+    *live = (int)r.u.reply.a;
+  return rc ? rc : reply_rc(&r);
+}

@@ -1,0 +1,56 @@
+/*
+ * node.h: the client side of node mode: a process whose node runs cogpud
+ * reaches the ledger only through the daemon's socket (proto.h). The public
+ * API (src/ledger/ledger.c) hands each call of a node-mode handle to the
+ * functions below. Node mode applies when the daemon's socket exists
+ * (node_mode=auto) or is asked for (node_mode=daemon); then a client never
+ * falls back to a ledger of its own, which would book the GPUs twice.
+ */
+#ifndef COGPU_NODE_H
+#define COGPU_NODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cogpu.h"
+#include "internal.h"
+
+typedef struct cogpu__node_s cogpu__node_t;
+
+/* 1: node mode (use the daemon), 0: single-user mode, or an error (with
+ * node_mode=daemon and no socket). */
+int cogpu__node_mode(const cogpu__config_t *cfg);
+
+int cogpu__node_attach(const cogpu__config_t *cfg,
+                       const cogpu_attach_opts_t *opts, uint32_t for_uid,
+                       cogpu__node_t **out);
+/* Closes the connection (the daemon frees the slot) and frees n. */
+void cogpu__node_detach(cogpu__node_t *n);
+/* In a fork child: drop the parent's connection without telling the daemon
+ * anything (the parent still holds it). */
+void cogpu__node_forked(cogpu__node_t *n);
+
+int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
+                        int *gpu_out);
+int cogpu__node_release(cogpu__node_t *n, int gpu, uint64_t bytes);
+int cogpu__node_held(cogpu__node_t *n, int gpu, uint64_t *bytes);
+int cogpu__node_room(cogpu__node_t *n, int gpu, uint64_t *capacity,
+                     uint64_t *free_bytes);
+uint64_t cogpu__node_job_spare(cogpu__node_t *n, int gpu);
+int cogpu__node_claim(cogpu__node_t *n, int gpu, uint64_t want,
+                      uint64_t *got);
+int cogpu__node_unclaim(cogpu__node_t *n, int gpu, uint64_t bytes);
+int cogpu__node_find_job(cogpu__node_t *n, const char *job_id, char *tok,
+                         size_t len);
+int cogpu__node_job_token(cogpu__node_t *n, char *buf, size_t len);
+int cogpu__node_gpu_count(cogpu__node_t *n);
+int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu);
+
+/* A snapshot from the daemon (n may be NULL: a connection of its own). */
+int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
+                       cogpu_status_t **out);
+/* Ask the daemon to reset the node (admins only). */
+int cogpu__node_reset(const cogpu__config_t *cfg, bool force, int *live);
+
+#endif /* COGPU_NODE_H */

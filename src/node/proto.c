@@ -1,0 +1,112 @@
+/*
+ * proto.c: building and checking node-protocol messages (proto.h). The
+ * check is the daemon's only way in for client bytes, so it is strict: a
+ * message that is not exactly one known, well-formed message is refused,
+ * and the daemon ends that connection.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cogpu.h"
+#include "node/proto.h"
+
+void cogpu__msg_init(cogpu__msg_t *m, int type, uint32_t seq) {
+  memset(m, 0, sizeof *m);
+  m->magic = COGPU_PROTO_MAGIC;
+  m->version = COGPU_PROTO_VERSION;
+  m->type = (uint16_t)type;
+  m->seq = seq;
+}
+
+bool cogpu__msg_str_ok(const char *s, size_t size) {
+  return memchr(s, 0, size) != NULL;
+}
+
+#define STR_OK(field) cogpu__msg_str_ok((field), sizeof(field))
+
+static int bad(char *why, size_t len, const char *what) {
+  snprintf(why, len, "%s", what);
+  return -EPROTO;
+}
+
+/* GPU indices are checked against the node's GPUs by the daemon; here only
+ * the range any node can have. */
+static bool gpu_ok(int32_t gpu, bool auto_ok) {
+  return (auto_ok && gpu == COGPU_GPU_AUTO) || (gpu >= 0 && gpu < 64);
+}
+
+static int check_reserve(const cogpu__m_reserve_t *r, char *why, size_t len) {
+  if (!gpu_ok(r->gpu, true))
+    return bad(why, len, "reserve: bad GPU");
+  if (r->flags & ~COGPU_REQ_EXCLUSIVE)
+    return bad(why, len, "reserve: unknown flags");
+  if (r->timeout_ms < COGPU_WAIT_FOREVER)
+    return bad(why, len, "reserve: negative timeout");
+  if (!(r->flags & COGPU_REQ_EXCLUSIVE) && r->bytes == 0)
+    return bad(why, len, "reserve: 0 bytes");
+  if (r->pad)
+    return bad(why, len, "reserve: reserved field not zero");
+  return 0;
+}
+
+int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why,
+                     size_t wl) {
+  if (len != sizeof *m)
+    return bad(why, wl, "message of the wrong size");
+  if (m->magic != COGPU_PROTO_MAGIC)
+    return bad(why, wl, "bad magic");
+  if (m->version != COGPU_PROTO_VERSION)
+    return bad(why, wl, "protocol version mismatch");
+  switch (m->type) {
+  case COGPU_M_ATTACH: {
+    const cogpu__m_attach_t *a = &m->u.attach;
+    if (!STR_OK(a->command) || !STR_OK(a->job_id) || !STR_OK(a->join))
+      return bad(why, wl, "attach: unterminated string");
+    if (a->flags & ~COGPU_ATTACH_FOR_UID || a->pad)
+      return bad(why, wl, "attach: unknown flags");
+    if (a->priority < -1000000 || a->priority > 1000000)
+      return bad(why, wl, "attach: priority out of range");
+    return 0;
+  }
+  case COGPU_M_RESUME:
+    return 0; /* every value is checked against the slot it names */
+  case COGPU_M_RESERVE:
+    return check_reserve(&m->u.reserve, why, wl);
+  case COGPU_M_WAIT:
+    return check_reserve(&m->u.wait.req, why, wl);
+  case COGPU_M_RELEASE:
+    if (!gpu_ok(m->u.amount.gpu, false))
+      return bad(why, wl, "release: bad GPU");
+    return 0;
+  case COGPU_M_CLAIM:
+  case COGPU_M_UNCLAIM:
+  case COGPU_M_ROOM:
+  case COGPU_M_HELD:
+    if (!gpu_ok(m->u.amount.gpu, false))
+      return bad(why, wl, "bad GPU");
+    return 0;
+  case COGPU_M_FIND_JOB:
+    if (!STR_OK(m->u.find_job.job_id) || !m->u.find_job.job_id[0])
+      return bad(why, wl, "find_job: empty or unterminated job id");
+    return 0;
+  case COGPU_M_RESET:
+    if (m->u.reset.force > 1)
+      return bad(why, wl, "reset: bad force flag");
+    return 0;
+  case COGPU_M_DETACH:
+  case COGPU_M_ACK:
+  case COGPU_M_STATUS:
+    return 0;
+  case COGPU_M_REPLY:
+    if (!STR_OK(m->u.reply.msg))
+      return bad(why, wl, "reply: unterminated message");
+    return 0;
+  case COGPU_M_GPU:
+    if (!STR_OK(m->u.gpu.uuid) || !STR_OK(m->u.gpu.name))
+      return bad(why, wl, "gpu: unterminated string");
+    return 0;
+  default:
+    return bad(why, wl, "unknown message type");
+  }
+}

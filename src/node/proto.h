@@ -1,0 +1,216 @@
+/*
+ * proto.h: the node protocol between cogpud (the node daemon) and its
+ * clients (libcogpu, the preload library, the CLI, the Slurm plug-in).
+ *
+ * Transport: a SOCK_SEQPACKET Unix socket, so each message arrives whole or
+ * not at all; a message of any size other than sizeof(cogpu__msg_t) shows as
+ * MSG_TRUNC or a short read and ends that connection. Every message has the
+ * same fixed size and layout: a versioned header and a union of payloads.
+ * Every field is validated by cogpu__msg_check() before it is used; strings
+ * must be NUL-terminated inside their field. Identity never comes from a
+ * message: the daemon takes the peer's uid, gid and pid from SO_PEERCRED.
+ *
+ * Connections:
+ *  - the main connection of an attached process: ATTACH (or RESUME after a
+ *    daemon restart) first, then requests, each answered by one REPLY with
+ *    the same seq. Closing it detaches: the daemon frees the process's slot.
+ *  - a wait connection, one per request that must wait: WAIT names the
+ *    slot (authenticated by the secret from ATTACH and the peer's uid) and
+ *    the request. The daemon answers when the policy serves it (REPLY rc 0)
+ *    or refuses it; the client confirms a grant with ACK. A wait connection
+ *    closed before ACK cancels the request, and a grant not acknowledged is
+ *    taken back, so a client that gives up at its own deadline never leaves
+ *    memory booked to itself.
+ *  - a query connection: STATUS (answered with a sealed memfd holding the
+ *    snapshot) or RESET, without attaching.
+ */
+#ifndef COGPU_NODE_PROTO_H
+#define COGPU_NODE_PROTO_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define COGPU_PROTO_MAGIC 0x55504743u /* "CGPU" */
+#define COGPU_PROTO_VERSION 1u
+#define COGPU_MSG_SIZE 512u
+
+enum cogpu__msg_type {
+  COGPU_M_ATTACH = 1, /* main connection: register this process */
+  COGPU_M_RESUME,     /* main connection: re-register after a restart */
+  COGPU_M_RESERVE,    /* try to reserve now (never waits) */
+  COGPU_M_RELEASE,
+  COGPU_M_CLAIM,   /* take part of the job's reservation */
+  COGPU_M_UNCLAIM, /* give it back to the job */
+  COGPU_M_ROOM,    /* capacity and free bytes of a GPU; job's spare */
+  COGPU_M_HELD,
+  COGPU_M_FIND_JOB,
+  COGPU_M_DETACH,
+  COGPU_M_WAIT,   /* wait connection: a request that waits */
+  COGPU_M_ACK,    /* wait connection: the grant was received */
+  COGPU_M_STATUS, /* query connection: snapshot in a memfd */
+  COGPU_M_RESET,  /* query connection: admin only */
+  COGPU_M_REPLY = 64,
+  COGPU_M_GPU, /* after ATTACH's reply: one per GPU */
+  COGPU_M__MAX
+};
+
+/* Payloads. Sizes are fixed; strings are NUL-terminated in their field. */
+typedef struct cogpu__m_attach_s {
+  int32_t priority;
+  uint32_t for_uid; /* root only: book the job for this user (Slurm) */
+  uint32_t flags;   /* COGPU_ATTACH_* */
+  uint32_t pad;
+  char command[128];
+  char job_id[64];
+  char join[24]; /* job token "slot.gen", or empty */
+} cogpu__m_attach_t;
+#define COGPU_ATTACH_FOR_UID 0x1u
+
+typedef struct cogpu__m_resume_s {
+  uint32_t slot, gen;
+  uint64_t secret[2];
+  uint32_t res_slot, res_gen;
+} cogpu__m_resume_t;
+
+typedef struct cogpu__m_reserve_s {
+  int32_t gpu; /* or COGPU_GPU_AUTO */
+  uint32_t flags;
+  uint64_t bytes;
+  int32_t priority; /* or COGPU_PRIORITY_DEFAULT */
+  uint32_t pad;
+  int64_t timeout_ms; /* WAIT: the client's bound, for status only */
+} cogpu__m_reserve_t;
+
+typedef struct cogpu__m_wait_s {
+  cogpu__m_resume_t who;
+  cogpu__m_reserve_t req;
+  /* After a daemon restart: the queue entry this request had, so that it
+   * keeps its place (0 for a new request). */
+  uint32_t prev_waiter;
+  uint32_t pad;
+  uint64_t prev_ticket;
+} cogpu__m_wait_t;
+
+typedef struct cogpu__m_gpu_amount_s {
+  int32_t gpu;
+  uint32_t pad;
+  uint64_t bytes;
+} cogpu__m_gpu_amount_t;
+
+typedef struct cogpu__m_find_job_s {
+  char job_id[64];
+} cogpu__m_find_job_t;
+
+typedef struct cogpu__m_reset_s {
+  uint32_t force;
+} cogpu__m_reset_t;
+
+/* REPLY: rc 0 or a negative code; msg explains a failure. */
+typedef struct cogpu__m_reply_s {
+  int32_t gpu;
+  uint32_t flags; /* COGPU_REPLY_* */
+  uint64_t a, b;  /* per request: room (capacity, free), held, spare... */
+  /* ATTACH/RESUME: who the client is now. WAIT: queue entry. */
+  uint32_t slot, gen, res_slot, res_gen;
+  uint64_t secret[2];
+  uint32_t ngpus, policy;
+  uint32_t waiter;
+  uint32_t pad;
+  uint64_t ticket;
+  char msg[320];
+} cogpu__m_reply_t;
+#define COGPU_REPLY_PRIORITY_CAPPED 0x1u
+#define COGPU_REPLY_QUEUED 0x2u /* WAIT: not served yet; answer follows */
+
+typedef struct cogpu__m_gpu_s {
+  uint32_t index, nvml_index;
+  uint64_t total, margin;
+  char uuid[96];
+  char name[96];
+} cogpu__m_gpu_t;
+
+typedef struct cogpu__msg_s {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint32_t seq;
+  int32_t rc;
+  union {
+    cogpu__m_attach_t attach;
+    cogpu__m_resume_t resume;
+    cogpu__m_reserve_t reserve;
+    cogpu__m_wait_t wait;
+    cogpu__m_gpu_amount_t amount;
+    cogpu__m_find_job_t find_job;
+    cogpu__m_reset_t reset;
+    cogpu__m_reply_t reply;
+    cogpu__m_gpu_t gpu;
+    char raw[COGPU_MSG_SIZE - 16];
+  } u;
+} cogpu__msg_t;
+
+_Static_assert(sizeof(cogpu__msg_t) == COGPU_MSG_SIZE,
+               "protocol messages have one fixed size");
+
+/* Sets magic, version, type and seq, and zeroes the payload. */
+void cogpu__msg_init(cogpu__msg_t *m, int type, uint32_t seq);
+
+/* Checks a received message: size, magic, version, a known type, and every
+ * field of its payload (ranges, NUL-terminated strings). Returns 0 or
+ * -EPROTO with a reason in why. */
+int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why,
+                     size_t whylen);
+
+/* A string field holds a NUL within its size. */
+bool cogpu__msg_str_ok(const char *s, size_t size);
+
+/* --- The status snapshot (STATUS's memfd) -------------------------------
+ * A header, then ngpus GPU records, then nclients client records and
+ * nwaiters waiter records, each naming its GPU. Read with bounds checks:
+ * every count is checked against the file's size before use. */
+#define COGPU_SNAP_MAGIC 0x50414e53u /* "SNAP" */
+
+typedef struct cogpu__snap_hdr_s {
+  uint32_t magic, version;
+  uint32_t ngpus, nclients, nwaiters, layout_version;
+  char policy[16];
+  char state_path[512];
+} cogpu__snap_hdr_t;
+
+typedef struct cogpu__snap_gpu_s {
+  int32_t index;
+  int32_t max_clients;
+  uint64_t total, margin, foreign, capacity, reserved;
+  uint32_t exclusive, pad;
+  char uuid[96];
+  char name[96];
+} cogpu__snap_gpu_t;
+
+typedef struct cogpu__snap_client_s {
+  uint32_t gpu;
+  int32_t pid;
+  uint32_t uid;
+  int32_t priority;
+  uint64_t reserved;
+  uint32_t exclusive;
+  uint32_t slot; /* to mark the asker's own entries */
+  char command[128];
+  char job_id[64];
+} cogpu__snap_client_t;
+
+typedef struct cogpu__snap_waiter_s {
+  uint32_t gpu; /* the GPU it is listed under */
+  int32_t pid;
+  uint32_t uid;
+  int32_t priority;
+  int32_t asked_gpu;
+  uint32_t exclusive;
+  uint64_t bytes;
+  double waiting_seconds;
+  uint32_t position;
+  uint32_t owner_slot;
+  char command[128];
+  char job_id[64];
+} cogpu__snap_waiter_t;
+
+#endif /* COGPU_NODE_PROTO_H */
