@@ -51,8 +51,10 @@ LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 PRELOAD_OBJS := $(PRELOAD_SRCS:%.c=$(B)/objp/%.o) $(LIB_SRCS:%.c=$(B)/objp/%.o)
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
 # The preload library's allocation table is also linked into the tests, so
-# that its unit test races threads on it directly.
-TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o
+# that its unit test races threads on it directly, and so is its lookup of
+# glibc's own dl functions.
+TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o \
+             $(B)/obj/src/preload/glibc-sym.o
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
 # The Slurm SPANK plug-in is built when Slurm's headers are installed
