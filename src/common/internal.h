@@ -171,5 +171,14 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
 
 /* Monotonic clock in nanoseconds. */
 uint64_t cogpu__now_ns(void);
+/* Time arithmetic that saturates at UINT64_MAX instead of wrapping, so that
+ * a huge duration (centuries, or an "inf" stored as UINT64_MAX ms) means a
+ * very long time, never a short one. cogpu__ms_to_ns takes milliseconds and
+ * gives nanoseconds; cogpu__add_sat adds two times. */
+uint64_t cogpu__ms_to_ns(uint64_t ms);
+uint64_t cogpu__add_sat(uint64_t a, uint64_t b);
+/* now + ms, saturated: the deadline of a bound of ms milliseconds;
+ * negative ms (COGPU_WAIT_FOREVER) gives UINT64_MAX. */
+uint64_t cogpu__deadline_ns(int64_t ms);
 
 #endif /* COGPU_INTERNAL_H */

@@ -1190,6 +1190,44 @@ TEST_IMPL(cli_run_timeout_bound) {
   ASSERT_IDLE();
 }
 
+/* A bound of centuries is a long wait. 18446744073709 ms is 2^64 ns less
+ * 551616 ns (585 years): unsaturated, now + that wrapped into the past and
+ * the request timed out at once. Longer still saturates as well. */
+TEST_IMPL(cli_run_timeout_centuries_waits) {
+  const char *const bounds[] = {"18446744073709ms", "18446744073710ms",
+                                "100000000000s", "9223372036854775807ms"};
+  holder_t h;
+  HOLD(&h, "h", "--mem", "10G");
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(bounds); i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "w%zu", i);
+    pid_t w = spawn_logged(tag,
+                           (const char *const[]){"cogpu", "run", "--mem", "10G",
+                                                 "--timeout", bounds[i], "--",
+                                                 "true", NULL},
+                           NULL);
+    WAIT_WAITERS(0, 1);
+    th_sleep_ms(300);
+    if (!still_running(w))
+      th_fail(__FILE__, __LINE__, "--timeout %s: ended at once: %s", bounds[i],
+              tag_file(tag, "err"));
+    kill(w, SIGTERM);
+    WAIT_EXIT(w, th_ms(5000), NULL, "waiter");
+    WAIT_WAITERS(0, 0);
+  }
+  /* The same bound from the node's default, and then served. */
+  pid_t w = spawn_logged(
+      "wd",
+      (const char *const[]){"cogpu", "run", "--mem", "10G", "--", "true", NULL},
+      (const char *const[]){"COGPU_TIMEOUT=18446744073709ms", NULL});
+  WAIT_WAITERS(0, 1);
+  th_sleep_ms(300);
+  ASSERT(still_running(w));
+  ASSERT_EQ(HOLD_END(&h), 0);
+  ASSERT_EQ(WAIT_EXIT(w, th_ms(5000), NULL, "waiter"), 0);
+  ASSERT_IDLE();
+}
+
 TEST_IMPL(cli_run_larger_than_gpu_fails_at_once) {
   const char *ran = tp("ran");
   const char *const sizes[] = {"17G", "16G", "1T", "16777215T"};
