@@ -7,11 +7,14 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -319,10 +322,43 @@ static int cfg_read_error(const char *path, bool named, int err) {
                        cogpu_strerror(-err));
 }
 
+/* Opens path for reading, refusing anything but a regular file: a FIFO
+ * would block the open (and every cogpu command) until someone writes to
+ * it, and a device could be read forever. Returns the stream, or NULL with
+ * errno set (0 after a refusal, whose message is set). */
+static FILE *cfg_open(const char *path, bool named) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  struct stat sb;
+  int e = fstat(fd, &sb) != 0 ? errno : 0;
+  if (e == 0 && !S_ISREG(sb.st_mode)) {
+    close(fd);
+    cogpu__seterr(COGPU_ECONFIG,
+                  "cannot read config file '%s'%s: not a regular file (%s)",
+                  path, named ? " (from env COGPU_CONFIG)" : "",
+                  S_ISDIR(sb.st_mode)    ? "a directory"
+                  : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                  : S_ISSOCK(sb.st_mode) ? "a socket"
+                                         : "a device");
+    errno = 0;
+    return NULL;
+  }
+  FILE *f = e == 0 && fcntl(fd, F_SETFL, 0) == 0 ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    e = e ? e : errno;
+    close(fd);
+    errno = e;
+  }
+  return f;
+}
+
 /* Reads path; a missing file is an error only when COGPU_CONFIG named it
  * (the default file is optional). */
 static int cfg_read_file(cogpu__config_t *cfg, const char *path, bool named) {
-  FILE *f = fopen(path, "re");
+  FILE *f = cfg_open(path, named);
+  if (!f && errno == 0)
+    return COGPU_ECONFIG;
   if (!f)
     return !named && errno == ENOENT ? 0 : cfg_read_error(path, named, errno);
   char line[OPT_LINE_MAX];
@@ -335,7 +371,6 @@ static int cfg_read_file(cogpu__config_t *cfg, const char *path, bool named) {
     else
       rc = cfg_line(cfg, path, lineno, line);
   }
-  /* A directory opens but fails on read (EISDIR). */
   if (rc == 0 && ferror(f))
     rc = cfg_read_error(path, named, errno);
   fclose(f);

@@ -1581,6 +1581,24 @@ TEST_IMPL(cli_config_bad_env_values) {
   ASSERT_IDLE();
 }
 
+/* A FIFO (or any file that is not a regular file) named as the config file
+ * is refused at once: before, opening it blocked every command forever. */
+TEST_IMPL(cli_config_not_a_regular_file) {
+  const char *fifo = tp("cogpu.fifo");
+  ASSERT_EQ(mkfifo(fifo, 0644), 0);
+  setenv("COGPU_CONFIG", fifo, 1);
+  expect_config_refused_(__FILE__, __LINE__, fifo, "not a regular file",
+                         "a FIFO");
+  setenv("COGPU_CONFIG", th_tmpdir(), 1);
+  expect_config_refused_(__FILE__, __LINE__, th_tmpdir(), "not a regular file",
+                         "a directory");
+  setenv("COGPU_CONFIG", "/dev/null", 1);
+  expect_config_refused_(__FILE__, __LINE__, "/dev/null", "not a regular file",
+                         "a device");
+  setenv("COGPU_CONFIG", "", 1);
+  ASSERT_IDLE();
+}
+
 TEST_IMPL(cli_config_bad_file_values) {
   const char *conf = tp("cogpu.conf");
   setenv("COGPU_CONFIG", conf, 1);
