@@ -69,7 +69,7 @@ SPANK := $(if $(SLURM_H),$(B)/spank_cogpu.so)
 
 all: lib cli preload tests $(SPANK)
 
-lib: $(B)/libcogpu.a $(B)/libcogpu.so
+lib: $(B)/libcogpu.a $(B)/libcogpu.so $(B)/libcogpu.so.0
 preload: $(B)/libcogpu-preload.so
 cli: $(B)/cogpu
 # The CLI tests run the built cogpu.
@@ -114,6 +114,11 @@ $(B)/libcogpu.a: $(LIB_OBJS)
 
 $(B)/libcogpu.so: $(LIB_OBJS)
 	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,libcogpu.so.0 -o $@ $^ $(LDLIBS)
+
+# A program linked with -L$(B) -lcogpu asks the loader for the soname: the
+# build tree has it too, as install does.
+$(B)/libcogpu.so.0: $(B)/libcogpu.so
+	ln -sf libcogpu.so $@
 
 $(B)/cogpu: $(CLI_OBJS) $(B)/libcogpu.a
 	$(CC) $(ALLCFLAGS) -o $@ $(CLI_OBJS) $(B)/libcogpu.a $(LDLIBS)
