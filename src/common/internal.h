@@ -54,7 +54,7 @@ char *cogpu__fmt_size(uint64_t bytes, char *buf, size_t len);
 
 /* --- Options (options.c, table in options.def) ------------------------ */
 enum cogpu__opt_id {
-#define XX(NAME, key, type, def, form, help) COGPU_OPT_##NAME,
+#define XX(NAME, key, type, def, min, max, form, help) COGPU_OPT_##NAME,
 #include "options.def"
 #undef XX
   COGPU_OPT__COUNT
@@ -83,6 +83,8 @@ typedef struct cogpu__opt_desc_s {
   const char *key;  /* "state_dir": config-file key */
   int type;         /* enum cogpu__opt_type */
   const char *def;  /* default, as text */
+  int64_t min, max; /* INT: bounds; DURATION: bounds in ms (inf is -1);
+                       INT64_MIN and INT64_MAX where unbounded */
   const char *form; /* accepted form, for messages and docs */
   const char *help;
 } cogpu__opt_desc_t;

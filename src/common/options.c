@@ -21,9 +21,14 @@
 /* A config line longer than this is refused rather than split. */
 #define OPT_LINE_MAX 4096
 
+/* Bounds of options.def that say "unbounded". */
+#define NOMIN INT64_MIN
+#define NOMAX INT64_MAX
+
 const cogpu__opt_desc_t cogpu__opt_table[COGPU_OPT__COUNT] = {
-#define XX(NAME, key, type, def, form, help)                                   \
-  [COGPU_OPT_##NAME] = {#NAME, #key, COGPU_OPT_TYPE_##type, def, form, help},
+#define XX(NAME, key, type, def, min, max, form, help)                         \
+  [COGPU_OPT_##                                                                \
+      NAME] = {#NAME, #key, COGPU_OPT_TYPE_##type, def, min, max, form, help},
 #include "options.def"
 #undef XX
 };
@@ -65,13 +70,36 @@ static int opt_enum_index(const char *form, const char *text) {
   return -1;
 }
 
-/* Bounds of an INT option, read from its form "integer MIN..MAX", so the
- * range is written once, where the docs and messages take it from. */
-static void opt_int_range(const cogpu__opt_desc_t *d, long *min, long *max) {
-  if (sscanf(d->form, "integer %ld..%ld", min, max) != 2) {
-    *min = LONG_MIN;
-    *max = LONG_MAX;
+/* A bound of a DURATION option as the parser would take it back: "0",
+ * "10ms", "30s", "5m", "1h", "inf". */
+static void opt_fmt_ms(int64_t ms, char *buf, size_t len) {
+  static const struct {
+    int64_t ms;
+    const char *unit;
+  } units[] = {{3600 * 1000, "h"}, {60 * 1000, "m"}, {1000, "s"}, {1, "ms"}};
+  if (ms < 0 || ms == INT64_MAX) {
+    snprintf(buf, len, "inf");
+    return;
   }
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(units); i++)
+    if (ms == 0 || ms % units[i].ms == 0) {
+      snprintf(buf, len, "%lld%s", (long long)(ms / units[i].ms),
+               ms ? units[i].unit : "");
+      return;
+    }
+}
+
+/* Checks a DURATION value against the option's bounds; why says the range
+ * (in the units the parser takes) when it is outside. */
+static int opt_duration_range(const cogpu__opt_desc_t *d, int64_t ms, char *why,
+                              size_t len) {
+  if (ms >= d->min && ms <= d->max)
+    return 0;
+  char lo[24], hi[24];
+  opt_fmt_ms(d->min, lo, sizeof lo);
+  opt_fmt_ms(d->max, hi, sizeof hi);
+  snprintf(why, len, "must be from %s to %s", lo, hi);
+  return -1;
 }
 
 /* Octal digits only, at most 4 of them ("0660", "660"). */
@@ -124,22 +152,22 @@ static int opt_parse_size_or_pct(const char *key, const char *text,
   return 0;
 }
 
-/* Parses text into v by the option's type. Returns 0, or -1 with *why set
+/* Parses text into v by the option's type. Returns 0, or -1 with why set
  * to a reason when the accepted form alone would not explain it. */
-static int opt_parse(int id, const char *text, cogpu__optval_t *v,
-                     const char **why) {
+static int opt_parse(int id, const char *text, cogpu__optval_t *v, char *why,
+                     size_t whylen) {
   const cogpu__opt_desc_t *d = &cogpu__opt_table[id];
   long l;
   bool b = false;
   int rc = 0;
-  *why = NULL;
+  why[0] = 0;
   switch (d->type) {
   case COGPU_OPT_TYPE_STRING:
     if (strlen(text) >= sizeof v->s)
-      *why = "longer than 255 bytes";
+      snprintf(why, whylen, "longer than 255 bytes");
     else if (id == COGPU_OPT_STATE_DIR && text[0] != '/')
-      *why = "not an absolute path";
-    rc = *why ? -1 : 0;
+      snprintf(why, whylen, "not an absolute path");
+    rc = why[0] ? -1 : 0;
     break;
   case COGPU_OPT_TYPE_ENUM:
     v->i = opt_enum_index(d->form, text);
@@ -152,32 +180,19 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v,
     rc = opt_parse_size_or_pct(d->key, text, v);
     break;
   case COGPU_OPT_TYPE_DURATION:
+    /* The bounds are options.def's min and max: the housekeeping period
+     * must be finite and not 0 (a waiter would spin), foreign memory may be
+     * read at every chance but not never, and a driver that still refuses
+     * is out of memory, which is said in bounded time. */
     rc = cogpu__parse_duration_ms(d->key, text, &v->i);
-    /* The housekeeping period must be finite and not 0 (a waiter would
-     * spin); foreign memory may be read at every chance, but not never. */
-    if (rc == 0 && id == COGPU_OPT_SWEEP_INTERVAL &&
-        (v->i < 10 || v->i > 3600 * 1000)) {
-      *why = "must be from 10ms to 1h";
+    if (rc == 0 && opt_duration_range(d, v->i, why, whylen) != 0)
       rc = -1;
-    } else if (rc == 0 && id == COGPU_OPT_FOREIGN_REFRESH &&
-               (v->i < 0 || v->i > 3600 * 1000)) {
-      *why = "must be from 0 to 1h";
-      rc = -1;
-    } else if (rc == 0 && id == COGPU_OPT_DRIVER_WAIT &&
-               (v->i < 0 || v->i > 60 * 1000)) {
-      /* A driver that still refuses is out of memory: say so in bounded time.
-       */
-      *why = "must be from 0 to 1m";
-      rc = -1;
-    }
     break;
-  case COGPU_OPT_TYPE_INT: {
-    long min, max;
-    opt_int_range(d, &min, &max);
-    rc = cogpu__parse_int(d->key, text, min, max, &l);
+  case COGPU_OPT_TYPE_INT:
+    rc = cogpu__parse_int(d->key, text, d->min < LONG_MIN ? LONG_MIN : d->min,
+                          d->max > LONG_MAX ? LONG_MAX : d->max, &l);
     v->i = l;
     break;
-  }
   case COGPU_OPT_TYPE_BOOL:
     rc = cogpu__parse_bool(d->key, text, &b);
     v->i = b;
@@ -213,17 +228,16 @@ static int opt_set(cogpu__config_t *cfg, int id, const char *text, int source,
   const cogpu__opt_desc_t *d = &cogpu__opt_table[id];
   cogpu__optval_t nv;
   char trimmed[sizeof nv.s];
-  const char *why = NULL;
+  char why[128];
   memset(&nv, 0, sizeof nv);
   if (d->type != COGPU_OPT_TYPE_STRING &&
       opt_trim(text, trimmed, sizeof trimmed))
     text = trimmed;
-  if (opt_parse(id, text, &nv, &why) < 0)
+  if (opt_parse(id, text, &nv, why, sizeof why) < 0)
     return cogpu__seterr(COGPU_ECONFIG,
                          "%s: invalid value '%.200s' (from %s)%s%s; "
                          "accepted: %s",
-                         d->key, text, where, why ? ": " : "", why ? why : "",
-                         d->form);
+                         d->key, text, where, why[0] ? ": " : "", why, d->form);
   /* An enum keeps its canonical spelling, whatever the case given. */
   if (d->type == COGPU_OPT_TYPE_ENUM) {
     const char *alt = d->form;
