@@ -53,8 +53,10 @@ LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 PRELOAD_OBJS := $(PRELOAD_SRCS:%.c=$(B)/objp/%.o) $(LIB_SRCS:%.c=$(B)/objp/%.o)
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
 # The preload library's allocation table is also linked into the tests, so
-# that its unit test races threads on it directly.
-TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o
+# that its unit test races threads on it directly, and so is its lookup of
+# glibc's own dl functions.
+TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o \
+             $(B)/obj/src/preload/glibc-sym.o
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
 # The Slurm SPANK plug-in is built when Slurm's headers are installed
@@ -69,7 +71,7 @@ SPANK := $(if $(SLURM_H),$(B)/spank_cogpu.so)
 
 all: lib cli daemon preload tests $(SPANK)
 
-lib: $(B)/libcogpu.a $(B)/libcogpu.so
+lib: $(B)/libcogpu.a $(B)/libcogpu.so $(B)/libcogpu.so.0
 preload: $(B)/libcogpu-preload.so
 cli: $(B)/cogpu
 daemon: $(B)/cogpud
@@ -115,6 +117,11 @@ $(B)/libcogpu.a: $(LIB_OBJS)
 
 $(B)/libcogpu.so: $(LIB_OBJS)
 	$(CC) $(ALLCFLAGS) -shared -Wl,-soname,libcogpu.so.0 -o $@ $^ $(LDLIBS)
+
+# A program linked with -L$(B) -lcogpu asks the loader for the soname: the
+# build tree has it too, as install does.
+$(B)/libcogpu.so.0: $(B)/libcogpu.so
+	ln -sf libcogpu.so $@
 
 $(B)/cogpu: $(CLI_OBJS) $(B)/libcogpu.a
 	$(CC) $(ALLCFLAGS) -o $@ $(CLI_OBJS) $(B)/libcogpu.a $(LDLIBS)

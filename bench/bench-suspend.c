@@ -130,8 +130,8 @@ static void bench_json_begin(const char *bench) {
   printf(",\"commit\":");
   bench_json_str(stdout, commit);
   printf(",\"machine\":\"%s, %ld cpus\",\"date\":\"%s\"",
-         uname(&u) == 0 ? u.nodename : "unknown",
-         sysconf(_SC_NPROCESSORS_ONLN), date);
+         uname(&u) == 0 ? u.nodename : "unknown", sysconf(_SC_NPROCESSORS_ONLN),
+         date);
 }
 
 static double ms_since(uint64_t t0) {
@@ -336,7 +336,8 @@ static int state_of(pid_t pid) {
   return r == CUDA_SUCCESS ? s : -100 - r;
 }
 
-/* --- suspend and resume ---------------------------------------------------- */
+/* --- suspend and resume ----------------------------------------------------
+ */
 
 typedef struct {
   double lock_ms, checkpoint_ms, restore_ms, unlock_ms, get_state_ms;
@@ -347,8 +348,8 @@ typedef struct {
   long cg_before, cg_suspended, cg_after;
 } cycle_t;
 
-static void cycle(pid_t pid, double hold_s, cycle_t *c,
-                  _Atomic uint64_t *hb, uint64_t *beats_locked) {
+static void cycle(pid_t pid, double hold_s, cycle_t *c, _Atomic uint64_t *hb,
+                  uint64_t *beats_locked) {
   lock_args_t la = {.timeout_ms = 10000};
   plain_args_t pa = {0};
   restore_args_t ra = {0};
@@ -515,8 +516,8 @@ static int oom_restore_main(long gib) {
          "\"state_after_second_restore\":%d,\"rc_unlock\":%d,"
          "\"state_final\":%d,\"verify\":\"%s\",\"gpu_used_after_kill_mib\":"
          "%ld}\n",
-         gib, nhog * 256, gpu_full, rc_lock, rc_ckpt, rc_restore1,
-         restore1_ms, state1, rc_restore2, state2, rc_unlock, state3, answer,
+         gib, nhog * 256, gpu_full, rc_lock, rc_ckpt, rc_restore1, restore1_ms,
+         state1, rc_restore2, state2, rc_unlock, state3, answer,
          gpu_used_mib());
   return 0;
 }

@@ -48,4 +48,6 @@ fi
 for f in cli_filter.lua job_submit.lua plugstack.conf slurm.conf; do
   test -r "$prefix/share/cogpu/slurm/$f"
 done
+# Nothing installed needs a glibc newer than 2.28 (RHEL/Rocky 8).
+"$(dirname "$0")/check-glibc.sh" "$prefix"
 echo "install-check: ok ($prefix)"

@@ -1,11 +1,34 @@
 #!/bin/sh
 # Install cogpu's build dependencies (Debian packages), build, and install.
-# Usage: sudo ./scripts/setup.sh            (installs under /usr/local)
+# Usage: ./scripts/setup.sh                 (installs under /usr/local)
 #        PREFIX=/opt/cogpu ./scripts/setup.sh
-# DESTDIR is honoured too (for packaging).
+# DESTDIR is honoured too (for packaging). Run it as root, or as a user:
+# it then builds as that user and uses sudo only for what needs root
+# (installing packages, and installing where the user cannot write).
 set -eu
 cd "$(dirname "$0")/.."
 PREFIX=${PREFIX:-/usr/local}
+
+# Runs "$@" as root: directly when root already (a fresh container often
+# has no sudo), through sudo otherwise.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "setup: '$*' needs root, and sudo is not installed: run this" \
+      "script as root" >&2
+    exit 1
+  fi
+}
+
+# The nearest existing directory of path: can the user create path?
+existing_parent() {
+  d=$1
+  while [ ! -e "$d" ]; do d=$(dirname "$d"); done
+  echo "$d"
+}
 # gcc, make, libc headers: the build. The sanitizer runtimes (libasan,
 # libubsan, libtsan) come with gcc. python3: the CLI tests parse JSON with it.
 # pkg-config: to check the installed cogpu.pc.
@@ -20,13 +43,14 @@ for p in $deps; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "setup: missing packages:$missing (run as root, or install them)" >&2
-    exit 1
-  fi
-  apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+  as_root apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends $missing
 fi
 make -j"$(nproc)"
-make install PREFIX="$PREFIX" DESTDIR="${DESTDIR:-}"
+if [ -w "$(existing_parent "${DESTDIR:-}$PREFIX")" ]; then
+  make install PREFIX="$PREFIX" DESTDIR="${DESTDIR:-}"
+else
+  as_root make install PREFIX="$PREFIX" DESTDIR="${DESTDIR:-}"
+fi
 echo "cogpu installed under ${DESTDIR:-}$PREFIX"

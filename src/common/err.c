@@ -1,15 +1,32 @@
 /*
  * err.c: error codes and messages. Names and descriptions for the COGPU_E*
- * codes come from COGPU_ERRNO_MAP in cogpu.h; negated errnos are named by
- * glibc. Each thread keeps the message of its last failure, set by
- * cogpu__seterr, so a return code can be explained without a handle.
+ * codes come from COGPU_ERRNO_MAP in cogpu.h; negated errnos are named from
+ * errno.def (glibc's strerrorname_np and strerrordesc_np need 2.32, and
+ * cogpu supports 2.28). Each thread keeps the message of its last failure, set
+ * by cogpu__seterr, so a return code can be explained without a handle.
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
+
+/* Name (want_name) or description of errno e, or NULL if unknown. Constant
+ * strings only: no locale, no buffer, so it is thread-safe, unlike
+ * strerror. */
+static const char *err_errno_text(int e, bool want_name) {
+  switch (e) {
+#define ERRNO(name, desc)                                                      \
+  case name:                                                                   \
+    return want_name ? #name : desc;
+#include "errno.def"
+#undef ERRNO
+  default:
+    return NULL;
+  }
+}
 
 /* Long enough for a file path, a key and the accepted form of a value. */
 #define ERR_MSG_MAX 1024
@@ -35,7 +52,7 @@ COGPU_API const char *cogpu_err_name(int rc) {
   /* Positive values are not cogpu return codes; they are refused rather than
    * read as errnos so that a forgotten minus sign shows up. */
   if (rc < 0 && rc > -4096) {
-    const char *n = strerrorname_np(-rc);
+    const char *n = err_errno_text(-rc, true);
     if (n)
       return n;
   }
@@ -54,10 +71,8 @@ COGPU_API const char *cogpu_strerror(int rc) {
   default:
     break;
   }
-  /* strerrordesc_np returns a constant string (no locale, no buffer), so it
-   * is thread-safe, unlike strerror. */
   if (rc < 0 && rc > -4096) {
-    const char *d = strerrordesc_np(-rc);
+    const char *d = err_errno_text(-rc, false);
     if (d)
       return d;
   }

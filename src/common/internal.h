@@ -54,7 +54,7 @@ char *cogpu__fmt_size(uint64_t bytes, char *buf, size_t len);
 
 /* --- Options (options.c, table in options.def) ------------------------ */
 enum cogpu__opt_id {
-#define XX(NAME, key, type, def, form, help) COGPU_OPT_##NAME,
+#define XX(NAME, key, type, def, min, max, form, help) COGPU_OPT_##NAME,
 #include "options.def"
 #undef XX
   COGPU_OPT__COUNT
@@ -83,6 +83,8 @@ typedef struct cogpu__opt_desc_s {
   const char *key;  /* "state_dir": config-file key */
   int type;         /* enum cogpu__opt_type */
   const char *def;  /* default, as text */
+  int64_t min, max; /* INT: bounds; DURATION: bounds in ms (inf is -1);
+                       INT64_MIN and INT64_MAX where unbounded */
   const char *form; /* accepted form, for messages and docs */
   const char *help;
 } cogpu__opt_desc_t;
@@ -171,5 +173,14 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
 
 /* Monotonic clock in nanoseconds. */
 uint64_t cogpu__now_ns(void);
+/* Time arithmetic that saturates at UINT64_MAX instead of wrapping, so that
+ * a huge duration (centuries, or an "inf" stored as UINT64_MAX ms) means a
+ * very long time, never a short one. cogpu__ms_to_ns takes milliseconds and
+ * gives nanoseconds; cogpu__add_sat adds two times. */
+uint64_t cogpu__ms_to_ns(uint64_t ms);
+uint64_t cogpu__add_sat(uint64_t a, uint64_t b);
+/* now + ms, saturated: the deadline of a bound of ms milliseconds;
+ * negative ms (COGPU_WAIT_FOREVER) gives UINT64_MAX. */
+uint64_t cogpu__deadline_ns(int64_t ms);
 
 #endif /* COGPU_INTERNAL_H */

@@ -7,20 +7,28 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 
 /* A config line longer than this is refused rather than split. */
 #define OPT_LINE_MAX 4096
 
+/* Bounds of options.def that say "unbounded". */
+#define NOMIN INT64_MIN
+#define NOMAX INT64_MAX
+
 const cogpu__opt_desc_t cogpu__opt_table[COGPU_OPT__COUNT] = {
-#define XX(NAME, key, type, def, form, help)                                   \
-  [COGPU_OPT_##NAME] = {#NAME, #key, COGPU_OPT_TYPE_##type, def, form, help},
+#define XX(NAME, key, type, def, min, max, form, help)                         \
+  [COGPU_OPT_##                                                                \
+      NAME] = {#NAME, #key, COGPU_OPT_TYPE_##type, def, min, max, form, help},
 #include "options.def"
 #undef XX
 };
@@ -62,13 +70,36 @@ static int opt_enum_index(const char *form, const char *text) {
   return -1;
 }
 
-/* Bounds of an INT option, read from its form "integer MIN..MAX", so the
- * range is written once, where the docs and messages take it from. */
-static void opt_int_range(const cogpu__opt_desc_t *d, long *min, long *max) {
-  if (sscanf(d->form, "integer %ld..%ld", min, max) != 2) {
-    *min = LONG_MIN;
-    *max = LONG_MAX;
+/* A bound of a DURATION option as the parser would take it back: "0",
+ * "10ms", "30s", "5m", "1h", "inf". */
+static void opt_fmt_ms(int64_t ms, char *buf, size_t len) {
+  static const struct {
+    int64_t ms;
+    const char *unit;
+  } units[] = {{3600 * 1000, "h"}, {60 * 1000, "m"}, {1000, "s"}, {1, "ms"}};
+  if (ms < 0 || ms == INT64_MAX) {
+    snprintf(buf, len, "inf");
+    return;
   }
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(units); i++)
+    if (ms == 0 || ms % units[i].ms == 0) {
+      snprintf(buf, len, "%lld%s", (long long)(ms / units[i].ms),
+               ms ? units[i].unit : "");
+      return;
+    }
+}
+
+/* Checks a DURATION value against the option's bounds; why says the range
+ * (in the units the parser takes) when it is outside. */
+static int opt_duration_range(const cogpu__opt_desc_t *d, int64_t ms, char *why,
+                              size_t len) {
+  if (ms >= d->min && ms <= d->max)
+    return 0;
+  char lo[24], hi[24];
+  opt_fmt_ms(d->min, lo, sizeof lo);
+  opt_fmt_ms(d->max, hi, sizeof hi);
+  snprintf(why, len, "must be from %s to %s", lo, hi);
+  return -1;
 }
 
 /* Octal digits only, at most 4 of them ("0660", "660"). */
@@ -121,24 +152,24 @@ static int opt_parse_size_or_pct(const char *key, const char *text,
   return 0;
 }
 
-/* Parses text into v by the option's type. Returns 0, or -1 with *why set
+/* Parses text into v by the option's type. Returns 0, or -1 with why set
  * to a reason when the accepted form alone would not explain it. */
-static int opt_parse(int id, const char *text, cogpu__optval_t *v,
-                     const char **why) {
+static int opt_parse(int id, const char *text, cogpu__optval_t *v, char *why,
+                     size_t whylen) {
   const cogpu__opt_desc_t *d = &cogpu__opt_table[id];
   long l;
   bool b = false;
   int rc = 0;
-  *why = NULL;
+  why[0] = 0;
   switch (d->type) {
   case COGPU_OPT_TYPE_STRING:
     if (strlen(text) >= sizeof v->s)
-      *why = "longer than 255 bytes";
+      snprintf(why, whylen, "longer than 255 bytes");
     else if ((id == COGPU_OPT_STATE_DIR || id == COGPU_OPT_SOCKET ||
               id == COGPU_OPT_DAEMON_DIR) &&
              text[0] != '/')
-      *why = "not an absolute path";
-    rc = *why ? -1 : 0;
+      snprintf(why, whylen, "not an absolute path");
+    rc = why[0] ? -1 : 0;
     break;
   case COGPU_OPT_TYPE_ENUM:
     v->i = opt_enum_index(d->form, text);
@@ -151,36 +182,19 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v,
     rc = opt_parse_size_or_pct(d->key, text, v);
     break;
   case COGPU_OPT_TYPE_DURATION:
+    /* The bounds are options.def's min and max: the housekeeping period
+     * must be finite and not 0 (a waiter would spin), foreign memory may be
+     * read at every chance but not never, and a driver that still refuses
+     * is out of memory, which is said in bounded time. */
     rc = cogpu__parse_duration_ms(d->key, text, &v->i);
-    /* The housekeeping period must be finite and not 0 (a waiter would
-     * spin); foreign memory may be read at every chance, but not never. */
-    if (rc == 0 && id == COGPU_OPT_SWEEP_INTERVAL &&
-        (v->i < 10 || v->i > 3600 * 1000)) {
-      *why = "must be from 10ms to 1h";
+    if (rc == 0 && opt_duration_range(d, v->i, why, whylen) != 0)
       rc = -1;
-    } else if (rc == 0 && id == COGPU_OPT_FOREIGN_REFRESH &&
-               (v->i < 0 || v->i > 3600 * 1000)) {
-      *why = "must be from 0 to 1h";
-      rc = -1;
-    } else if (rc == 0 && id == COGPU_OPT_DAEMON_WAIT &&
-               (v->i < 0 || v->i > 3600 * 1000)) {
-      *why = "must be from 0 to 1h";
-      rc = -1;
-    } else if (rc == 0 && id == COGPU_OPT_DRIVER_WAIT &&
-               (v->i < 0 || v->i > 60 * 1000)) {
-      /* A driver that still refuses is out of memory: say so in bounded time.
-       */
-      *why = "must be from 0 to 1m";
-      rc = -1;
-    }
     break;
-  case COGPU_OPT_TYPE_INT: {
-    long min, max;
-    opt_int_range(d, &min, &max);
-    rc = cogpu__parse_int(d->key, text, min, max, &l);
+  case COGPU_OPT_TYPE_INT:
+    rc = cogpu__parse_int(d->key, text, d->min < LONG_MIN ? LONG_MIN : d->min,
+                          d->max > LONG_MAX ? LONG_MAX : d->max, &l);
     v->i = l;
     break;
-  }
   case COGPU_OPT_TYPE_BOOL:
     rc = cogpu__parse_bool(d->key, text, &b);
     v->i = b;
@@ -216,17 +230,16 @@ static int opt_set(cogpu__config_t *cfg, int id, const char *text, int source,
   const cogpu__opt_desc_t *d = &cogpu__opt_table[id];
   cogpu__optval_t nv;
   char trimmed[sizeof nv.s];
-  const char *why = NULL;
+  char why[128];
   memset(&nv, 0, sizeof nv);
   if (d->type != COGPU_OPT_TYPE_STRING &&
       opt_trim(text, trimmed, sizeof trimmed))
     text = trimmed;
-  if (opt_parse(id, text, &nv, &why) < 0)
+  if (opt_parse(id, text, &nv, why, sizeof why) < 0)
     return cogpu__seterr(COGPU_ECONFIG,
                          "%s: invalid value '%.200s' (from %s)%s%s; "
                          "accepted: %s",
-                         d->key, text, where, why ? ": " : "", why ? why : "",
-                         d->form);
+                         d->key, text, where, why[0] ? ": " : "", why, d->form);
   /* An enum keeps its canonical spelling, whatever the case given. */
   if (d->type == COGPU_OPT_TYPE_ENUM) {
     const char *alt = d->form;
@@ -325,10 +338,43 @@ static int cfg_read_error(const char *path, bool named, int err) {
                        cogpu_strerror(-err));
 }
 
+/* Opens path for reading, refusing anything but a regular file: a FIFO
+ * would block the open (and every cogpu command) until someone writes to
+ * it, and a device could be read forever. Returns the stream, or NULL with
+ * errno set (0 after a refusal, whose message is set). */
+static FILE *cfg_open(const char *path, bool named) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  struct stat sb;
+  int e = fstat(fd, &sb) != 0 ? errno : 0;
+  if (e == 0 && !S_ISREG(sb.st_mode)) {
+    close(fd);
+    cogpu__seterr(COGPU_ECONFIG,
+                  "cannot read config file '%s'%s: not a regular file (%s)",
+                  path, named ? " (from env COGPU_CONFIG)" : "",
+                  S_ISDIR(sb.st_mode)    ? "a directory"
+                  : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                  : S_ISSOCK(sb.st_mode) ? "a socket"
+                                         : "a device");
+    errno = 0;
+    return NULL;
+  }
+  FILE *f = e == 0 && fcntl(fd, F_SETFL, 0) == 0 ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    e = e ? e : errno;
+    close(fd);
+    errno = e;
+  }
+  return f;
+}
+
 /* Reads path; a missing file is an error only when COGPU_CONFIG named it
  * (the default file is optional). */
 static int cfg_read_file(cogpu__config_t *cfg, const char *path, bool named) {
-  FILE *f = fopen(path, "re");
+  FILE *f = cfg_open(path, named);
+  if (!f && errno == 0)
+    return COGPU_ECONFIG;
   if (!f)
     return !named && errno == ENOENT ? 0 : cfg_read_error(path, named, errno);
   char line[OPT_LINE_MAX];
@@ -341,7 +387,6 @@ static int cfg_read_file(cogpu__config_t *cfg, const char *path, bool named) {
     else
       rc = cfg_line(cfg, path, lineno, line);
   }
-  /* A directory opens but fails on read (EISDIR). */
   if (rc == 0 && ferror(f))
     rc = cfg_read_error(path, named, errno);
   fclose(f);

@@ -42,7 +42,8 @@ static uint64_t now_ms(void) {
   return cogpu__now_ns() / 1000000u;
 }
 
-/* --- connections ------------------------------------------------------------ */
+/* --- connections ------------------------------------------------------------
+ */
 
 static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
   dconn_t *c = calloc(1, sizeof *c);
@@ -156,7 +157,8 @@ static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
     conn_free(d, c);
 }
 
-/* --- recovery after a restart ------------------------------------------------ */
+/* --- recovery after a restart ------------------------------------------------
+ */
 
 /* Slots of the previous daemon's clients: kept while their process lives
  * (watched by pidfd), until it reconnects; freed if it is gone. */
@@ -277,7 +279,8 @@ static void arm_timer(cogpu__daemon_t *d) {
   timerfd_settime(d->tfd, 0, &its, NULL);
 }
 
-/* --- set-up --------------------------------------------------------------------- */
+/* --- set-up
+ * --------------------------------------------------------------------- */
 
 static int make_socket(cogpu__daemon_t *d) {
   if (sd_listen_fds(1) == 1) {
@@ -312,8 +315,8 @@ static int make_socket(cogpu__daemon_t *d) {
   int rc = bind(d->lfd, (struct sockaddr *)&sa, sizeof sa);
   umask(old);
   if (rc != 0 || chmod(path, 0666) != 0 || listen(d->lfd, 4096) != 0) {
-    rc = cogpu__seterr(-errno, "cannot listen on %s: %s", path,
-                       strerror(errno));
+    rc =
+        cogpu__seterr(-errno, "cannot listen on %s: %s", path, strerror(errno));
     close(d->lfd);
     d->lfd = -1;
     return rc;

@@ -17,7 +17,8 @@
 
 #include "daemon/daemon-int.h"
 
-/* --- replies --------------------------------------------------------------- */
+/* --- replies ---------------------------------------------------------------
+ */
 
 static int send_msg(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
                     int passfd) {
@@ -59,10 +60,10 @@ static int reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
   return send_msg(d, c, r, -1);
 }
 
-static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
-                int rc, const char *fmt, ...) COGPU_PRINTF(5, 6);
-static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
-                int rc, const char *fmt, ...) {
+static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
+                const char *fmt, ...) COGPU_PRINTF(5, 6);
+static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
+                const char *fmt, ...) {
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
   va_list ap;
@@ -73,7 +74,8 @@ static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
   return 0;
 }
 
-/* --- acting for a client --------------------------------------------------- */
+/* --- acting for a client ---------------------------------------------------
+ */
 
 /* The proxy handle acts as the connection's process. */
 static struct cogpu_s *as(cogpu__daemon_t *d, dconn_t *c) {
@@ -198,8 +200,10 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   uid_t owner = c->uid;
   if (a->flags & COGPU_ATTACH_FOR_UID) {
     if (c->uid != 0)
-      return fail(d, c, m, -EPERM, "only root may book a job for another "
-                                   "user") - 1;
+      return fail(d, c, m, -EPERM,
+                  "only root may book a job for another "
+                  "user") -
+             1;
     owner = a->for_uid;
   }
   long most = d->cfg.v[COGPU_OPT_USER_MAX_CLIENTS].i;
@@ -215,8 +219,7 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     if (parse_token(a->join, &job, &job_gen) ||
         st->slots[job].state != SLOT_ACTIVE ||
         atomic_load(&st->slots[job].gen) != job_gen || job == d->dh->slot)
-      return fail(d, c, m, -ESRCH, "the job of token '%s' has ended",
-                  a->join) -
+      return fail(d, c, m, -ESRCH, "the job of token '%s' has ended", a->join) -
              1;
     /* A token is not a key: only the job's own user joins it. */
     if (st->slots[job].uid != owner && !c->admin)
@@ -384,9 +387,9 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     if (rc == 0 && g < 0) {
       char need[32];
       rc = cogpu__seterr(-EAGAIN, "%s not available now",
-                         r.exclusive ? "exclusive use is"
-                                     : cogpu__fmt_size(r.bytes, need,
-                                                       sizeof need));
+                         r.exclusive
+                             ? "exclusive use is"
+                             : cogpu__fmt_size(r.bytes, need, sizeof need));
     }
     record(d, c, m, rc, g, 0);
     cogpu__ledger_unlock(h);
@@ -431,10 +434,10 @@ static int on_claim(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
   struct cogpu_s *h = as(d, c);
   uint64_t got = 0;
   cogpu__clearerr();
-  int rc = give_back
-               ? cogpu__ledger_unclaim(h, m->u.amount.gpu, m->u.amount.bytes)
-               : cogpu__ledger_claim(h, m->u.amount.gpu, m->u.amount.bytes,
-                                     &got);
+  int rc =
+      give_back
+          ? cogpu__ledger_unclaim(h, m->u.amount.gpu, m->u.amount.bytes)
+          : cogpu__ledger_claim(h, m->u.amount.gpu, m->u.amount.bytes, &got);
   c->res_slot = h->res_slot;
   cogpu__ledger_lock(h);
   record(d, c, m, rc, m->u.amount.gpu, got);
@@ -485,7 +488,8 @@ static int on_find_job(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
               m->u.find_job.job_id);
 }
 
-/* --- waiting --------------------------------------------------------------- */
+/* --- waiting ---------------------------------------------------------------
+ */
 
 static void grant_reply(cogpu__daemon_t *d, dconn_t *c, int rc, int gpu) {
   cogpu__msg_t r, req;
@@ -629,8 +633,8 @@ static void drop_orphaned_waits(cogpu__daemon_t *d) {
   ledger_state_t *st = d->dh->st;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     dconn_t *c = d->waiter_conn[w];
-    if (!c || (st->waiters[w].state != W_FREE &&
-               st->waiters[w].ticket == c->ticket))
+    if (!c ||
+        (st->waiters[w].state != W_FREE && st->waiters[w].ticket == c->ticket))
       continue;
     d->waiter_conn[w] = NULL;
     c->waiter = -1;
@@ -641,7 +645,8 @@ static void drop_orphaned_waits(cogpu__daemon_t *d) {
   }
 }
 
-/* --- status and reset -------------------------------------------------------- */
+/* --- status and reset --------------------------------------------------------
+ */
 
 static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   struct cogpu_s *h = d->dh;
@@ -659,9 +664,9 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     nc += st.gpus[g].nclients;
     nw += st.gpus[g].nwaiting;
   }
-  size_t size = sizeof(cogpu__snap_hdr_t) + st.ngpus * sizeof(cogpu__snap_gpu_t) +
-                nc * sizeof(cogpu__snap_client_t) +
-                nw * sizeof(cogpu__snap_waiter_t);
+  size_t size =
+      sizeof(cogpu__snap_hdr_t) + st.ngpus * sizeof(cogpu__snap_gpu_t) +
+      nc * sizeof(cogpu__snap_client_t) + nw * sizeof(cogpu__snap_waiter_t);
   char *buf = rc ? NULL : calloc(1, size);
   int mfd = -1;
   if (buf) {
@@ -751,8 +756,9 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
 
 static int on_reset(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   if (!c->admin)
-    return fail(d, c, m, -EPERM, "only root or the admin group may reset the "
-                                 "node") -
+    return fail(d, c, m, -EPERM,
+                "only root or the admin group may reset the "
+                "node") -
            1;
   int live = 0;
   cogpu__clearerr();
@@ -764,7 +770,8 @@ static int on_reset(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   return -1;
 }
 
-/* --- dispatch --------------------------------------------------------------- */
+/* --- dispatch ---------------------------------------------------------------
+ */
 
 int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
                          size_t len) {
@@ -838,7 +845,8 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
   return rc < 0 || c->closing ? -1 : 0;
 }
 
-/* --- closing ------------------------------------------------------------------ */
+/* --- closing
+ * ------------------------------------------------------------------ */
 
 void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
   ledger_state_t *st = d->dh->st;
@@ -885,7 +893,8 @@ void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
   drop_orphaned_waits(d);
 }
 
-/* --- invariants ---------------------------------------------------------------- */
+/* --- invariants
+ * ---------------------------------------------------------------- */
 
 int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len) {
   ledger_state_t *st = d->dh->st;

@@ -70,7 +70,7 @@ static bool foreign_claim(struct cogpu_s *h, bool force) {
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t now = cogpu__now_ns();
   uint64_t last = atomic_load(&hd->foreign_at_ns);
-  if (!force && last && now - last < hd->foreign_refresh_ms * 1000000u)
+  if (!force && last && now - last < cogpu__ms_to_ns(hd->foreign_refresh_ms))
     return false;
   return atomic_compare_exchange_strong(&hd->foreign_at_ns, &last, now);
 }

@@ -108,7 +108,8 @@ static int64_t starving_waiter(struct cogpu_s *h, const uint32_t *order,
       who = order[i];
     }
   }
-  if (now - oldest < hd->mmu_max_age_ms * 1000000u)
+  /* mmu_max_age = inf is stored as UINT64_MAX ms: saturated, never due. */
+  if (now - oldest < cogpu__ms_to_ns(hd->mmu_max_age_ms))
     return -1;
   return who;
 }
@@ -162,7 +163,7 @@ static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
                           uint32_t g, uint64_t now) {
   return wt->state == W_WAITING && !wt->nowait &&
          (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g) &&
-         now - wt->since_ns >= h->st->hdr.sweep_interval_ms * 1000000u;
+         now - wt->since_ns >= cogpu__ms_to_ns(h->st->hdr.sweep_interval_ms);
 }
 
 /* The waiter to fail on GPU g if every job holding memory there waits for

@@ -159,11 +159,12 @@ static int64_t ms_left(uint64_t deadline_ns) {
 static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
                         int *gpu_out) {
   ledger_waiter_t *wt = &h->st->waiters[w];
-  uint64_t deadline =
-      r->timeout_ms < 0 ? UINT64_MAX
-                        : cogpu__now_ns() + (uint64_t)r->timeout_ms * 1000000u;
+  /* Saturated: a bound of centuries waits, it does not wrap into the past;
+   * one past 584 years is no bound at all. */
+  uint64_t deadline = cogpu__deadline_ns(r->timeout_ms);
   int64_t tick = (int64_t)h->st->hdr.sweep_interval_ms;
-  if (tick < 10 || tick > 3600 * 1000)
+  const cogpu__opt_desc_t *sweep = &cogpu__opt_table[COGPU_OPT_SWEEP_INTERVAL];
+  if (tick < sweep->min || tick > sweep->max)
     tick = 1000; /* a state written by a bad configuration: stay live */
   cogpu__fault(COGPU_FP_WAITING);
   for (;;) {

@@ -175,6 +175,24 @@ static int shm_apply_owner(int fd, const char *group, mode_t mode) {
   return 0;
 }
 
+/* Allocates the state's blocks in the file at fd (named path), or says
+ * why not and what to do. */
+static int shm_allocate(int fd, const char *path) {
+  int e = posix_fallocate(fd, 0, sizeof(ledger_state_t));
+  if (e == 0)
+    return 0;
+  char need[32];
+  cogpu__fmt_size(sizeof(ledger_state_t), need, sizeof need);
+  if (e == ENOSPC || e == EFBIG || e == EDQUOT)
+    return cogpu__seterr(-e,
+                         "cannot allocate the node state %s (%s): %s; free "
+                         "space there, or set state_dir to a file system "
+                         "with room",
+                         path, need, strerror(e));
+  return cogpu__seterr(-e, "cannot allocate the node state %s (%s): %s", path,
+                       need, strerror(e));
+}
+
 /* Build a complete state in a temporary file and link it into place, so no
  * process ever sees a half-written state. Returns 0, or -EEXIST when
  * another process won the race (then open theirs). */
@@ -185,8 +203,11 @@ static int shm_create(struct cogpu_s *h, mode_t mode) {
   if (fd < 0)
     return shm_err_errno(errno, "cannot create state file", tmp);
   int rc = shm_apply_owner(fd, h->cfg.v[COGPU_OPT_STATE_GROUP].s, mode);
-  if (rc == 0 && ftruncate(fd, sizeof(ledger_state_t)) != 0)
-    rc = shm_err_errno(errno, "cannot size state file", tmp);
+  /* Every block is allocated now: a file that is only sized (ftruncate)
+   * would fault with SIGBUS, in whichever process first touches a page, when
+   * the file system (a small or full /dev/shm) has no room for it. */
+  if (rc == 0)
+    rc = shm_allocate(fd, tmp);
   void *p = MAP_FAILED;
   if (rc == 0) {
     p = mmap(NULL, sizeof(ledger_state_t), PROT_READ | PROT_WRITE, MAP_SHARED,

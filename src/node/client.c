@@ -88,8 +88,8 @@ static int sock_connect(const char *path, uint64_t deadline) {
                            "cannot reach the node daemon at %s: %s (is "
                            "cogpud running? `cogpu doctor` checks)",
                            path, strerror(e));
-    unsigned d = left >= 0 && (unsigned)left < delay_ms ? (unsigned)left
-                                                         : delay_ms;
+    unsigned d =
+        left >= 0 && (unsigned)left < delay_ms ? (unsigned)left : delay_ms;
     usleep(d * 1000u);
     if (delay_ms < 200)
       delay_ms *= 2;
@@ -151,9 +151,8 @@ static int msg_recv(int fd, cogpu__msg_t *m, uint64_t deadline, int *fd_out) {
 static int reply_rc(const cogpu__msg_t *r) {
   if (r->rc == 0)
     return 0;
-  return cogpu__seterr(r->rc, "%s",
-                       r->u.reply.msg[0] ? r->u.reply.msg
-                                         : cogpu_strerror(r->rc));
+  return cogpu__seterr(
+      r->rc, "%s", r->u.reply.msg[0] ? r->u.reply.msg : cogpu_strerror(r->rc));
 }
 
 /* One request and its reply on a fresh connection (queries). */
@@ -215,9 +214,8 @@ static void take_identity(cogpu__node_t *n, const cogpu__m_reply_t *r) {
   n->secret[1] = r->secret[1];
 }
 
-int cogpu__node_attach(const cogpu__config_t *cfg,
-                       const cogpu_attach_opts_t *o, uint32_t for_uid,
-                       cogpu__node_t **out) {
+int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
+                       uint32_t for_uid, cogpu__node_t **out) {
   cogpu__node_t *n = calloc(1, sizeof *n);
   if (!n)
     return cogpu__seterr(-ENOMEM, "out of memory");
@@ -267,8 +265,7 @@ int cogpu__node_attach(const cogpu__config_t *cfg,
     n->ngpus = r.u.reply.ngpus;
     n->policy = r.u.reply.policy;
     if (n->ngpus > NODE_MAX_GPUS)
-      rc = cogpu__seterr(-EPROTO, "the node daemon reports %u GPUs",
-                         n->ngpus);
+      rc = cogpu__seterr(-EPROTO, "the node daemon reports %u GPUs", n->ngpus);
     for (uint32_t g = 0; rc == 0 && g < n->ngpus; g++) {
       cogpu__msg_t gm;
       rc = msg_recv(n->fd, &gm, dl, NULL);
@@ -544,8 +541,7 @@ int cogpu__node_room(cogpu__node_t *n, int gpu, uint64_t *capacity,
   return rc;
 }
 
-int cogpu__node_claim(cogpu__node_t *n, int gpu, uint64_t want,
-                      uint64_t *got) {
+int cogpu__node_claim(cogpu__node_t *n, int gpu, uint64_t want, uint64_t *got) {
   cogpu__msg_t r;
   *got = 0;
   int rc = amount_rpc(n, COGPU_M_CLAIM, gpu, want, &r);

@@ -38,8 +38,7 @@ int cogpu__node_held(cogpu__node_t *n, int gpu, uint64_t *bytes);
 int cogpu__node_room(cogpu__node_t *n, int gpu, uint64_t *capacity,
                      uint64_t *free_bytes);
 uint64_t cogpu__node_job_spare(cogpu__node_t *n, int gpu);
-int cogpu__node_claim(cogpu__node_t *n, int gpu, uint64_t want,
-                      uint64_t *got);
+int cogpu__node_claim(cogpu__node_t *n, int gpu, uint64_t want, uint64_t *got);
 int cogpu__node_unclaim(cogpu__node_t *n, int gpu, uint64_t bytes);
 int cogpu__node_find_job(cogpu__node_t *n, const char *job_id, char *tok,
                          size_t len);

@@ -50,8 +50,7 @@ static int check_reserve(const cogpu__m_reserve_t *r, char *why, size_t len) {
   return 0;
 }
 
-int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why,
-                     size_t wl) {
+int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why, size_t wl) {
   if (len != sizeof *m)
     return bad(why, wl, "message of the wrong size");
   if (m->magic != COGPU_PROTO_MAGIC)

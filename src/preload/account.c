@@ -249,7 +249,9 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
       continue;
     }
     int rc = dev_reserve(d, want, COGPU_NOWAIT);
-    if (rc == -EAGAIN && want > need)
+    /* A step that does not fit now, or never (a grow_step larger than the
+     * GPU: -E2BIG), is cut to what is needed. */
+    if ((rc == -EAGAIN || rc == -E2BIG) && want > need)
       rc = dev_reserve(d, want = need, timeout);
     else if (rc == -EAGAIN)
       rc = dev_reserve(d, want, timeout);
@@ -294,6 +296,32 @@ static void dev_unlock(pl_dev_t *d) {
   pthread_mutex_unlock(&d->mu);
 }
 
+/* Says, once per process, why the limit refused memory: an out-of-memory
+ * error alone does not tell a user that cogpu refused it, nor that a limit
+ * below context_bytes leaves room for no context at all. */
+static void limit_refused(const pl_dev_t *d, uint64_t bytes, int64_t used) {
+  static _Atomic int said;
+  if (atomic_exchange(&said, 1))
+    return;
+  uint64_t limit = cfg_u(COGPU_OPT_LIMIT), ctx = cfg_u(COGPU_OPT_CONTEXT_BYTES);
+  char b[32], u[32], l[32], c[32];
+  cogpu__fmt_size(bytes, b, sizeof b);
+  cogpu__fmt_size((uint64_t)used, u, sizeof u);
+  cogpu__fmt_size(limit, l, sizeof l);
+  cogpu__fmt_size(ctx, c, sizeof c);
+  if (limit < ctx)
+    cogpu__log(COGPU_LOG_ERROR,
+               "GPU %d: out of memory: limit (%s) is below context_bytes "
+               "(%s), so no CUDA context fits; raise limit or lower "
+               "context_bytes",
+               d->gpu, l, c);
+  else
+    cogpu__log(COGPU_LOG_WARN,
+               "GPU %d: out of memory: %s more would make this process hold "
+               "%s, over its limit (%s)",
+               d->gpu, b, u, l);
+}
+
 CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
   pl_dev_t *d = dev_get(dev);
   if (!d || bytes == 0)
@@ -302,6 +330,7 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
   uint64_t limit = cfg_u(COGPU_OPT_LIMIT);
   if (limit && (uint64_t)used > limit) {
     atomic_fetch_sub(&d->used, (int64_t)bytes);
+    limit_refused(d, bytes, used);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (used <= atomic_load_explicit(&d->reserved, memory_order_relaxed))

@@ -1,8 +1,8 @@
 /*
  * driver.c: the real CUDA driver behind the hooks. libcuda.so.1 is found
  * the way the system loader finds it (so LD_LIBRARY_PATH works), loaded on
- * first need, and its entry points are resolved with glibc's own dlsym,
- * never through our dlsym override.
+ * first need, and its entry points are resolved with glibc's own dlsym
+ * (found by glibc-sym.c), never through our dlsym override.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -37,11 +37,9 @@ static dlsym_ft *_Atomic pl_dlsym;
 PRELOAD_EARLY void *cogpu__pl_real_dlsym(void *handle, const char *name) {
   dlsym_ft *fn = atomic_load_explicit(&pl_dlsym, memory_order_acquire);
   if (!fn) {
-    /* dlvsym is not overridden, so this cannot recurse. glibc 2.34 moved
-     * dlsym into libc with a new version; older ones have 2.2.5. */
-    fn = (dlsym_ft *)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!fn)
-      fn = (dlsym_ft *)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    /* Found with dlvsym, which is not overridden, so this cannot recurse
+     * (glibc-sym.c). */
+    fn = (dlsym_ft *)cogpu__pl_glibc_sym("dlsym");
     atomic_store_explicit(&pl_dlsym, fn, memory_order_release);
   }
   return fn ? fn(handle, name) : NULL;
@@ -56,8 +54,7 @@ static dlopen_ft *_Atomic pl_dlopen;
 static dlclose_ft *_Atomic pl_dlclose;
 
 static void *pl_glibc(const char *name) {
-  void *p = dlvsym(RTLD_NEXT, name, "GLIBC_2.34");
-  return p ? p : dlvsym(RTLD_NEXT, name, "GLIBC_2.2.5");
+  return cogpu__pl_glibc_sym(name);
 }
 
 void *cogpu__pl_real_dlopen(const char *file, int flags) {

@@ -3,6 +3,7 @@
  * unmodified CUDA programs account their GPU memory in the node ledger.
  *
  * driver.c   finds the real libcuda.so.1 and its entry points (hooks.def)
+ * glibc-sym.c  finds glibc's own dlsym, dlopen and dlclose on any platform
  * entry.c    the routes into the hooks: dlsym and cuGetProcAddress
  * account.c  per-process accounting against the job's reservation
  * hooks-*.c  the hooks themselves
@@ -112,6 +113,10 @@ void *cogpu__pl_real_dlsym(void *handle, const char *name);
 /* glibc's dlopen and dlclose, never a sanitizer's wrapper. */
 void *cogpu__pl_real_dlopen(const char *file, int flags);
 int cogpu__pl_real_dlclose(void *h);
+/* glibc's own function `name` (dlsym, dlopen, dlclose), found with dlvsym
+ * under whichever version this architecture and glibc gave it
+ * (glibc-sym.c), or NULL. */
+void *cogpu__pl_glibc_sym(const char *name);
 /* The handle of the real libcuda.so.1, or NULL. */
 void *cogpu__pl_driver(void);
 

@@ -1190,6 +1190,44 @@ TEST_IMPL(cli_run_timeout_bound) {
   ASSERT_IDLE();
 }
 
+/* A bound of centuries is a long wait. 18446744073709 ms is 2^64 ns less
+ * 551616 ns (585 years): unsaturated, now + that wrapped into the past and
+ * the request timed out at once. Longer still saturates as well. */
+TEST_IMPL(cli_run_timeout_centuries_waits) {
+  const char *const bounds[] = {"18446744073709ms", "18446744073710ms",
+                                "100000000000s", "9223372036854775807ms"};
+  holder_t h;
+  HOLD(&h, "h", "--mem", "10G");
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(bounds); i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "w%zu", i);
+    pid_t w = spawn_logged(tag,
+                           (const char *const[]){"cogpu", "run", "--mem", "10G",
+                                                 "--timeout", bounds[i], "--",
+                                                 "true", NULL},
+                           NULL);
+    WAIT_WAITERS(0, 1);
+    th_sleep_ms(300);
+    if (!still_running(w))
+      th_fail(__FILE__, __LINE__, "--timeout %s: ended at once: %s", bounds[i],
+              tag_file(tag, "err"));
+    kill(w, SIGTERM);
+    WAIT_EXIT(w, th_ms(5000), NULL, "waiter");
+    WAIT_WAITERS(0, 0);
+  }
+  /* The same bound from the node's default, and then served. */
+  pid_t w = spawn_logged(
+      "wd",
+      (const char *const[]){"cogpu", "run", "--mem", "10G", "--", "true", NULL},
+      (const char *const[]){"COGPU_TIMEOUT=18446744073709ms", NULL});
+  WAIT_WAITERS(0, 1);
+  th_sleep_ms(300);
+  ASSERT(still_running(w));
+  ASSERT_EQ(HOLD_END(&h), 0);
+  ASSERT_EQ(WAIT_EXIT(w, th_ms(5000), NULL, "waiter"), 0);
+  ASSERT_IDLE();
+}
+
 TEST_IMPL(cli_run_larger_than_gpu_fails_at_once) {
   const char *ran = tp("ran");
   const char *const sizes[] = {"17G", "16G", "1T", "16777215T"};
@@ -1547,6 +1585,24 @@ TEST_IMPL(cli_config_bad_env_values) {
   expect_config_refused_(__FILE__, __LINE__, missing, "COGPU_CONFIG", NULL);
   setenv("COGPU_CONFIG", th_tmpdir(), 1);
   expect_config_refused_(__FILE__, __LINE__, th_tmpdir(), "COGPU_CONFIG", NULL);
+  setenv("COGPU_CONFIG", "", 1);
+  ASSERT_IDLE();
+}
+
+/* A FIFO (or any file that is not a regular file) named as the config file
+ * is refused at once: before, opening it blocked every command forever. */
+TEST_IMPL(cli_config_not_a_regular_file) {
+  const char *fifo = tp("cogpu.fifo");
+  ASSERT_EQ(mkfifo(fifo, 0644), 0);
+  setenv("COGPU_CONFIG", fifo, 1);
+  expect_config_refused_(__FILE__, __LINE__, fifo, "not a regular file",
+                         "a FIFO");
+  setenv("COGPU_CONFIG", th_tmpdir(), 1);
+  expect_config_refused_(__FILE__, __LINE__, th_tmpdir(), "not a regular file",
+                         "a directory");
+  setenv("COGPU_CONFIG", "/dev/null", 1);
+  expect_config_refused_(__FILE__, __LINE__, "/dev/null", "not a regular file",
+                         "a device");
   setenv("COGPU_CONFIG", "", 1);
   ASSERT_IDLE();
 }
@@ -2015,6 +2071,43 @@ TEST_IMPL(cli_status_json_escaping) {
                "sh -c cogpu status --json a\"b\\c x\ny\001");
 }
 
+/* Terminal controls in a job id or command (newlines, escape sequences,
+ * DEL, C1 controls, bytes that are not UTF-8) are shown escaped by the
+ * table, so that they cannot forge lines or drive the terminal, and the
+ * JSON stays valid JSON (and valid UTF-8) that decodes to the same text. */
+TEST_IMPL(cli_status_escapes_controls) {
+  const char *job = "evil\n\x1b[31mred\x7f";
+  res_t *r = COGPU("run", "--mem", "1G", "--job-id", job, "--", "sh", "-c",
+                   "cogpu status", "a\x1b]0;title\x07", "x\ny",
+                   "c1\xc2\x9b"
+                   "2J",
+                   "bad\xff\xed\xa0\x80");
+  EXPECT_RC(r, 0);
+  for (const unsigned char *p = (const unsigned char *)r->out; *p; p++)
+    if ((*p < 0x20 && *p != '\n') || *p == 0x7f ||
+        (p[0] == 0xc2 && p[1] >= 0x80 && p[1] < 0xa0) || *p == 0xff)
+      th_fail(__FILE__, __LINE__, "control byte 0x%02x in status:\n%s", *p,
+              r->out);
+  ASSERT_CONTAINS(r->out, "evil\\n\\x1b[31mred\\x7f");
+  ASSERT_CONTAINS(r->out, "a\\x1b]0;title\\x07 x\\ny c1\\u009b2J "
+                          "bad\\xff\\xed\\xa0\\x80");
+  /* Policy, GPU, sizes, header and the client: the newlines forged none. */
+  ASSERT_EQ(count_substr(r->out, "\n"), 5);
+  r = COGPU("run", "--mem", "1G", "--job-id", job, "--", "sh", "-c",
+            "cogpu status --json",
+            "c1\xc2\x9b"
+            "2J",
+            "bad\xed\xa0\x80");
+  EXPECT_RC(r, 0);
+  ASSERT(!strstr(r->out, "\x1b") && !strstr(r->out, "\xc2\x9b"));
+  jv_t *st = JSON(r->out);
+  ASSERT_STREQ(js(st, "gpus.0.clients.0.job_id"), job);
+  ASSERT_STREQ(js(st, "gpus.0.clients.0.command"),
+               "sh -c cogpu status --json c1\xc2\x9b"
+               "2J "
+               "bad\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+}
+
 /* Long non-ASCII commands and job ids are cut to fit the state; the JSON
  * must still be valid UTF-8 whatever byte the cut falls on. */
 TEST_IMPL(cli_status_json_utf8_truncation) {
@@ -2369,4 +2462,22 @@ TEST_IMPL(cli_slurm_conf) {
   r = COGPU("slurm-conf", "extra");
   EXPECT_RC(r, 2);
   ASSERT_CONTAINS(r->err, "unexpected argument 'extra'");
+  /* A node name must not inject lines or settings into slurm.conf. */
+  const char *const bad[] = {"gpu07\nNodeName=evil Gres=gpumem:1P",
+                             "gpu07 Weight=1",
+                             "gpu07#",
+                             "a=b",
+                             "-n",
+                             "gpu\x1b"};
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(bad); i++) {
+    r = COGPU("slurm-conf", "--node", bad[i]);
+    EXPECT_RC(r, 2);
+    ASSERT_CONTAINS(r->err, "invalid node name");
+    ASSERT_STREQ(r->out, "");
+    ASSERT(!strchr(r->err, '\x1b'));
+  }
+  /* Host lists are node names in slurm.conf. */
+  r = COGPU("slurm-conf", "--node", "gpu[01-08],big_1.x");
+  EXPECT_RC(r, 0);
+  ASSERT_CONTAINS(r->out, "\nNodeName=gpu[01-08],big_1.x Gres=gpumem:");
 }

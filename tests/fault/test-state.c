@@ -2,7 +2,7 @@
  * test-state.c: the node state file under bad conditions: corrupt,
  * truncated or foreign-version files, wrong owner or mode, other users,
  * concurrent creation, death during creation, PID reuse and PID
- * namespaces.
+ * namespaces, and a file system without room for the state.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -11,6 +11,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -332,4 +335,89 @@ TEST_IMPL(state_pid_namespaces) {
   kill(st->gpus[0].clients[0].pid, SIGKILL);
   cogpu_status_free(st);
   th_wait(b, th_ms(5000));
+}
+
+/* --- A file system without room for the state ---------------------------- */
+
+/* Files in dir whose name starts with "state" (state, state.tmp.<pid>, ...),
+ * state.lock aside. */
+static int count_state_files(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    n += strncmp(e->d_name, "state", 5) == 0 &&
+         strcmp(e->d_name, "state.lock") != 0;
+  closedir(d);
+  return n;
+}
+
+/* In a child: attach with the state in dir, which has no room for it. The
+ * attach must fail with a message that says so, leaving no state file
+ * (neither published nor temporary). Exits 0 if so. */
+static int attach_without_room(const char *dir) {
+  setenv("COGPU_STATE_DIR", dir, 1);
+  cogpu_t *h = NULL;
+  int rc = cogpu_attach(NULL, &h);
+  if (rc == 0) {
+    fprintf(stderr, "attach succeeded without room for the state\n");
+    return 1;
+  }
+  const char *msg = cogpu_last_error();
+  if (!strstr(msg, "cannot allocate the node state") ||
+      !strstr(msg, "state_dir")) {
+    fprintf(stderr, "unexpected message (%s): %s\n", cogpu_err_name(rc), msg);
+    return 2;
+  }
+  int n = count_state_files(dir);
+  if (n != 0) {
+    fprintf(stderr, "%d state file(s) left in %s\n", n, dir);
+    return 3;
+  }
+  return 0;
+}
+
+/* A tmpfs too small for the state (a small or full /dev/shm): before, the
+ * file was only sized, and touching its pages killed the process with
+ * SIGBUS. Needs root, for a private mount namespace with a tmpfs. */
+TEST_IMPL(state_small_tmpfs_fails_cleanly) {
+  const char *mnt = th_path("small");
+  ASSERT_EQ(mkdir(mnt, 0755), 0);
+  if (geteuid() != 0)
+    SKIP("mounting a small tmpfs needs root (see "
+         "state_file_size_limit_fails_cleanly)");
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", mnt, "tmpfs", 0, "size=64k") != 0) {
+      fprintf(stderr, "skip: cannot mount a tmpfs: %s\n", strerror(errno));
+      _exit(TH_SKIP);
+    }
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/cogpu", mnt);
+    _exit(attach_without_room(dir));
+  }
+  int code = th_exit_code(th_wait(pid, th_ms(10000)));
+  if (code == TH_SKIP)
+    SKIP("cannot mount a tmpfs in a private mount namespace");
+  ASSERT_EQ(code, 0);
+}
+
+/* The same without privileges: a file-size limit refuses the allocation. */
+TEST_IMPL(state_file_size_limit_fails_cleanly) {
+  const char *dir = th_path("limited");
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    struct rlimit rl = {64 * 1024, 64 * 1024};
+    signal(SIGXFSZ, SIG_IGN);
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+      _exit(99);
+    _exit(attach_without_room(dir));
+  }
+  ASSERT_EQ(th_exit_code(th_wait(pid, th_ms(10000))), 0);
 }

@@ -405,6 +405,13 @@ static int run_one(const test_t *t) {
   if (pid == 0) {
     setpgid(0, 0);
     test_env();
+    /* Whatever a test or a program it starts writes by a relative path
+     * (sbatch's slurm-<job>.out, a core file) lands in the test's own
+     * directory, never in the source tree. */
+    if (chdir(tmpdir) != 0) {
+      fprintf(stderr, "chdir %s: %s\n", tmpdir, strerror(errno));
+      _exit(1);
+    }
     if (node_mode())
       th_daemon_start();
     t->fn();

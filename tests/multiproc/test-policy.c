@@ -128,6 +128,19 @@ TEST_IMPL(policy_mmu_starvation_guard) {
   teardown(h, w, 2);
 }
 
+TEST_IMPL(policy_mmu_huge_age_is_no_guard) {
+  /* 18446744073710 ms is 2^64 ns plus 448384 ns: unsaturated, the guard age
+   * wrapped to under a millisecond and the old request held memory back. A
+   * guard age of centuries behaves as inf does. */
+  setenv("COGPU_MMU_MAX_AGE", "18446744073710ms", 1);
+  waiter_t w[] = {{"old12", 12 * GiB, 0, 0}, {"young4", 4 * GiB, 0, 0}};
+  cogpu_t *h = setup("mmu", w, 2);
+  th_sleep_ms(50);
+  ASSERT_OK(cogpu_release(h, 0, 4 * GiB));
+  expect_served(w, 2, "01");
+  teardown(h, w, 2);
+}
+
 TEST_IMPL(policy_mmu_without_guard_serves_small) {
   /* The control: with a long guard age the small request goes first. */
   setenv("COGPU_MMU_MAX_AGE", "1h", 1);

@@ -211,6 +211,52 @@ TEST_IMPL(options_set_duration) {
   opt_bad(&cfg, COGPU_OPT_DRIVER_WAIT, "inf");
 }
 
+/* Ranges are typed columns of the option table (min, max): each bounded
+ * option takes its bounds and refuses one past them, with a message, and
+ * its form (the docs' and messages' words) states the same range. */
+TEST_IMPL(options_ranges_from_table_columns) {
+  cogpu__config_t cfg;
+  ASSERT_OK(cogpu__config_load(&cfg));
+  int bounded = 0;
+  for (int id = 0; id < COGPU_OPT__COUNT; id++) {
+    const cogpu__opt_desc_t *d = &cogpu__opt_table[id];
+    bool dur = d->type == COGPU_OPT_TYPE_DURATION;
+    if (d->type != COGPU_OPT_TYPE_INT && !dur) {
+      ASSERT(d->min == INT64_MIN && d->max == INT64_MAX);
+      continue;
+    }
+    if (d->min == INT64_MIN && d->max == INT64_MAX)
+      continue;
+    bounded++;
+    ASSERT(d->min <= d->max);
+    const char *unit = dur ? "ms" : "";
+    char text[64], range[64];
+    snprintf(text, sizeof text, "%lld%s", (long long)d->min, unit);
+    ASSERT_EQ(opt_ok(&cfg, id, text)->i, d->min);
+    snprintf(text, sizeof text, "%lld%s", (long long)d->max, unit);
+    ASSERT_EQ(opt_ok(&cfg, id, text)->i, d->max);
+    snprintf(text, sizeof text, "%lld%s", (long long)d->max + 1, unit);
+    opt_bad(&cfg, id, text);
+    if (d->min > 0 || !dur) {
+      snprintf(text, sizeof text, "%lld%s", (long long)d->min - 1, unit);
+      opt_bad(&cfg, id, text);
+    } else {
+      opt_bad(&cfg, id, "inf"); /* inf is -1 ms: below any min >= 0 */
+    }
+    if (dur) {
+      /* "...: must be from 10ms to 1h; accepted: DURATION from 10ms to 1h" */
+      const char *m = strstr(cogpu_last_error(), "must be from ");
+      ASSERT(m != NULL);
+      snprintf(range, sizeof range, "%.*s", (int)strcspn(m + 8, ";"), m + 8);
+    } else {
+      snprintf(range, sizeof range, "%lld..%lld", (long long)d->min,
+               (long long)d->max);
+    }
+    ASSERT_CONTAINS(d->form, range);
+  }
+  ASSERT_EQ(bounded, 9); /* 5 of the ledger and preload, 4 of node mode */
+}
+
 TEST_IMPL(options_set_mode) {
   cogpu__config_t cfg;
   ASSERT_OK(cogpu__config_load(&cfg));

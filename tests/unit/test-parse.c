@@ -256,3 +256,31 @@ TEST_IMPL(parse_fmt_size_roundtrip) {
     ASSERT_UEQ(v, sizes[i]);
   }
 }
+
+/* Durations become nanoseconds and deadlines with saturation (clock.c). */
+TEST_IMPL(time_arithmetic_saturates) {
+  ASSERT_UEQ(cogpu__ms_to_ns(0), 0);
+  ASSERT_UEQ(cogpu__ms_to_ns(1500), 1500000000ull);
+  ASSERT_UEQ(cogpu__ms_to_ns(UINT64_MAX / 1000000u),
+             UINT64_MAX / 1000000u * 1000000u);
+  ASSERT_UEQ(cogpu__ms_to_ns(UINT64_MAX / 1000000u + 1), UINT64_MAX);
+  ASSERT_UEQ(cogpu__ms_to_ns(18446744073710ull), UINT64_MAX);
+  ASSERT_UEQ(cogpu__ms_to_ns(UINT64_MAX), UINT64_MAX);
+  ASSERT_UEQ(cogpu__add_sat(1, 2), 3);
+  ASSERT_UEQ(cogpu__add_sat(UINT64_MAX - 1, 1), UINT64_MAX);
+  ASSERT_UEQ(cogpu__add_sat(UINT64_MAX - 1, 2), UINT64_MAX);
+  ASSERT_UEQ(cogpu__add_sat(UINT64_MAX, UINT64_MAX), UINT64_MAX);
+  uint64_t now = cogpu__now_ns();
+  ASSERT_UEQ(cogpu__deadline_ns(-1), UINT64_MAX);
+  ASSERT(cogpu__deadline_ns(0) >= now);
+  ASSERT(cogpu__deadline_ns(1000) >= now + 1000000000ull);
+  /* 585 years: wrapped, this was before now. */
+  ASSERT(cogpu__deadline_ns(18446744073709ll) > now + 18000000000000000000ull);
+  ASSERT_UEQ(cogpu__deadline_ns(INT64_MAX), UINT64_MAX);
+  /* The parser takes such bounds: any that fits in milliseconds. */
+  int64_t ms;
+  ASSERT_OK(cogpu__parse_duration_ms("t", "100000000000s", &ms));
+  ASSERT_EQ(ms, 100000000000000ll);
+  ASSERT_OK(cogpu__parse_duration_ms("t", "9223372036854775807ms", &ms));
+  ASSERT_EQ(ms, INT64_MAX);
+}

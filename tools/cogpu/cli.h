@@ -29,6 +29,13 @@ int cli_fail(const char *what, int rc);
 /* Load the configuration, reporting errors; returns 0 or CLI_EXIT_FAIL. */
 int cli_config_load(cogpu__config_t *cfg);
 
+/* s made safe for a terminal: control characters (newline, escape, DEL, the
+ * C1 range) and bytes that are not UTF-8 become visible escapes ("\n",
+ * "\x1b", "\u009b"), so that a job id or command cannot move the cursor,
+ * forge lines or send escape sequences. Written into buf (cut to fit);
+ * returns buf. */
+const char *cli_safe(const char *s, char *buf, size_t len);
+
 /* Minimal JSON writer: strings are escaped; `first` tracks commas. */
 void json_str(FILE *f, const char *s);
 void json_key(FILE *f, int *first, const char *key);

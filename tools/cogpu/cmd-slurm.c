@@ -4,6 +4,7 @@
  * docs/slurm.md).
  */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -21,6 +22,17 @@ static void gres_count(uint64_t bytes, char *buf, size_t len) {
     u++;
   }
   snprintf(buf, len, "%llu%c", (unsigned long long)n, units[u]);
+}
+
+/* A node name as slurm.conf takes it: a host name (letters, digits, '-',
+ * '_', '.'), or a host list such as gpu[01-08],big1. Anything else (a
+ * space, '=', '#', a newline) would change or add configuration lines. */
+static bool node_name_ok(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 255 || s[0] == '-')
+    return false;
+  return strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                   "0123456789-_.[],") == n;
 }
 
 static void print_conf(const cogpu_status_t *st, const char *node) {
@@ -68,6 +80,14 @@ int cli_slurm_conf(int argc, char **argv) {
     gethostname(host, sizeof host - 1);
     host[strcspn(host, ".")] = 0;
     node = host;
+  }
+  if (!node_name_ok(node)) {
+    char shown[4 * 256];
+    cli_err("slurm-conf: invalid node name '%s': use letters, digits, '-', "
+            "'_' and '.', or a Slurm host list such as gpu[01-08]%s",
+            cli_safe(node, shown, sizeof shown),
+            node == host ? " (give one with --node)" : "");
+    return CLI_EXIT_USAGE;
   }
   cogpu_status_t *st;
   int rc = cogpu_status(NULL, &st);

@@ -115,9 +115,28 @@ static void status_json(FILE *f, const cogpu_status_t *st) {
   fputs("]}\n", f);
 }
 
+/* Escaped copies of a client's or waiter's strings (cli_safe), sized for
+ * the worst case: every byte shown as a four-character escape. */
+typedef struct status_text_s {
+  char user[4 * 32], command[4 * 128], job[4 * 64];
+} status_text_t;
+
+static void status_text(status_text_t *t, const char *user, const char *command,
+                        const char *job) {
+  cli_safe(user, t->user, sizeof t->user);
+  cli_safe(command, t->command, sizeof t->command);
+  cli_safe(job[0] ? job : "-", t->job, sizeof t->job);
+}
+
+/* Job ids, commands, user and GPU names are shown through cli_safe: a job
+ * id with a newline or a terminal escape must not forge lines or drive the
+ * terminal of whoever runs cogpu status. */
 static void status_table_gpu(FILE *f, const cogpu_gpu_info_t *g) {
-  char t[32], c[32], r[32], fo[32], m[32];
-  fprintf(f, "GPU %d  %s  %s%s\n", g->index, g->name, g->uuid,
+  char t[32], c[32], r[32], fo[32], m[32], name[4 * 96], uuid[4 * 96];
+  status_text_t tx;
+  fprintf(f, "GPU %d  %s  %s%s\n", g->index,
+          cli_safe(g->name, name, sizeof name),
+          cli_safe(g->uuid, uuid, sizeof uuid),
           g->exclusive ? "  [exclusive]" : "");
   fprintf(f, "  total %s  margin %s  foreign %s  capacity %s  reserved %s\n",
           cogpu__fmt_size(g->total_bytes, t, sizeof t),
@@ -130,27 +149,31 @@ static void status_table_gpu(FILE *f, const cogpu_gpu_info_t *g) {
             "PRIO", "JOB", "COMMAND");
   for (size_t i = 0; i < g->nclients; i++) {
     const cogpu_client_info_t *cl = &g->clients[i];
-    fprintf(f, "  %-8d %-10s %12s %5d %-10s %s%s\n", cl->pid, cl->user,
+    status_text(&tx, cl->user, cl->command, cl->job_id);
+    fprintf(f, "  %-8d %-10s %12s %5d %-10s %s%s\n", cl->pid, tx.user,
             cogpu__fmt_size(cl->reserved_bytes, r, sizeof r), cl->priority,
-            cl->job_id[0] ? cl->job_id : "-", cl->command,
-            cl->exclusive ? " [exclusive]" : "");
+            tx.job, tx.command, cl->exclusive ? " [exclusive]" : "");
   }
   if (g->nwaiting)
     fprintf(f, "  waiting:\n  %-4s %-8s %-10s %12s %5s %8s %s\n", "POS", "PID",
             "USER", "REQUESTED", "PRIO", "AGE", "COMMAND");
   for (size_t i = 0; i < g->nwaiting; i++) {
     const cogpu_waiter_info_t *w = &g->waiting[i];
+    status_text(&tx, w->user, w->command, w->job_id);
     fprintf(f, "  %-4d %-8d %-10s %12s %5d %7.1fs %s%s\n", w->position, w->pid,
-            w->user,
+            tx.user,
             w->exclusive ? "exclusive"
                          : cogpu__fmt_size(w->requested_bytes, r, sizeof r),
-            w->priority, w->waiting_seconds, w->command,
+            w->priority, w->waiting_seconds, tx.command,
             w->gpu == COGPU_GPU_AUTO ? " [any GPU]" : "");
   }
 }
 
 static void status_table(FILE *f, const cogpu_status_t *st) {
-  fprintf(f, "policy %s  state %s\n", st->policy, st->state_path);
+  char policy[4 * 16], path[4 * 512];
+  fprintf(f, "policy %s  state %s\n",
+          cli_safe(st->policy, policy, sizeof policy),
+          cli_safe(st->state_path, path, sizeof path));
   for (size_t i = 0; i < st->ngpus; i++)
     status_table_gpu(f, &st->gpus[i]);
 }

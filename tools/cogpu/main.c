@@ -3,6 +3,8 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -57,17 +59,66 @@ int cli_config_load(cogpu__config_t *cfg) {
   return 0;
 }
 
-/* Length of the valid UTF-8 sequence at s, or 0 if it is not one. */
+/* Length of the well-formed UTF-8 sequence at s, or 0 if it is not one
+ * (overlong forms, surrogates and code points past U+10FFFF are not). */
 static size_t utf8_len(const unsigned char *s) {
   size_t n = s[0] < 0x80                   ? 1
              : s[0] >= 0xf0 && s[0] < 0xf5 ? 4
-             : s[0] >= 0xe0                ? 3
-             : s[0] >= 0xc2                ? 2
+             : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
+             : s[0] >= 0xc2 && s[0] < 0xe0 ? 2
                                            : 0;
-  for (size_t i = 1; i < n; i++)
+  uint32_t cp = n == 1 ? s[0] : s[0] & (0x7f >> n);
+  for (size_t i = 1; i < n; i++) {
     if ((s[i] & 0xc0) != 0x80)
       return 0;
+    cp = cp << 6 | (s[i] & 0x3f);
+  }
+  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+      (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;
   return n;
+}
+
+/* A control character: C0, DEL, or C1 (U+0080 to U+009F, "\xc2\x80" to
+ * "\xc2\x9f" in UTF-8). A terminal acts on these. */
+static bool is_control(const unsigned char *p, size_t n) {
+  return (n == 1 && (p[0] < 0x20 || p[0] == 0x7f)) ||
+         (n == 2 && p[0] == 0xc2 && p[1] < 0xa0);
+}
+
+const char *cli_safe(const char *s, char *buf, size_t len) {
+  const unsigned char *p = (const unsigned char *)(s ? s : "");
+  size_t o = 0;
+  if (len == 0)
+    return "";
+  while (*p) {
+    size_t n = utf8_len(p);
+    char esc[8];
+    const char *piece = (const char *)p;
+    size_t plen = n;
+    /* Invalid bytes and controls are shown as escapes, never sent. */
+    if (n == 0 || is_control(p, n)) {
+      if (*p == '\n' || *p == '\t' || *p == '\r')
+        snprintf(esc, sizeof esc, "\\%c",
+                 *p == '\n'   ? 'n'
+                 : *p == '\t' ? 't'
+                              : 'r');
+      else if (n == 2)
+        snprintf(esc, sizeof esc, "\\u%04x", (unsigned)p[1]);
+      else
+        snprintf(esc, sizeof esc, "\\x%02x", (unsigned)*p);
+      piece = esc;
+      plen = strlen(esc);
+      n = n ? n : 1;
+    }
+    if (o + plen >= len)
+      break;
+    memcpy(buf + o, piece, plen);
+    o += plen;
+    p += n;
+  }
+  buf[o] = 0;
+  return buf;
 }
 
 /* JSON strings must be valid UTF-8: a byte that is not part of a valid
@@ -80,13 +131,16 @@ void json_str(FILE *f, const char *s) {
     if (n == 0) {
       fputs("\\ufffd", f);
       p++;
+    } else if (n > 1 && is_control(p, n)) {
+      fprintf(f, "\\u%04x", p[1]); /* C1: valid, but escaped for terminals */
+      p += n;
     } else if (n > 1) {
       fwrite(p, 1, n, f);
       p += n;
     } else {
       if (*p == '"' || *p == '\\')
         fprintf(f, "\\%c", *p);
-      else if (*p < 0x20)
+      else if (*p < 0x20 || *p == 0x7f)
         fprintf(f, "\\u%04x", *p);
       else
         fputc(*p, f);
