@@ -40,7 +40,7 @@ DAEMON_SRCS := $(sort $(wildcard src/daemon/*.c tools/cogpud/*.c))
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
 TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c tests/preload/test-*.c \
-               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/experiment/test-*.c \
+               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/node/*.c tests/experiment/test-*.c \
                tests/slurm/test-*.c))
 BENCH_SRCS := $(sort $(wildcard bench/bench-*.c))
 FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))

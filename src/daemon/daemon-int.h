@@ -65,6 +65,9 @@ typedef struct cogpu__daemon_s {
 /* Opens (or recovers) the node state and, unless fuzzing, the socket. */
 int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
                        bool fuzz);
+/* Opens the node state if it is not open yet (the GPUs could not be
+ * discovered before). */
+int cogpu__daemon_ensure_state(cogpu__daemon_t *d);
 /* Runs until SIGTERM/SIGINT (or d->stop). */
 int cogpu__daemon_run(cogpu__daemon_t *d);
 void cogpu__daemon_fini(cogpu__daemon_t *d);

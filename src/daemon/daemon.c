@@ -163,6 +163,8 @@ static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
 /* Slots of the previous daemon's clients: kept while their process lives
  * (watched by pidfd), until it reconnects; freed if it is gone. */
 static void recover(cogpu__daemon_t *d) {
+  if (!d->dh)
+    return;
   ledger_state_t *st = d->dh->st;
   struct cogpu_s *h = d->dh;
   unsigned kept = 0, freed = 0;
@@ -226,6 +228,8 @@ static void recover(cogpu__daemon_t *d) {
  * orphans without a pidfd, queue entries whose clients did not return. */
 static void on_tick(cogpu__daemon_t *d) {
   struct cogpu_s *h = d->dh;
+  if (!h)
+    return;
   ledger_state_t *st = h->st;
   cogpu__ledger_foreign_refresh(h, false);
   cogpu__ledger_lock(h);
@@ -255,6 +259,8 @@ static void on_tick(cogpu__daemon_t *d) {
 }
 
 static bool orphans_unwatched(cogpu__daemon_t *d) {
+  if (!d->dh)
+    return false;
   ledger_state_t *st = d->dh->st;
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
     if (st->slots[s].state == SLOT_ACTIVE && s != d->dh->slot &&
@@ -266,7 +272,8 @@ static bool orphans_unwatched(cogpu__daemon_t *d) {
 /* Arms the timer only while something is due. */
 static void arm_timer(cogpu__daemon_t *d) {
   uint64_t ms = 0;
-  if (d->dh->st->hdr.nwaiting || d->rebind_deadline_ms || orphans_unwatched(d))
+  if (d->dh && (d->dh->st->hdr.nwaiting || d->rebind_deadline_ms ||
+                orphans_unwatched(d)))
     ms = d->dh->st->hdr.sweep_interval_ms;
   if (watchdog_us && (ms == 0 || ms > watchdog_us / 2000))
     ms = watchdog_us / 2000;
@@ -342,6 +349,10 @@ static int open_state(cogpu__daemon_t *d) {
   return 0;
 }
 
+int cogpu__daemon_ensure_state(cogpu__daemon_t *d) {
+  return d->dh ? 0 : open_state(d);
+}
+
 int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
                        bool fuzz) {
   memset(d, 0, sizeof *d);
@@ -362,6 +373,12 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
     d->have_admin_group = true;
   }
   int rc = open_state(d);
+  if (rc == COGPU_ENVML || rc == COGPU_ENOGPU) {
+    /* The NVIDIA driver may load after the daemon starts (at boot): serve
+     * anyway, and discover the GPUs at the first request. */
+    cogpu__log(COGPU_LOG_WARN, "no node state yet: %s", cogpu_last_error());
+    rc = 0;
+  }
   if (rc || fuzz)
     return rc;
   struct rlimit rl;
@@ -398,9 +415,8 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
 
 int cogpu__daemon_run(cogpu__daemon_t *d) {
   sd_notify(0, "READY=1");
-  cogpu__log(COGPU_LOG_INFO, "cogpud ready on %s (%u GPUs, policy %s)",
-             d->cfg.v[COGPU_OPT_SOCKET].s, d->dh->st->hdr.ngpus,
-             cogpu_policy_name((int)d->dh->st->hdr.policy));
+  cogpu__log(COGPU_LOG_INFO, "cogpud ready on %s (%u GPUs)",
+             d->cfg.v[COGPU_OPT_SOCKET].s, d->dh ? d->dh->st->hdr.ngpus : 0);
   while (!d->stop) {
     arm_timer(d);
     struct epoll_event evs[64];
@@ -437,10 +453,9 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
 }
 
 int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
-  ledger_state_t *st = d->dh->st;
   int n = 0;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
-    n += st->slots[s].state == SLOT_ACTIVE && s != d->dh->slot;
+  for (uint32_t s = 0; d->dh && s < LEDGER_MAX_SLOTS; s++)
+    n += d->dh->st->slots[s].state == SLOT_ACTIVE && s != d->dh->slot;
   *live = n;
   if (n && !force)
     return cogpu__seterr(-EBUSY,
@@ -454,20 +469,20 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
     if (c->kind == DC_MAIN || c->kind == DC_WAIT || c->kind == DC_PIDFD)
       conn_free(d, c);
   }
-  char path[600];
-  snprintf(path, sizeof path, "%s", d->dh->path);
-  cogpu__ledger_close_trusted(d->dh);
-  d->dh = NULL;
-  unlink(path);
+  if (d->dh) {
+    char path[600];
+    snprintf(path, sizeof path, "%s", d->dh->path);
+    cogpu__ledger_close_trusted(d->dh);
+    d->dh = NULL;
+    unlink(path);
+  }
   cogpu__config_t cfg;
   if (cogpu__config_load(&cfg) == 0)
     d->cfg = cfg; /* apply an edited configuration */
   int rc = open_state(d);
-  if (rc) {
+  if (rc) /* served again once the GPUs can be discovered */
     cogpu__log(COGPU_LOG_ERROR, "reset: cannot create a new state: %s",
                cogpu_last_error());
-    d->stop = true;
-  }
   return rc;
 }
 

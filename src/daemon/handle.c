@@ -649,7 +649,9 @@ static void drop_orphaned_waits(cogpu__daemon_t *d) {
  */
 
 static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
-  struct cogpu_s *h = d->dh;
+  /* On a process's main connection, as that process: its entries are
+   * marked as its own. */
+  struct cogpu_s *h = c->kind == DC_MAIN ? as(d, c) : d->dh;
   cogpu_status_t st;
   memset(&st, 0, sizeof st);
   cogpu__ledger_foreign_refresh(h, false);
@@ -702,7 +704,7 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
                                      .priority = ci->priority,
                                      .reserved = ci->reserved_bytes,
                                      .exclusive = ci->exclusive,
-                                     .slot = UINT32_MAX};
+                                     .slot = ci->own};
         snprintf(cs->command, sizeof cs->command, "%s", ci->command);
         snprintf(cs->job_id, sizeof cs->job_id, "%s", ci->job_id);
       }
@@ -717,7 +719,7 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
                                      .bytes = wi->requested_bytes,
                                      .waiting_seconds = wi->waiting_seconds,
                                      .position = (uint32_t)wi->position,
-                                     .owner_slot = UINT32_MAX};
+                                     .owner_slot = wi->own};
         snprintf(ws->command, sizeof ws->command, "%s", wi->command);
         snprintf(ws->job_id, sizeof ws->job_id, "%s", wi->job_id);
       }
@@ -749,7 +751,7 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   send_msg(d, c, &r, mfd);
   if (mfd >= 0)
     close(mfd);
-  return -1;
+  return c->kind == DC_MAIN ? 0 : -1;
 }
 
 int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
@@ -785,7 +787,16 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
                (int)c->pid, (unsigned)c->uid, why);
     return -1;
   }
-  int rc;
+  int rc = cogpu__daemon_ensure_state(d);
+  if (rc != 0) {
+    /* No GPUs discovered yet: every request gets the reason. */
+    cogpu__msg_t r;
+    memset(&r, 0, sizeof r);
+    int err = rc;
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", cogpu_last_error());
+    reply(d, c, &m, err, &r);
+    return -1;
+  }
   switch (c->kind) {
   case DC_NEW:
     switch (m.type) {
@@ -829,6 +840,9 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
     case COGPU_M_FIND_JOB:
       rc = on_find_job(d, c, &m);
       break;
+    case COGPU_M_STATUS:
+      rc = on_status(d, c, &m);
+      break;
     case COGPU_M_DETACH:
     default:
       rc = -1;
@@ -849,6 +863,8 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
  * ------------------------------------------------------------------ */
 
 void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
+  if (!d->dh)
+    return;
   ledger_state_t *st = d->dh->st;
   if (c->kind == DC_MAIN || c->kind == DC_PIDFD) {
     if (d->slot_conn[c->slot] == c) {

@@ -243,8 +243,11 @@ int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
     self_cmdline(a->command, sizeof a->command);
   if (o && o->job_id)
     snprintf(a->job_id, sizeof a->job_id, "%s", o->job_id);
-  if (o && o->join) {
-    if (strlen(o->join) >= sizeof a->join) {
+  if (o && o->join && *o->join) {
+    unsigned ts, tg;
+    char extra;
+    if (strlen(o->join) >= sizeof a->join ||
+        sscanf(o->join, "%u.%u%c", &ts, &tg, &extra) != 2) {
       cogpu__node_detach(n);
       return cogpu__seterr(-EINVAL, "invalid job token '%s'", o->join);
     }
@@ -334,7 +337,8 @@ static int node_resume(cogpu__node_t *n) {
 
 /* A request on the main connection and its reply; after a daemon restart,
  * re-register and send it again (same seq: done at most once). */
-static int rpc(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r) {
+static int rpc_fd(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r,
+                  int *fd_out) {
   if (n->forked)
     return cogpu__seterr(-EINVAL, "this handle belongs to the parent process "
                                   "(fork): attach again in the child");
@@ -346,9 +350,13 @@ static int rpc(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r) {
       rc = msg_send(n->fd, m);
     uint64_t dl = deadline_after(n->daemon_wait_ms);
     while (rc == 0) {
-      rc = msg_recv(n->fd, r, dl, NULL);
+      rc = msg_recv(n->fd, r, dl, fd_out);
       if (rc == 0 && r->type == COGPU_M_REPLY && r->seq == m->seq)
         break;
+      if (fd_out && *fd_out >= 0) {
+        close(*fd_out); /* came with a stale reply */
+        *fd_out = -1;
+      }
     }
     if (rc == 0 || (rc != -EPIPE && rc != -ECONNRESET && rc != -EPROTO))
       break;
@@ -362,6 +370,10 @@ static int rpc(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r) {
   if (rc)
     return rc < 0 ? rc : -EIO;
   return reply_rc(r);
+}
+
+static int rpc(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r) {
+  return rpc_fd(n, m, r, NULL);
 }
 
 void cogpu__node_detach(cogpu__node_t *n) {
@@ -622,8 +634,7 @@ int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu) {
 
 /* Builds a cogpu_status_t from the daemon's snapshot. Every count is
  * checked against the snapshot's size before it is used. */
-static int snap_parse(const char *p, size_t size, cogpu__node_t *n,
-                      cogpu_status_t *st) {
+static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
   const cogpu__snap_hdr_t *h = (const void *)p;
   if (size < sizeof *h || h->magic != COGPU_SNAP_MAGIC || h->version != 1 ||
       h->ngpus > NODE_MAX_GPUS || h->nclients > (1u << 20) ||
@@ -673,7 +684,7 @@ static int snap_parse(const char *p, size_t size, cogpu__node_t *n,
     c->priority = cs[i].priority;
     c->reserved_bytes = cs[i].reserved;
     c->exclusive = cs[i].exclusive;
-    c->own = n && cs[i].slot == n->res_slot;
+    c->own = cs[i].slot == 1;
   }
   for (uint32_t i = 0; i < h->nwaiters; i++) {
     if (ws[i].gpu >= h->ngpus)
@@ -690,7 +701,7 @@ static int snap_parse(const char *p, size_t size, cogpu__node_t *n,
     w->exclusive = ws[i].exclusive;
     w->waiting_seconds = ws[i].waiting_seconds;
     w->position = (int)ws[i].position;
-    w->own = n && ws[i].owner_slot == n->slot;
+    w->own = ws[i].owner_slot == 1;
   }
   return 0;
 }
@@ -700,7 +711,8 @@ int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
   cogpu__msg_t m, r;
   cogpu__msg_init(&m, COGPU_M_STATUS, 1);
   int mfd = -1;
-  int rc = query(cfg, &m, &r, &mfd);
+  /* On the process's own connection, the daemon marks its entries. */
+  int rc = n ? rpc_fd(n, &m, &r, &mfd) : query(cfg, &m, &r, &mfd);
   if (rc == 0)
     rc = reply_rc(&r);
   if (rc == 0 && mfd < 0)
@@ -718,7 +730,7 @@ int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
     ssize_t got = buf ? pread(mfd, buf, size, 0) : -1;
     if (!buf || !st)
       rc = cogpu__seterr(-ENOMEM, "out of memory");
-    else if (got != (ssize_t)size || snap_parse(buf, size, n, st) != 0)
+    else if (got != (ssize_t)size || snap_parse(buf, size, st) != 0)
       rc = cogpu__seterr(-EPROTO, "the node daemon's snapshot is malformed");
     free(buf);
   }

@@ -193,7 +193,8 @@ typedef struct cogpu__snap_client_s {
   int32_t priority;
   uint64_t reserved;
   uint32_t exclusive;
-  uint32_t slot; /* to mark the asker's own entries */
+  uint32_t slot; /* own: 1 for the asking process's job (STATUS sent on its
+                    main connection), else 0 */
   char command[128];
   char job_id[64];
 } cogpu__snap_client_t;
@@ -208,7 +209,7 @@ typedef struct cogpu__snap_waiter_s {
   uint64_t bytes;
   double waiting_seconds;
   uint32_t position;
-  uint32_t owner_slot;
+  uint32_t owner_slot; /* own: 1 for the asking process's request */
   char command[128];
   char job_id[64];
 } cogpu__snap_waiter_t;

@@ -923,7 +923,7 @@ static void run_on_gpu(const char *spec, int want, const char *want_uuid) {
 }
 
 TEST_IMPL(cli_run_gpu_by_index_uuid_and_prefix) {
-  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,8G");
   jv_t *st = STATUS();
   ASSERT_EQ(jlen(st, "gpus"), 2);
   char u0[128], u1[128];
@@ -942,7 +942,7 @@ TEST_IMPL(cli_run_gpu_by_index_uuid_and_prefix) {
   ASSERT_IDLE();
   /* A unique prefix picks its GPU (one-GPU node). */
   use_state_dir("state1");
-  setenv("FAKE_NVML_GPUS", "16G", 1);
+  th_setenv("FAKE_NVML_GPUS", "16G");
   st = STATUS();
   char prefix[16];
   snprintf(prefix, sizeof prefix, "%.12s", js(st, "gpus.0.uuid"));
@@ -959,11 +959,11 @@ static int run_auto_gpu(const char *mem) {
 
 TEST_IMPL(cli_run_gpu_auto_picks_most_free) {
   /* The bigger GPU when both are empty. */
-  setenv("FAKE_NVML_GPUS", "4G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "4G,8G");
   ASSERT_EQ(run_auto_gpu("1G"), 1);
   /* The emptier one when equal. */
   use_state_dir("state2");
-  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,8G");
   holder_t a, b;
   HOLD(&a, "a", "--gpu", "0", "--mem", "3G");
   ASSERT_EQ(run_auto_gpu("1G"), 1);
@@ -1106,7 +1106,7 @@ TEST_IMPL(cli_run_waits_until_memory_is_free) {
 }
 
 TEST_IMPL(cli_run_priority_order_in_queue) {
-  setenv("COGPU_POLICY", "priority-fifo", 1);
+  th_setenv("COGPU_POLICY", "priority-fifo");
   holder_t h, a, b;
   HOLD(&h, "h", "--mem", "10G");
   hold_spawn(&a, "a", (const char *const[]){"--mem", "10G", NULL}, NULL);
@@ -1246,7 +1246,7 @@ TEST_IMPL(cli_run_larger_than_gpu_fails_at_once) {
   ASSERT_IDLE();
   /* Larger than the GPU asked for, though another could take it. */
   use_state_dir("state2");
-  setenv("FAKE_NVML_GPUS", "8G,16G", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,16G");
   res_t *r = COGPU("run", "--gpu", "0", "--mem", "9G", "--", "touch", ran);
   EXPECT_RC(r, 125);
   ASSERT_CONTAINS(r->err, "larger than");
@@ -1387,7 +1387,7 @@ TEST_IMPL(cli_run_bad_timeout) {
 }
 
 TEST_IMPL(cli_run_bad_gpu) {
-  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,8G");
   ASSERT_IDLE();
   const char *const bad[] = {"7",           "2",   "-1", "GPU-deadbeef", "",
                              "nonexistent", "0x0", "1 ", "GPU"};
@@ -1402,7 +1402,7 @@ TEST_IMPL(cli_run_bad_gpu) {
 
 /* A GPU index past INT_MAX must not wrap around to a valid one. */
 TEST_IMPL(cli_run_gpu_index_overflow) {
-  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,8G");
   ASSERT_IDLE();
   const char *const bad[] = {"4294967296", "4294967297", "-4294967295",
                              "99999999999999999999"};
@@ -1724,7 +1724,7 @@ TEST_IMPL(cli_config_explain_shows_sources) {
   ASSERT_STREQ(v, getenv("COGPU_STATE_DIR"));
   ASSERT_STREQ(src, "env COGPU_STATE_DIR");
   /* The environment wins over the file; an enum is shown canonically. */
-  setenv("COGPU_POLICY", "PRIORITY-MMU", 1);
+  th_setenv("COGPU_POLICY", "PRIORITY-MMU");
   r = COGPU("config", "--explain");
   EXPECT_RC(r, 0);
   explain_line(r->out, "policy", v, sizeof v, src, sizeof src);
@@ -1791,7 +1791,7 @@ TEST_IMPL(cli_config_sweep_interval_zero_no_spin) {
     snprintf(dir, sizeof dir, "state%zu", i);
     use_state_dir(dir);
     if (values[i])
-      setenv("COGPU_SWEEP_INTERVAL", values[i], 1);
+      th_setenv("COGPU_SWEEP_INTERVAL", values[i]);
     res_t *r = COGPU("status");
     if (r->rc != 0) { /* refusing the value is fine, with a message */
       ASSERT_CONTAINS(r->err, "sweep_interval");
@@ -1812,7 +1812,7 @@ TEST_IMPL(cli_config_sweep_interval_zero_no_spin) {
 }
 
 TEST_IMPL(cli_config_sweep_interval_inf_honours_timeout) {
-  setenv("COGPU_SWEEP_INTERVAL", "inf", 1);
+  th_setenv("COGPU_SWEEP_INTERVAL", "inf");
   res_t *r = COGPU("status");
   if (r->rc != 0) {
     ASSERT_CONTAINS(r->err, "sweep_interval");
@@ -1896,7 +1896,7 @@ static void check_status_shape(jv_t *st) {
 }
 
 TEST_IMPL(cli_status_json_fields) {
-  setenv("FAKE_NVML_GPUS", "80G,40G", 1);
+  th_setenv("FAKE_NVML_GPUS", "80G,40G");
   res_t *r = COGPU("status", "--json");
   EXPECT_RC(r, 0);
   jv_t *st = JSON(r->out);
@@ -1990,10 +1990,10 @@ static void write_procs(const char *text) {
 }
 
 TEST_IMPL(cli_status_foreign_memory) {
-  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
-  setenv("COGPU_FOREIGN_REFRESH", "0", 1);
-  setenv("COGPU_SWEEP_INTERVAL", "100ms", 1);
-  setenv("FAKE_NVML_PROCS", tp("procs"), 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,8G");
+  th_setenv("COGPU_FOREIGN_REFRESH", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  th_setenv("FAKE_NVML_PROCS", tp("procs"));
   /* This test process is not a cogpu client: its memory is foreign. */
   char text[256];
   snprintf(text, sizeof text, "# foreign\n0 %d 2G\n", (int)getpid());
@@ -2033,8 +2033,8 @@ TEST_IMPL(cli_status_foreign_memory) {
 }
 
 TEST_IMPL(cli_status_client_processes_not_foreign) {
-  setenv("COGPU_FOREIGN_REFRESH", "0", 1);
-  setenv("FAKE_NVML_PROCS", tp("procs"), 1);
+  th_setenv("COGPU_FOREIGN_REFRESH", "0");
+  th_setenv("FAKE_NVML_PROCS", tp("procs"));
   write_procs("");
   /* The command and its own child allocate; both descend from the client. */
   static const char script[] =

@@ -45,19 +45,19 @@ static void expect_all_free(void) {
   cogpu_detach(h);
 }
 
-TEST_IMPL(fault_dies_holding_lock) {
+TEST_IMPL_SINGLE(fault_dies_holding_lock) {
   pid_t p = hold_with_fault("lock_held", "victim", 0, 1 * GiB, 0);
   expect_killed(p);
   expect_all_free();
 }
 
-TEST_IMPL(fault_dies_before_unlock) {
+TEST_IMPL_SINGLE(fault_dies_before_unlock) {
   pid_t p = hold_with_fault("before_unlock:2", "victim", 0, 4 * GiB, 0);
   expect_killed(p);
   expect_all_free();
 }
 
-TEST_IMPL(fault_dies_mid_transaction) {
+TEST_IMPL_SINGLE(fault_dies_mid_transaction) {
   /* Pass 2 of tx_middle is the reservation's first store: the process dies
    * with its slot's bytes written and the GPU's total not. */
   pid_t p = hold_with_fault("tx_middle:2", "victim", 0, 4 * GiB, 0);
@@ -65,8 +65,8 @@ TEST_IMPL(fault_dies_mid_transaction) {
   expect_all_free();
 }
 
-TEST_IMPL(fault_dies_mid_grant_to_live_waiter) {
-  setenv("COGPU_MARGIN", "0", 1);
+TEST_IMPL_SINGLE(fault_dies_mid_grant_to_live_waiter) {
+  th_setenv("COGPU_MARGIN", "0");
   /* The releaser: attach (store 1), reserve 12G (store 2), release 4G
    * (store 3), then serving the waiter starts a transaction: dies after its
    * first store, the waiter's bytes written, the rest not. */
@@ -113,8 +113,8 @@ HELPER_IMPL(grant_victim) {
   return 4; /* should have died */
 }
 
-TEST_IMPL(fault_waiter_dies) {
-  setenv("COGPU_MARGIN", "0", 1);
+TEST_IMPL_SINGLE(fault_waiter_dies) {
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *h = lt_attach(0);
   cogpu_request_t r = req(0, 16 * GiB, 0);
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
@@ -137,8 +137,8 @@ TEST_IMPL(fault_waiter_dies) {
   cogpu_detach(h);
 }
 
-TEST_IMPL(fault_dies_while_waiting_and_after_grant) {
-  setenv("COGPU_MARGIN", "0", 1);
+TEST_IMPL_SINGLE(fault_dies_while_waiting_and_after_grant) {
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *h = lt_attach(0);
   cogpu_request_t r = req(0, 12 * GiB, 0);
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
@@ -191,9 +191,9 @@ static pid_t chaos_spawn(void) {
 
 static void chaos(const char *policy) {
   enum { N = 16 };
-  setenv("FAKE_NVML_GPUS", "16G,12G", 1);
-  setenv("COGPU_POLICY", policy, 1);
-  setenv("COGPU_SWEEP_INTERVAL", "200ms", 1);
+  th_setenv("FAKE_NVML_GPUS", "16G,12G");
+  th_setenv("COGPU_POLICY", policy);
+  th_setenv("COGPU_SWEEP_INTERVAL", "200ms");
   srand((unsigned)time(NULL));
   pid_t pids[N];
   for (int i = 0; i < N; i++)
@@ -234,10 +234,10 @@ static void chaos(const char *policy) {
   expect_all_free();
 }
 
-TEST_IMPL_T(fault_chaos_fifo, 120) {
+TEST_IMPL_SINGLE_T(fault_chaos_fifo, 120) {
   chaos("fifo");
 }
-TEST_IMPL_T(fault_chaos_priority_mmu, 120) {
+TEST_IMPL_SINGLE_T(fault_chaos_priority_mmu, 120) {
   chaos("priority-mmu");
 }
 
@@ -260,8 +260,8 @@ HELPER_IMPL(job_member) {
 /* Wherever a job's process dies in its transactions, what it claimed of
  * the job's reservation returns to the job: the next process claims all
  * the job holds. */
-TEST_IMPL(fault_job_member_dies_anywhere) {
-  setenv("COGPU_MARGIN", "0", 1);
+TEST_IMPL_SINGLE(fault_job_member_dies_anywhere) {
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_attach_opts_t o = {.command = "job"};
   cogpu_t *job;
   ASSERT_OK(cogpu_attach(&o, &job));

@@ -56,33 +56,33 @@ static void attach_expect_rebuilt(void) {
   cogpu_detach(h);
 }
 
-TEST_IMPL(state_garbage_unused_is_rebuilt) {
+TEST_IMPL_SINGLE(state_garbage_unused_is_rebuilt) {
   make_state();
   patch(0, "garbage!", 8);
   attach_expect_rebuilt();
 }
 
-TEST_IMPL(state_truncated_unused_is_rebuilt) {
+TEST_IMPL_SINGLE(state_truncated_unused_is_rebuilt) {
   make_state();
   ASSERT_EQ(truncate(th_path("state/state"), 100), 0);
   attach_expect_rebuilt();
 }
 
-TEST_IMPL(state_other_version_unused_is_rebuilt) {
+TEST_IMPL_SINGLE(state_other_version_unused_is_rebuilt) {
   make_state();
   uint32_t v = 999;
   patch(8, &v, sizeof v);
   attach_expect_rebuilt();
 }
 
-TEST_IMPL(state_corrupt_header_unused_is_rebuilt) {
+TEST_IMPL_SINGLE(state_corrupt_header_unused_is_rebuilt) {
   make_state();
   uint32_t ngpus = 3; /* changes the checksummed part */
   patch(40, &ngpus, sizeof ngpus);
   attach_expect_rebuilt();
 }
 
-TEST_IMPL(state_bad_in_use_is_refused) {
+TEST_IMPL_SINGLE(state_bad_in_use_is_refused) {
   pid_t p = lt_hold("user", 0, GiB, 0, 0, -1);
   lt_wait_nclients(0, 1, 5000);
   uint32_t v = 999;
@@ -98,7 +98,7 @@ TEST_IMPL(state_bad_in_use_is_refused) {
   attach_expect_rebuilt();
 }
 
-TEST_IMPL(state_wrong_mode_is_refused) {
+TEST_IMPL_SINGLE(state_wrong_mode_is_refused) {
   make_state();
   ASSERT_EQ(chmod(th_path("state/state"), 0644), 0);
   cogpu_t *h = NULL;
@@ -107,7 +107,7 @@ TEST_IMPL(state_wrong_mode_is_refused) {
   ASSERT_CONTAINS(cogpu_last_error(), "state_mode is 0666");
 }
 
-TEST_IMPL(state_wrong_owner_is_refused) {
+TEST_IMPL_SINGLE(state_wrong_owner_is_refused) {
   if (geteuid() != 0)
     SKIP("needs root to chown");
   make_state();
@@ -117,7 +117,7 @@ TEST_IMPL(state_wrong_owner_is_refused) {
   ASSERT_CONTAINS(cogpu_last_error(), "belongs to uid 4242");
 }
 
-TEST_IMPL(state_symlink_is_refused) {
+TEST_IMPL_SINGLE(state_symlink_is_refused) {
   make_state();
   ASSERT_EQ(rename(th_path("state/state"), th_path("elsewhere")), 0);
   ASSERT_EQ(symlink(th_path("elsewhere"), th_path("state/state")), 0);
@@ -126,7 +126,7 @@ TEST_IMPL(state_symlink_is_refused) {
   ASSERT_CONTAINS(cogpu_last_error(), "state file");
 }
 
-TEST_IMPL(state_dir_not_a_directory) {
+TEST_IMPL_SINGLE(state_dir_not_a_directory) {
   th_write_file(th_path("state"), "x");
   cogpu_t *h = NULL;
   ASSERT_EQ(cogpu_attach(NULL, &h), -ENOTDIR);
@@ -165,7 +165,7 @@ static int user_reserve(void) {
   return 0;
 }
 
-TEST_IMPL(state_shared_between_users) {
+TEST_IMPL_SINGLE(state_shared_between_users) {
   if (geteuid() != 0)
     SKIP("needs root to switch users");
   /* The default: every user of the node shares the state. */
@@ -186,7 +186,7 @@ TEST_IMPL(state_shared_between_users) {
   cogpu_detach(h);
 }
 
-TEST_IMPL(state_private_refuses_other_users) {
+TEST_IMPL_SINGLE(state_private_refuses_other_users) {
   if (geteuid() != 0)
     SKIP("needs root to switch users");
   ASSERT_EQ(chmod(th_tmpdir(), 0755), 0);
@@ -200,7 +200,7 @@ static int attach_and_exit(void) {
   return cogpu_attach(NULL, &h) == 0 ? 0 : 1;
 }
 
-TEST_IMPL(state_concurrent_creation) {
+TEST_IMPL_SINGLE(state_concurrent_creation) {
   enum { N = 8 };
   pid_t p[N];
   for (int i = 0; i < N; i++) {
@@ -214,7 +214,7 @@ TEST_IMPL(state_concurrent_creation) {
   lt_check_invariants();
 }
 
-TEST_IMPL(state_creator_dies) {
+TEST_IMPL_SINGLE(state_creator_dies) {
   setenv("COGPU_FAULT", "create", 1);
   pid_t p = fork();
   if (p == 0)
@@ -229,10 +229,10 @@ TEST_IMPL(state_creator_dies) {
 
 /* A dead client's PID taken by a new, live process must not keep its
  * reservation alive: liveness never looks at PIDs. */
-TEST_IMPL(state_pid_reuse) {
+TEST_IMPL_SINGLE(state_pid_reuse) {
   if (geteuid() != 0)
     SKIP("needs root to choose PIDs (ns_last_pid)");
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   pid_t victim = lt_hold("victim", 0, 8 * GiB, 0, 0, -1);
   lt_wait_nclients(0, 1, 5000);
   kill(victim, SIGKILL);
@@ -298,8 +298,8 @@ static pid_t in_new_pidns(uint64_t bytes, const char *name) {
   return outer;
 }
 
-TEST_IMPL(state_pid_namespaces) {
-  setenv("COGPU_MARGIN", "0", 1);
+TEST_IMPL_SINGLE(state_pid_namespaces) {
+  th_setenv("COGPU_MARGIN", "0");
   pid_t a = in_new_pidns(4 * GiB, "ns-a");
   pid_t b = in_new_pidns(6 * GiB, "ns-b");
   for (int i = 0; i < th_ms(5000) / 10; i++) {
@@ -382,7 +382,7 @@ static int attach_without_room(const char *dir) {
 /* A tmpfs too small for the state (a small or full /dev/shm): before, the
  * file was only sized, and touching its pages killed the process with
  * SIGBUS. Needs root, for a private mount namespace with a tmpfs. */
-TEST_IMPL(state_small_tmpfs_fails_cleanly) {
+TEST_IMPL_SINGLE(state_small_tmpfs_fails_cleanly) {
   const char *mnt = th_path("small");
   ASSERT_EQ(mkdir(mnt, 0755), 0);
   if (geteuid() != 0)
@@ -408,7 +408,7 @@ TEST_IMPL(state_small_tmpfs_fails_cleanly) {
 }
 
 /* The same without privileges: a file-size limit refuses the allocation. */
-TEST_IMPL(state_file_size_limit_fails_cleanly) {
+TEST_IMPL_SINGLE(state_file_size_limit_fails_cleanly) {
   const char *dir = th_path("limited");
   pid_t pid = fork();
   ASSERT(pid >= 0);

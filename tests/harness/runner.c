@@ -189,10 +189,7 @@ void th_apply_env(const char *const env[]) {
     if (!eq)
       continue;
     *eq = 0;
-    if (eq[1])
-      setenv(kv, eq + 1, 1);
-    else
-      unsetenv(kv);
+    th_setenv(kv, eq[1] ? eq + 1 : NULL);
   }
 }
 
@@ -319,7 +316,13 @@ static bool daemon_answers(const char *path) {
   return ok;
 }
 
+static void daemon_start(bool must);
+
 void th_daemon_start(void) {
+  daemon_start(true);
+}
+
+static void daemon_start(bool must) {
   char bin[PATH_MAX + 16], log[PATH_MAX + 16];
   snprintf(bin, sizeof bin, "%s/cogpud", builddir);
   snprintf(log, sizeof log, "%s/cogpud.log", tmpdir);
@@ -339,8 +342,12 @@ void th_daemon_start(void) {
     if (daemon_answers(sock))
       return;
     int st;
-    if (waitpid(pid, &st, WNOHANG) == pid)
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      daemon_pid = -1;
+      if (!must)
+        return; /* a setting it refuses: the test's clients say the same */
       th_fail(__FILE__, __LINE__, "cogpud exited at start (see %s)", log);
+    }
     th_sleep_ms(5);
   }
   th_fail(__FILE__, __LINE__, "cogpud did not come up in 10 s (see %s)", log);
@@ -353,6 +360,46 @@ void th_daemon_stop(int sig) {
   int st;
   waitpid(daemon_pid, &st, 0);
   daemon_pid = -1;
+}
+
+/* Settings that are the node's: in node mode they reach the ledger only
+ * through the daemon's own environment, so setting one restarts the
+ * test's daemon with a fresh state. */
+static bool node_setting(const char *k) {
+  static const char *const keys[] = {"COGPU_POLICY",
+                                     "COGPU_MARGIN",
+                                     "COGPU_MAX_CLIENTS",
+                                     "COGPU_MMU_MAX_AGE",
+                                     "COGPU_FOREIGN_REFRESH",
+                                     "COGPU_SWEEP_INTERVAL",
+                                     "COGPU_PRIORITY_CAP",
+                                     "COGPU_ADMIN_GROUP",
+                                     "COGPU_USER_MAX_CLIENTS",
+                                     "COGPU_USER_MAX_WAITERS",
+                                     "COGPU_CONFIG"};
+  if (strncmp(k, "FAKE_NVML_", 10) == 0)
+    return true;
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (strcmp(k, keys[i]) == 0)
+      return true;
+  return false;
+}
+
+void th_daemon_restart_fresh(void) {
+  th_daemon_stop(SIGTERM);
+  char dir[PATH_MAX + 16];
+  snprintf(dir, sizeof dir, "%s/cogpud", tmpdir);
+  rm_rf(dir);
+  daemon_start(false);
+}
+
+void th_setenv(const char *k, const char *v) {
+  if (v)
+    setenv(k, v, 1);
+  else
+    unsetenv(k);
+  if (node_mode() && node_setting(k))
+    th_daemon_restart_fresh();
 }
 
 static void test_env(void) {

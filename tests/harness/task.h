@@ -148,6 +148,11 @@ bool th_node_mode(void);
 pid_t th_daemon_pid(void);
 void th_daemon_start(void);
 void th_daemon_stop(int sig);
+/* Stop the daemon, forget its state, start it again (node settings). */
+void th_daemon_restart_fresh(void);
+/* setenv (v NULL: unsetenv); in node mode a node setting (policy, margin,
+ * the fake NVML's GPUs...) restarts the daemon so that it applies. */
+void th_setenv(const char *k, const char *v);
 
 /* Milliseconds scaled by COGPU_TEST_TIMEOUT_MULTIPLIER (for slow sanitizer
  * builds). */

@@ -72,7 +72,7 @@ HELPER_IMPL(oversub_worker) {
 }
 
 static void oversubscribe(const char *policy) {
-  setenv("COGPU_POLICY", policy, 1);
+  th_setenv("COGPU_POLICY", policy);
   shared_t *s = shared_map(true);
   cogpu_status_t *st = lt_status();
   uint64_t cap = st->gpus[0].capacity_bytes;

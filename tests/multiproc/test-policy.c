@@ -18,8 +18,8 @@ typedef struct {
 
 /* Hold all 16 GiB, then queue the waiters in order. */
 static cogpu_t *setup(const char *policy, waiter_t *w, size_t n) {
-  setenv("COGPU_POLICY", policy, 1);
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_POLICY", policy);
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *h = lt_attach(0);
   cogpu_request_t r = {.gpu = 0,
                        .bytes = 16 * GiB,
@@ -117,7 +117,7 @@ TEST_IMPL(policy_priority_mmu_head_passed) {
 TEST_IMPL(policy_mmu_starvation_guard) {
   /* Past mmu_max_age the oldest waiter is served first: memory is held
    * back for it instead of going to a smaller, younger request. */
-  setenv("COGPU_MMU_MAX_AGE", "300ms", 1);
+  th_setenv("COGPU_MMU_MAX_AGE", "300ms");
   waiter_t w[] = {{"old12", 12 * GiB, 0, 0}, {"young4", 4 * GiB, 0, 0}};
   cogpu_t *h = setup("mmu", w, 2);
   th_sleep_ms(400);
@@ -132,7 +132,7 @@ TEST_IMPL(policy_mmu_huge_age_is_no_guard) {
   /* 18446744073710 ms is 2^64 ns plus 448384 ns: unsaturated, the guard age
    * wrapped to under a millisecond and the old request held memory back. A
    * guard age of centuries behaves as inf does. */
-  setenv("COGPU_MMU_MAX_AGE", "18446744073710ms", 1);
+  th_setenv("COGPU_MMU_MAX_AGE", "18446744073710ms");
   waiter_t w[] = {{"old12", 12 * GiB, 0, 0}, {"young4", 4 * GiB, 0, 0}};
   cogpu_t *h = setup("mmu", w, 2);
   th_sleep_ms(50);
@@ -143,7 +143,7 @@ TEST_IMPL(policy_mmu_huge_age_is_no_guard) {
 
 TEST_IMPL(policy_mmu_without_guard_serves_small) {
   /* The control: with a long guard age the small request goes first. */
-  setenv("COGPU_MMU_MAX_AGE", "1h", 1);
+  th_setenv("COGPU_MMU_MAX_AGE", "1h");
   waiter_t w[] = {{"old12", 12 * GiB, 0, 0}, {"young4", 4 * GiB, 0, 0}};
   cogpu_t *h = setup("mmu", w, 2);
   ASSERT_OK(cogpu_release(h, 0, 4 * GiB));
@@ -172,8 +172,8 @@ TEST_IMPL(policy_status_positions) {
 
 TEST_IMPL(policy_fifo_queues_are_per_gpu) {
   /* A blocked head on GPU 1 does not hold up requests for GPU 0. */
-  setenv("FAKE_NVML_GPUS", "16G,16G", 1);
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("FAKE_NVML_GPUS", "16G,16G");
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *h = lt_attach(0);
   cogpu_request_t r = {.gpu = 1,
                        .bytes = 16 * GiB,
@@ -200,7 +200,7 @@ TEST_IMPL(policy_fifo_queues_are_per_gpu) {
 TEST_IMPL(policy_deadlock_guard) {
   /* Two jobs each hold 8G of 16G and each waits for 4G more: nobody can
    * proceed. The guard fails the lower-priority one (then the newer). */
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   pid_t a = th_spawn_helper("grab_then_grow", (const char *[]){"a", "5", NULL});
   lt_wait_nclients(0, 1, 5000);
   pid_t b = th_spawn_helper("grab_then_grow", (const char *[]){"b", "1", NULL});

@@ -16,7 +16,7 @@ static void options_env(void) {
   /* The sanitizer runtime must be the first library of every program. */
   if (th_sanitizer_runtime()[0])
     setenv("LD_PRELOAD", th_sanitizer_runtime(), 1);
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   setenv("COGPU_CONTEXT_BYTES", "300M", 1);
   setenv("FAKE_CUDA_CTX_BYTES", "300M", 1);
   setenv("COGPU_LOG", "warn", 1);

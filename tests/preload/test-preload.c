@@ -25,7 +25,7 @@ static void sanitizer_first(void) {
 
 static void preload_env(void) {
   sanitizer_first();
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   setenv("COGPU_CONTEXT_BYTES", "300M", 1);
   setenv("FAKE_CUDA_CTX_BYTES", "300M", 1);
   setenv("COGPU_LOG", "warn", 1);
@@ -346,7 +346,7 @@ TEST_IMPL(preload_graph_memory_protects_neighbours) {
  * not have: on a node, memory of a killed process that the driver has not
  * freed yet looks the same. The holder exits after hold_ms. */
 static pid_t hidden_holder(const char *hold) {
-  setenv("COGPU_FOREIGN_REFRESH", "1h", 1);
+  th_setenv("COGPU_FOREIGN_REFRESH", "1h");
   const char *st[] = {"cogpu", "status", NULL};
   ASSERT_EQ(finish(spawn("status", st), "status"), 0);
   const char *argv[] = {prog(),      "direct", "init", "ctx",
@@ -459,7 +459,7 @@ static int jobs_retried(void) {
 
 static void headline(const char *policy, const char *mem, int kill_one) {
   preload_env();
-  setenv("COGPU_POLICY", policy, 1);
+  th_setenv("COGPU_POLICY", policy);
   setenv("COGPU_LOG", "info", 1);
   ASSERT_EQ(eight_jobs(true, mem, kill_one), 0);
   unsigned long long peak, ooms;
@@ -668,7 +668,7 @@ static void job_per_gpu(const char *cmd_prefix, uint64_t *g0, uint64_t *g1) {
 static void expect_on_gpus(const char *visible, const char *dev, uint64_t want0,
                            uint64_t want1) {
   preload_env();
-  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,8G");
   if (visible)
     setenv("CUDA_VISIBLE_DEVICES", visible, 1);
   char on[32];

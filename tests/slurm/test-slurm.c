@@ -115,9 +115,9 @@ static void start_cluster_gpus(const char *gpumem, const char *gpus) {
     setenv("COGPU_CLI_FILTER", filter, 1);
   }
   setenv("COGPU_CLUSTER_OWNER", owner, 1);
-  setenv("FAKE_NVML_GPUS", gpus, 1);
+  th_setenv("FAKE_NVML_GPUS", gpus);
   setenv("LD_LIBRARY_PATH", fakes, 1);
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   setenv("COGPU_CONTEXT_BYTES", "300M", 1);
   setenv("FAKE_CUDA_CTX_BYTES", "300M", 1);
   setenv("COGPU_LOG", "warn", 1);

@@ -42,7 +42,7 @@ static void *sym(const char *name) {
 /* Loads the fake with its state in the test's directory. */
 static void fc_open(const char *gpus, const char *ctx_bytes) {
   setenv("FAKE_CUDA_STATE", th_path("fake-cuda"), 1);
-  setenv("FAKE_NVML_GPUS", gpus, 1);
+  th_setenv("FAKE_NVML_GPUS", gpus);
   setenv("FAKE_CUDA_CTX_BYTES", ctx_bytes, 1);
   lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib)
@@ -193,7 +193,7 @@ typedef struct {
 static void visible_child(void *arg) {
   const visible_case_t *c = arg;
   int n = -1;
-  setenv("FAKE_NVML_GPUS", c->gpus, 1);
+  th_setenv("FAKE_NVML_GPUS", c->gpus);
   if (c->visible)
     setenv("CUDA_VISIBLE_DEVICES", c->visible, 1);
   else
@@ -1014,7 +1014,7 @@ TEST_IMPL(fakecuda_nvml_lists_processes) {
   /* The fake NVML's own list: pid 4242, and this process (merged). */
   snprintf(procs, sizeof procs, "0 4242 1G\n0 %u 10M\n", me);
   th_write_file(th_path("procs"), procs);
-  setenv("FAKE_NVML_PROCS", th_path("procs"), 1);
+  th_setenv("FAKE_NVML_PROCS", th_path("procs"));
   fc_init_ctx(0);
   CU_OK(F(cuMemAlloc_v2)(&d, GIB));
   peer_t peer = {.bytes = 512 * MIB, .dev = 1};

@@ -23,7 +23,7 @@ static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
 }
 
 TEST_IMPL(ledger_attach_creates_state) {
-  setenv("FAKE_NVML_GPUS", "16G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "16G,8G");
   cogpu_t *h = lt_attach(0);
   ASSERT_EQ(cogpu_gpu_count(h), 2);
   struct stat sb;
@@ -43,7 +43,7 @@ TEST_IMPL(ledger_attach_creates_state) {
 }
 
 TEST_IMPL(ledger_reserve_release) {
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *h = lt_attach(0);
   cogpu_request_t r = req(0, 4 * GiB, COGPU_NOWAIT);
   int gpu = -1;
@@ -76,7 +76,7 @@ TEST_IMPL(ledger_reserve_release) {
 }
 
 TEST_IMPL(ledger_nowait_and_timeout) {
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *a = lt_attach(0);
   cogpu_request_t r = req(0, 12 * GiB, COGPU_NOWAIT);
   ASSERT_OK(cogpu_reserve(a, &r, NULL));
@@ -97,7 +97,7 @@ TEST_IMPL(ledger_nowait_and_timeout) {
 }
 
 TEST_IMPL(ledger_waiter_served_on_release) {
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *a = lt_attach(0);
   cogpu_request_t r = req(0, 12 * GiB, COGPU_NOWAIT);
   ASSERT_OK(cogpu_reserve(a, &r, NULL));
@@ -115,8 +115,8 @@ TEST_IMPL(ledger_waiter_served_on_release) {
 }
 
 TEST_IMPL(ledger_auto_placement) {
-  setenv("FAKE_NVML_GPUS", "8G,16G,12G", 1);
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,16G,12G");
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *h = lt_attach(0);
   int gpu = -9;
   cogpu_request_t r = req(COGPU_GPU_AUTO, 4 * GiB, COGPU_NOWAIT);
@@ -136,7 +136,7 @@ TEST_IMPL(ledger_auto_placement) {
 }
 
 TEST_IMPL(ledger_exclusive) {
-  setenv("FAKE_NVML_GPUS", "16G,16G", 1);
+  th_setenv("FAKE_NVML_GPUS", "16G,16G");
   cogpu_t *a = lt_attach(0);
   cogpu_request_t r = req(0, 1 * GiB, COGPU_NOWAIT);
   ASSERT_OK(cogpu_reserve(a, &r, NULL));
@@ -174,7 +174,7 @@ TEST_IMPL(ledger_exclusive) {
 }
 
 TEST_IMPL(ledger_max_clients) {
-  setenv("COGPU_MAX_CLIENTS", "2", 1);
+  th_setenv("COGPU_MAX_CLIENTS", "2");
   cogpu_t *h = lt_attach(0);
   cogpu_request_t r = req(0, 1 * GiB, COGPU_NOWAIT);
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
@@ -194,10 +194,10 @@ TEST_IMPL(ledger_max_clients) {
 }
 
 TEST_IMPL(ledger_foreign_memory) {
-  setenv("COGPU_MARGIN", "0", 1);
-  setenv("COGPU_FOREIGN_REFRESH", "100ms", 1);
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_FOREIGN_REFRESH", "100ms");
   th_write_file(th_path("procs"), "0 999999 6442450944\n"); /* 6 GiB */
-  setenv("FAKE_NVML_PROCS", th_path("procs"), 1);
+  th_setenv("FAKE_NVML_PROCS", th_path("procs"));
   cogpu_t *h = lt_attach(0);
   cogpu_status_t *st = lt_status();
   ASSERT_UEQ(st->gpus[0].foreign_bytes, 6 * GiB);
@@ -226,7 +226,7 @@ TEST_IMPL(ledger_foreign_memory) {
 }
 
 TEST_IMPL(ledger_lookup) {
-  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,8G");
   cogpu_t *h = lt_attach(0);
   int g = -1;
   ASSERT_OK(cogpu_gpu_lookup(h, "1", &g));
@@ -278,7 +278,7 @@ TEST_IMPL(ledger_bad_arguments) {
 }
 
 TEST_IMPL(ledger_no_nvml) {
-  setenv("FAKE_NVML_FAIL", "init", 1);
+  th_setenv("FAKE_NVML_FAIL", "init");
   cogpu_t *h = NULL;
   ASSERT_EQ(cogpu_attach(NULL, &h), COGPU_ENVML);
   ASSERT_CONTAINS(cogpu_last_error(), "nvmlInit");
@@ -286,14 +286,14 @@ TEST_IMPL(ledger_no_nvml) {
 }
 
 TEST_IMPL(ledger_bad_config) {
-  setenv("COGPU_POLICY", "lifo", 1);
+  th_setenv("COGPU_POLICY", "lifo");
   cogpu_t *h = NULL;
   ASSERT_EQ(cogpu_attach(NULL, &h), COGPU_ECONFIG);
   ASSERT_CONTAINS(cogpu_last_error(), "COGPU_POLICY");
 }
 
 TEST_IMPL(ledger_fork_child_reattaches) {
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_t *h = lt_attach(0);
   cogpu_request_t r = req(0, 8 * GiB, COGPU_NOWAIT);
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
@@ -336,8 +336,8 @@ static void *thr_main(void *arg) {
 }
 
 TEST_IMPL(ledger_threads) {
-  setenv("COGPU_MARGIN", "0", 1);
-  setenv("FAKE_NVML_GPUS", "4G", 1);
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("FAKE_NVML_GPUS", "4G");
   thr_h = lt_attach(0);
   pthread_t t[8];
   for (int i = 0; i < 8; i++)
@@ -387,7 +387,7 @@ HELPER_IMPL(claim_and_die) {
  * others have not, and what a process took returns to the job when it
  * detaches or dies. */
 TEST_IMPL(ledger_job_claims) {
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_attach_opts_t o = {.command = "job"};
   cogpu_t *job, *a, *b;
   ASSERT_OK(cogpu_attach(&o, &job));
@@ -453,7 +453,7 @@ TEST_IMPL(ledger_job_claims) {
 }
 
 TEST_IMPL(ledger_job_join) {
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   cogpu_attach_opts_t o = {.command = "job"};
   cogpu_t *h;
   ASSERT_OK(cogpu_attach(&o, &h));

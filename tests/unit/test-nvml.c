@@ -66,12 +66,12 @@ static int calls(const char *call) {
 }
 
 static void record_calls(void) {
-  setenv("FAKE_NVML_CALLS", tpath("calls"), 1);
+  th_setenv("FAKE_NVML_CALLS", tpath("calls"));
 }
 
 static void set_procs(const char *text) {
   th_write_file(tpath("procs"), text);
-  setenv("FAKE_NVML_PROCS", tpath("procs"), 1);
+  th_setenv("FAKE_NVML_PROCS", tpath("procs"));
 }
 
 static void check_gpu(const cogpu__gpu_desc_t *g, unsigned index,
@@ -98,7 +98,7 @@ NVML_TEST(nvml_discover_one) {
 NVML_TEST(nvml_discover_three) {
   cogpu__gpu_desc_t g[COGPU_NVML_MAX_GPUS];
   size_t n = 0;
-  setenv("FAKE_NVML_GPUS", "80G,40G,512M", 1);
+  th_setenv("FAKE_NVML_GPUS", "80G,40G,512M");
   ASSERT_OK(cogpu__nvml_discover(g, COGPU_NVML_MAX_GPUS, &n));
   ASSERT_EQ(n, 3);
   check_gpu(&g[0], 0, "Fake GPU 80G", 80 * GIB);
@@ -113,7 +113,7 @@ NVML_TEST(nvml_discover_three) {
   ASSERT_EQ(g[2].index, 0xababababu);
 
   /* Each call asks NVML again. */
-  setenv("FAKE_NVML_GPUS", "1T", 1);
+  th_setenv("FAKE_NVML_GPUS", "1T");
   ASSERT_OK(cogpu__nvml_discover(g, COGPU_NVML_MAX_GPUS, &n));
   ASSERT_EQ(n, 1);
   check_gpu(&g[0], 0, "Fake GPU 1T", 1024 * GIB);
@@ -143,7 +143,7 @@ NVML_TEST(nvml_open_once) {
 NVML_TEST(nvml_processes_listed) {
   cogpu__gpu_proc_t p[16];
   size_t n = 0;
-  setenv("FAKE_NVML_GPUS", "16G,16G", 1);
+  th_setenv("FAKE_NVML_GPUS", "16G,16G");
   record_calls();
   set_procs("# GPU PID BYTES [KIND]\n"
             "0 300 2G both\n"
@@ -233,7 +233,7 @@ NVML_TEST(nvml_processes_failure) {
   cogpu__gpu_desc_t g[COGPU_NVML_MAX_GPUS];
   size_t n = 99;
   set_procs("0 100 1G\n");
-  setenv("FAKE_NVML_FAIL", "procs", 1);
+  th_setenv("FAKE_NVML_FAIL", "procs");
   ASSERT_EQ(cogpu__nvml_processes(0, p, 16, &n), COGPU_ENVML);
   ASSERT_EQ(n, 0);
   ASSERT_CONTAINS(cogpu_last_error(), "nvmlDeviceGetComputeRunningProcesses");
@@ -242,7 +242,7 @@ NVML_TEST(nvml_processes_failure) {
   ASSERT_OK(cogpu__nvml_discover(g, COGPU_NVML_MAX_GPUS, &n));
   ASSERT_EQ(n, 1);
   /* Nor is the failure remembered. */
-  unsetenv("FAKE_NVML_FAIL");
+  th_setenv("FAKE_NVML_FAIL", NULL);
   ASSERT_OK(cogpu__nvml_processes(0, p, 16, &n));
   ASSERT_EQ(n, 1);
 }
@@ -261,7 +261,7 @@ NVML_TEST(nvml_init_failure) {
   cogpu__gpu_desc_t g[COGPU_NVML_MAX_GPUS];
   size_t n = 99;
   record_calls();
-  setenv("FAKE_NVML_FAIL", "init", 1);
+  th_setenv("FAKE_NVML_FAIL", "init");
   ASSERT_EQ(cogpu__nvml_open(), COGPU_ENVML);
   ASSERT_CONTAINS(cogpu_last_error(), "nvmlInit");
   ASSERT_CONTAINS(cogpu_last_error(), "Driver Not Loaded");
@@ -269,7 +269,7 @@ NVML_TEST(nvml_init_failure) {
   ASSERT_EQ(n, 0);
   ASSERT_CONTAINS(cogpu_last_error(), "nvmlInit");
   /* The outcome is settled once per process. */
-  unsetenv("FAKE_NVML_FAIL");
+  th_setenv("FAKE_NVML_FAIL", NULL);
   ASSERT_EQ(cogpu__nvml_open(), COGPU_ENVML);
   ASSERT_EQ(calls("nvmlInit"), 1);
 }
@@ -277,7 +277,7 @@ NVML_TEST(nvml_init_failure) {
 NVML_TEST(nvml_count_failure) {
   cogpu__gpu_desc_t g[COGPU_NVML_MAX_GPUS];
   size_t n = 99;
-  setenv("FAKE_NVML_FAIL", "count", 1);
+  th_setenv("FAKE_NVML_FAIL", "count");
   ASSERT_OK(cogpu__nvml_open());
   ASSERT_EQ(cogpu__nvml_discover(g, COGPU_NVML_MAX_GPUS, &n), COGPU_ENVML);
   ASSERT_EQ(n, 0);
@@ -287,11 +287,11 @@ NVML_TEST(nvml_count_failure) {
 NVML_TEST(nvml_zero_devices) {
   cogpu__gpu_desc_t g[COGPU_NVML_MAX_GPUS];
   size_t n = 99;
-  setenv("FAKE_NVML_FAIL", "zero", 1);
+  th_setenv("FAKE_NVML_FAIL", "zero");
   ASSERT_EQ(cogpu__nvml_discover(g, COGPU_NVML_MAX_GPUS, &n), COGPU_ENOGPU);
   ASSERT_EQ(n, 0);
-  unsetenv("FAKE_NVML_FAIL");
-  setenv("FAKE_NVML_GPUS", "", 1);
+  th_setenv("FAKE_NVML_FAIL", NULL);
+  th_setenv("FAKE_NVML_GPUS", "");
   ASSERT_EQ(cogpu__nvml_discover(g, COGPU_NVML_MAX_GPUS, &n), COGPU_ENOGPU);
 }
 

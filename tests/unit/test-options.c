@@ -297,7 +297,7 @@ TEST_IMPL(options_precedence) {
   cogpu__config_t cfg;
   opt_clear_env();
   const char *path = th_path("cogpu.conf");
-  setenv("COGPU_POLICY", "priority-fifo", 1);
+  th_setenv("COGPU_POLICY", "priority-fifo");
   setenv("COGPU_TIMEOUT", "5m", 1);
   ASSERT_OK(opt_load_file(&cfg, "policy = mmu\n"
                                 "margin = 1G\n"
@@ -481,8 +481,8 @@ TEST_IMPL(options_env_values) {
   cogpu__config_t cfg;
   opt_clear_env();
   setenv("COGPU_STATE_DIR", "/tmp/x", 1);
-  setenv("COGPU_MARGIN", "256M", 1);
-  setenv("COGPU_MAX_CLIENTS", " 8 ", 1);
+  th_setenv("COGPU_MARGIN", "256M");
+  th_setenv("COGPU_MAX_CLIENTS", " 8 ");
   setenv("COGPU_STATE_MODE", "0600", 1);
   setenv("COGPU_STATE_GROUP", "gpu", 1);
   setenv("COGPU_LOG", "debug", 1);
@@ -502,16 +502,16 @@ TEST_IMPL(options_env_values) {
 TEST_IMPL(options_env_bad) {
   cogpu__config_t cfg;
   opt_clear_env();
-  setenv("COGPU_POLICY", "lifo", 1);
+  th_setenv("COGPU_POLICY", "lifo");
   ASSERT_EQ(cogpu__config_load(&cfg), COGPU_ECONFIG);
   ASSERT_STREQ(cogpu_last_error(),
                "policy: invalid value 'lifo' (from env COGPU_POLICY); "
                "accepted: fifo|mmu|priority-fifo|priority-mmu");
-  unsetenv("COGPU_POLICY");
-  setenv("COGPU_MARGIN", "lots", 1);
+  th_setenv("COGPU_POLICY", NULL);
+  th_setenv("COGPU_MARGIN", "lots");
   ASSERT_EQ(cogpu__config_load(&cfg), COGPU_ECONFIG);
   ASSERT_CONTAINS(cogpu_last_error(), "env COGPU_MARGIN");
-  unsetenv("COGPU_MARGIN");
+  th_setenv("COGPU_MARGIN", NULL);
   setenv("COGPU_STATE_DIR", "", 1);
   ASSERT_EQ(cogpu__config_load(&cfg), COGPU_ECONFIG);
   ASSERT_CONTAINS(cogpu_last_error(), "env COGPU_STATE_DIR");

@@ -10,8 +10,8 @@
 #include "schedgpu.h"
 
 TEST_IMPL(schedgpu_codes) {
-  setenv("COGPU_MARGIN", "0", 1);
-  setenv("FAKE_NVML_GPUS", "8G,16G", 1);
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("FAKE_NVML_GPUS", "8G,16G");
   ASSERT_EQ(schedGPUInit(-1, 0), 1);
   ASSERT_EQ(schedGPUInit(1, 0), 0);
   int dev = -1;
@@ -46,13 +46,13 @@ TEST_IMPL(schedgpu_implicit_init) {
 }
 
 TEST_IMPL(schedgpu_init_failure) {
-  setenv("FAKE_NVML_FAIL", "init", 1);
+  th_setenv("FAKE_NVML_FAIL", "init");
   ASSERT_EQ(schedGPUInit(0, 0), 3);
   ASSERT_CONTAINS(cogpu_last_error(), "nvmlInit");
 }
 
 TEST_IMPL(schedgpu_blocking_wakes) {
-  setenv("COGPU_MARGIN", "0", 1);
+  th_setenv("COGPU_MARGIN", "0");
   pid_t p = lt_hold("holder", 0, 12 * GiB, 0, 0, -1);
   lt_wait_nclients(0, 1, 5000);
   ASSERT_EQ(schedGPUInit(0, 0), 0); /* 0: wait without bound */
