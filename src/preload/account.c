@@ -474,6 +474,30 @@ uint64_t cogpu__pl_pool_index(CUmemoryPool pool, CUdevice dev) {
   return i;
 }
 
+void cogpu__pl_pool_created(CUmemoryPool pool, CUdevice dev) {
+  pthread_mutex_lock(&pl_pool_mu);
+  size_t i = 0;
+  while (i < pl_npools && pl_pools[i].pool != pool)
+    i++;
+  pl_pool_t old = i < pl_npools ? pl_pools[i] : (pl_pool_t){0};
+  if (i < pl_npools || pl_npools < PL_MAX_POOLS)
+    pl_pools[i == pl_npools ? pl_npools++ : i] = (pl_pool_t){pool, dev, 0};
+  pthread_mutex_unlock(&pl_pool_mu);
+  /* The handle of a destroyed pool came back: what that pool held is gone. */
+  if (old.accounted)
+    cogpu__pl_uncharge(old.dev, old.accounted);
+}
+
+CUdevice cogpu__pl_pool_device(CUmemoryPool pool, CUdevice fallback) {
+  CUdevice dev = fallback;
+  pthread_mutex_lock(&pl_pool_mu);
+  for (size_t i = 0; i < pl_npools; i++)
+    if (pl_pools[i].pool == pool)
+      dev = pl_pools[i].dev;
+  pthread_mutex_unlock(&pl_pool_mu);
+  return dev;
+}
+
 CUmemoryPool cogpu__pl_pool_at(uint64_t index, CUdevice *dev) {
   CUmemoryPool p = NULL;
   pthread_mutex_lock(&pl_pool_mu);

@@ -56,6 +56,7 @@ typedef CUresult cuMemAllocFromPoolAsync_ptsz_ft(CUdeviceptr *, size_t,
 typedef CUresult cuMemFreeAsync_ft(CUdeviceptr, CUstream);
 typedef CUresult cuMemFreeAsync_ptsz_ft(CUdeviceptr, CUstream);
 typedef CUresult cuMemPoolTrimTo_ft(CUmemoryPool, size_t);
+typedef CUresult cuMemPoolCreate_ft(CUmemoryPool *, const CUmemPoolProps *);
 typedef CUresult cuMemCreate_ft(CUmemGenericAllocationHandle *, size_t,
                                 const CUmemAllocationProp *,
                                 unsigned long long);
@@ -178,6 +179,11 @@ void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev);
 /* Charge what the devices' graph allocators hold now. */
 void cogpu__pl_graph_sync(void);
 uint64_t cogpu__pl_pool_index(CUmemoryPool pool, CUdevice dev);
+/* A pool was created on dev (a handle may be reused after a destroy). */
+void cogpu__pl_pool_created(CUmemoryPool pool, CUdevice dev);
+/* The device a pool belongs to, if cogpu saw it created or asked the
+ * driver for it; otherwise `fallback`. */
+CUdevice cogpu__pl_pool_device(CUmemoryPool pool, CUdevice fallback);
 CUmemoryPool cogpu__pl_pool_at(uint64_t index, CUdevice *dev);
 
 #endif /* COGPU_PRELOAD_INT_H */

@@ -14,6 +14,7 @@
  *   ACTION: init ctx ctxcreate ctxdestroy alloc:SIZE free freeall
  *           pitch:W:H managed:SIZE async:SIZE asyncfree trim
  *           vmm:SIZE vmmfree array:W:H arrayfree mipmap:W:H:LEVELS
+ *           array8x4:W:H poolon:DEV:SIZE
  *           mipmapfree info total freeunknown exporttable hold:MS
  *           graph:SIZE (build a graph that allocates and frees SIZE on the
  *           context's device, instantiate and launch it) graphtrim
@@ -73,6 +74,8 @@ static struct api_s {
   CUresult (*graph_launch)(CUgraphExec, CUstream);
   CUresult (*graph_exec_destroy)(CUgraphExec);
   CUresult (*graph_trim)(CUdevice);
+  CUresult (*pool_create)(CUmemoryPool *, const CUmemPoolProps *);
+  CUresult (*from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 } api;
 
 /* The direct route links against these (the test double in tests). */
@@ -108,6 +111,8 @@ __typeof__(*((struct api_s *)0)->graph_destroy) cuGraphDestroy;
 __typeof__(*((struct api_s *)0)->graph_launch) cuGraphLaunch;
 __typeof__(*((struct api_s *)0)->graph_exec_destroy) cuGraphExecDestroy;
 __typeof__(*((struct api_s *)0)->graph_trim) cuDeviceGraphMemTrim;
+__typeof__(*((struct api_s *)0)->pool_create) cuMemPoolCreate;
+__typeof__(*((struct api_s *)0)->from_pool) cuMemAllocFromPoolAsync;
 
 static bool use_v4;
 
@@ -169,6 +174,8 @@ static void bind_direct(void) {
   api.graph_launch = cuGraphLaunch;
   api.graph_exec_destroy = cuGraphExecDestroy;
   api.graph_trim = cuDeviceGraphMemTrim;
+  api.pool_create = cuMemPoolCreate;
+  api.from_pool = cuMemAllocFromPoolAsync;
 }
 
 static int bind(const char *route) {
@@ -234,6 +241,8 @@ static int bind(const char *route) {
   BIND(graph_launch, "cuGraphLaunch", "cuGraphLaunch");
   BIND(graph_exec_destroy, "cuGraphExecDestroy", "cuGraphExecDestroy");
   BIND(graph_trim, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim");
+  BIND(pool_create, "cuMemPoolCreate", "cuMemPoolCreate");
+  BIND(from_pool, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync");
   return 0;
 }
 
@@ -328,6 +337,41 @@ static int act_array(const char *arg) {
   d.NumChannels = 4;
   CUarray a = NULL;
   int rc = result("array", api.array(&a, &d));
+  if (rc == 0 && narrays < MAXP)
+    arrays[narrays++] = a;
+  return rc;
+}
+
+/* poolon:DEV:SIZE: a pool created on device DEV (not the current one),
+ * and SIZE allocated from it. */
+static int act_pool_on(const char *arg) {
+  CUmemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = 1;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = atoi(arg);
+  CUmemoryPool pool = NULL;
+  CUdeviceptr p = 0;
+  int rc = result("poolcreate", api.pool_create(&pool, &props));
+  if (rc == 0)
+    rc =
+        result("frompool",
+               api.from_pool(
+                   &p, size_arg(strchr(arg, ':') ? strchr(arg, ':') + 1 : "1M"),
+                   pool, NULL));
+  return rc;
+}
+
+/* array8x4:W:H: an array of four 8-bit channels in one element
+ * (CU_AD_FORMAT_UNORM_INT8X4), W x H x 4 bytes. */
+static int act_array8x4(const char *arg) {
+  CUDA_ARRAY_DESCRIPTOR d = {0};
+  d.Width = strtoul(arg, NULL, 10);
+  d.Height = strtoul(strchr(arg, ':') ? strchr(arg, ':') + 1 : "1", NULL, 10);
+  d.Format = CU_AD_FORMAT_UNORM_INT8X4;
+  d.NumChannels = 4;
+  CUarray a = NULL;
+  int rc = result("array8x4", api.array(&a, &d));
   if (rc == 0 && narrays < MAXP)
     arrays[narrays++] = a;
   return rc;
@@ -544,6 +588,10 @@ static int act(const char *a) {
     return act_vmm(arg);
   if (!strncmp(a, "array:", 6))
     return act_array(arg);
+  if (!strncmp(a, "array8x4:", 9))
+    return act_array8x4(arg);
+  if (!strncmp(a, "poolon:", 7))
+    return act_pool_on(arg);
   if (!strncmp(a, "mipmap:", 7))
     return act_mipmap(arg);
   if (!strcmp(a, "info") || !strcmp(a, "total"))

@@ -700,3 +700,44 @@ TEST_IMPL(preload_ordinals_are_not_indices) {
   /* With CUDA_VISIBLE_DEVICES=1,0, CUDA device 0 is GPU 1: found by UUID. */
   expect_on_gpus("1,0", "0", 0, 300 * MiB + GiB);
 }
+
+/* A pool created on device 1, used while device 0's context is current:
+ * what the pool holds (one 2 MiB granule) is charged to GPU 1. */
+TEST_IMPL(preload_pool_charges_its_device) {
+  preload_env();
+  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  setenv("COGPU_GROW_STEP", "1M", 1);
+  const char *argv[] = {"cogpu", "run", "--",          prog(),      "direct",
+                        "init",  "ctx", "poolon:1:1M", "hold:1500", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  uint64_t g0 = 0, g1 = 0;
+  for (int i = 0; i < th_ms(5000) / 20; i++) {
+    job_per_gpu(job, &g0, &g1);
+    if (g1 == 2 * MiB)
+      break;
+    th_sleep_ms(20);
+  }
+  ASSERT_UEQ(g0, 300 * MiB);
+  ASSERT_UEQ(g1, 2 * MiB);
+  ASSERT_EQ(finish(p, "out"), 0);
+}
+
+/* An array of four 8-bit channels packed in one element (0xc2) holds
+ * 4 bytes per texel, not 16 per channel. */
+TEST_IMPL(preload_array_packed_format) {
+  preload_env();
+  setenv("COGPU_GROW_STEP", "1M", 1);
+  const char *argv[] = {"cogpu",     "run",  "--",  prog(),
+                        "direct",    "init", "ctx", "array8x4:1024:1024",
+                        "hold:1500", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  expect_job(job, 300 * MiB + 4 * MiB, 0);
+  ASSERT_EQ(finish(p, "out"), 0);
+  unsigned long long peak, ooms;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_UEQ(peak, 300 * MiB + 4 * MiB); /* the driver's own figure */
+}
