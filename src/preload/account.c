@@ -39,11 +39,11 @@ typedef struct pl_dev_s {
   int gpu; /* ledger index */
   _Atomic int64_t used;
   _Atomic int64_t reserved;
-  uint64_t base;              /* part of reserved claimed from the job */
-  uint64_t primary_refs;      /* primary context retains */
-  _Atomic int shrink_pending; /* a free found mu taken: shrink at unlock */
-  _Atomic uint64_t graph;     /* the graph allocator's footprint, charged */
-  pthread_mutex_t mu;         /* mapping, growing, shrinking */
+  uint64_t base;                 /* part of reserved claimed from the job */
+  _Atomic uint32_t primary_refs; /* primary context retains */
+  _Atomic int shrink_pending;    /* a free found mu taken: shrink at unlock */
+  _Atomic uint64_t graph;        /* the graph allocator's footprint, charged */
+  pthread_mutex_t mu;            /* mapping, growing, shrinking */
 } pl_dev_t;
 
 typedef struct pl_pool_s {
@@ -92,7 +92,10 @@ static void pl_fork_child(void) {
     atomic_store(&pl_devs[i].reserved, 0);
     atomic_store(&pl_devs[i].graph, 0); /* the child's allocator is empty */
     atomic_store(&pl_devs[i].shrink_pending, 0);
-    pl_devs[i].base = pl_devs[i].primary_refs = 0;
+    /* The parent's primary contexts are not the child's: its first
+     * retain creates (and is charged) a context of its own. */
+    atomic_store(&pl_devs[i].primary_refs, 0);
+    pl_devs[i].base = 0;
     pthread_mutex_init(&pl_devs[i].mu, NULL);
   }
   pl_npools = 0;
@@ -183,6 +186,10 @@ static pl_dev_t *dev_get(CUdevice dev) {
     st = atomic_load(&d->state);
   }
   return st == DEV_ACCOUNTED ? d : NULL;
+}
+
+_Atomic uint32_t *cogpu__pl_primary_refs(CUdevice dev) {
+  return dev >= 0 && dev < PL_MAX_DEVS ? &pl_devs[dev].primary_refs : NULL;
 }
 
 CUdevice cogpu__pl_current_device(void) {

@@ -88,16 +88,15 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
  * charged at the first retain and credited at the last release. No lock is
  * held around the driver or a wait for memory: two first retains racing
  * both charge, and the one that was not first gives it back. */
-static _Atomic uint32_t primary_refs[64];
-
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   cuDevicePrimaryCtxRetain_ft *real = REAL(cuDevicePrimaryCtxRetain);
   if (!real)
     return not_loaded();
-  if (dev < 0 || dev >= 64)
+  _Atomic uint32_t *refs = cogpu__pl_primary_refs(dev);
+  if (!refs)
     return real(pctx, dev);
   bool charged = false;
-  if (atomic_load(&primary_refs[dev]) == 0) {
+  if (atomic_load(refs) == 0) {
     CUresult rc = cogpu__pl_context_prepare(dev);
     if (rc == CUDA_SUCCESS)
       rc = cogpu__pl_charge(dev, ctx_bytes());
@@ -110,8 +109,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   do
     rc = real(pctx, dev);
   while (charged && cogpu__pl_retry(dev, rc, &retry));
-  bool first =
-      rc == CUDA_SUCCESS && atomic_fetch_add(&primary_refs[dev], 1) == 0;
+  bool first = rc == CUDA_SUCCESS && atomic_fetch_add(refs, 1) == 0;
   if (charged && !first)
     cogpu__pl_uncharge(dev, ctx_bytes());
   else if (first && !charged)
@@ -124,10 +122,10 @@ static CUresult primary_release(cuDevicePrimaryCtxRelease_ft *real,
   if (!real)
     return not_loaded();
   CUresult rc = real(dev);
-  if (rc == CUDA_SUCCESS && dev >= 0 && dev < 64) {
-    uint32_t n = atomic_load(&primary_refs[dev]);
-    while (n > 0 &&
-           !atomic_compare_exchange_weak(&primary_refs[dev], &n, n - 1)) {
+  _Atomic uint32_t *refs = cogpu__pl_primary_refs(dev);
+  if (rc == CUDA_SUCCESS && refs) {
+    uint32_t n = atomic_load(refs);
+    while (n > 0 && !atomic_compare_exchange_weak(refs, &n, n - 1)) {
     }
     if (n == 1)
       cogpu__pl_uncharge(dev, ctx_bytes());

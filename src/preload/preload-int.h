@@ -141,6 +141,9 @@ typedef struct pl_retry_s {
 bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r);
 /* Adjust a charge after the fact (e.g. the real pitch), without waiting. */
 void cogpu__pl_adjust(CUdevice dev, int64_t delta);
+/* The retain count of dev's primary context as cogpu saw it (reset in a
+ * forked child), or NULL for an ordinal out of range. */
+_Atomic uint32_t *cogpu__pl_primary_refs(CUdevice dev);
 /* The current context's device, or -1. */
 CUdevice cogpu__pl_current_device(void);
 /* Remember / forget an allocation: key, device, bytes. */

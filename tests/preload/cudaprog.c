@@ -533,16 +533,23 @@ static int act_threads(const char *arg) {
   return bad ? 3 : 0;
 }
 
-/* fork: a child that creates its own context and allocates, as a process
- * of the same job; the parent waits for it. */
+/* fork:SIZE[:MS]: a child that creates its own context and allocates, as a
+ * process of the same job, holding it MS ms; the parent waits for it. */
 static int act_fork(const char *arg) {
   pid_t pid = fork();
   if (pid == 0) {
     CUcontext c = NULL;
     CUdeviceptr p = 0;
+    const char *ms = strchr(arg, ':');
     api.init(0); /* a child initialises on its own */
     CUresult r1 = api.primary(&c, 0), r2 = api.set_current(c),
-             r3 = api.alloc(&p, size_arg(arg)), r4 = api.free(p);
+             r3 = api.alloc(&p, size_arg(arg));
+    if (ms) {
+      long n = strtol(ms + 1, NULL, 10);
+      struct timespec ts = {n / 1000, (n % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    CUresult r4 = api.free(p);
     if (r1 || r2 || r3 || r4)
       fprintf(stderr, "fork child: %d %d %d %d\n", r1, r2, r3, r4);
     _exit(r1 || r2 || r3 || r4 ? 3 : 0);

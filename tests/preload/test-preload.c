@@ -606,13 +606,18 @@ TEST_IMPL(preload_job_meminfo_shared) {
   ASSERT_CONTAINS(slurp("out"), want);
 }
 
+/* A forked child makes its own primary context (the parent's does not
+ * survive fork) and is charged for it: parent 300M + 1G, child 300M + 2G. */
 TEST_IMPL(preload_fork_child_attaches_to_job) {
   preload_env();
-  const char *argv[] = {"cogpu",   "run",      "--",  prog(),
-                        "direct",  "init",     "ctx", "alloc:1G",
-                        "fork:2G", "hold:300", NULL};
+  const char *argv[] = {"cogpu",       "run",      "--",  prog(),
+                        "direct",      "init",     "ctx", "alloc:1G",
+                        "fork:2G:800", "hold:300", NULL};
   pid_t p = spawn("out", argv);
-  ASSERT_EQ(finish(p, "out"), 0);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  ASSERT_UEQ(job_peak_until_exit(job, p, "out"),
+             300 * MiB + GiB + 300 * MiB + 2 * GiB);
   ASSERT_CONTAINS(slurp("out"), "fork child exit 0");
   lt_check_invariants();
   cogpu_status_t *st = lt_status();
