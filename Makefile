@@ -88,9 +88,11 @@ $(B)/objp/%.o: %.c
 	@echo "CC $< (preload)"
 	@$(CC) $(ALLCFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
 
-# Only the driver's entry points and dlsym leave the preload library.
+# Only the driver's entry points and dlsym leave the preload library. Its
+# references to its own hooks bind to its own definitions
+# (-Bsymbolic-functions), never to an earlier interposer's of the same name.
 $(B)/libcogpu-preload.so: $(PRELOAD_OBJS) src/preload/preload.map
-	$(CC) $(ALLCFLAGS) -shared \
+	$(CC) $(ALLCFLAGS) -shared -Wl,-Bsymbolic-functions \
 	    -Wl,--version-script=src/preload/preload.map \
 	    -o $@ $(PRELOAD_OBJS) $(LDLIBS)
 
@@ -126,6 +128,12 @@ $(B)/tests/fakes/libcuda.so.1: $(sort $(wildcard tests/fakes/cuda/*.c))
 	@mkdir -p $(dir $@)
 	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $^ $(LDLIBS)
 
+# A minimal third-party CUDA interposer (profilers, other sharers), loaded
+# before or after the preload library in the tests.
+$(B)/tests/fakes/libinterposer.so: $(sort $(wildcard tests/fakes/interposer/*.c))
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) -shared -o $@ $^ $(LDLIBS)
+
 $(B)/tests/run-tests: $(TEST_OBJS) $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a $(LDLIBS)
@@ -138,7 +146,8 @@ $(B)/tests/cudaprog: tests/preload/cudaprog.c $(B)/tests/fakes/libcuda.so.1
 	$(CC) $(ALLCFLAGS) -Wno-missing-prototypes -o $@ $< \
 	    -L$(B)/tests/fakes -l:libcuda.so.1 $(LDLIBS)
 
-tests: $(B)/tests/cudaprog $(B)/libcogpu-preload.so
+tests: $(B)/tests/cudaprog $(B)/libcogpu-preload.so \
+       $(B)/tests/fakes/libinterposer.so
 
 $(B)/bench/%: bench/%.c bench/bench.h $(B)/libcogpu.a
 	@mkdir -p $(dir $@)

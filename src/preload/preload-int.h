@@ -98,7 +98,9 @@ typedef CUresult cuDeviceGetGraphMemAttribute_ft(CUdevice, int, void *);
 #undef NEED
 
 /* --- driver.c ----------------------------------------------------------- */
-/* The real driver's entry point, or NULL (no driver, or no such symbol). */
+/* What a hook calls: the next definition after this library (the real
+ * driver's, or that of an interposer loaded after us), or NULL (no driver,
+ * or no such symbol). */
 void *cogpu__pl_real(int fn);
 #define REAL(name) ((name##_ft *)cogpu__pl_real(PL_##name))
 /* If addr is the real address of a hooked entry point, our hook for it;
@@ -108,8 +110,11 @@ void *cogpu__pl_redirect(void *addr);
 bool cogpu__pl_is_hook(const void *addr);
 /* Our hook for an exported name, or NULL. */
 void *cogpu__pl_hook_by_name(const char *name);
-/* dlsym as glibc implements it (never our override). */
+/* dlsym as glibc implements it (never our override). RTLD_NEXT through
+ * it is relative to this library. */
 void *cogpu__pl_real_dlsym(void *handle, const char *name);
+/* glibc's dlsym itself (never NULL; resolved on first use). */
+void *cogpu__pl_glibc_dlsym_resolve(void);
 /* glibc's dlopen and dlclose, never a sanitizer's wrapper. */
 void *cogpu__pl_real_dlopen(const char *file, int flags);
 int cogpu__pl_real_dlclose(void *h);

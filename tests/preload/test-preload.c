@@ -298,6 +298,39 @@ TEST_IMPL(preload_unaccounted_without_ledger) {
   ASSERT_CONTAINS(err, "not accounted");
 }
 
+/* --- Other interposers ------------------------------------------------- */
+
+/* A third-party interposer of cuMemAlloc_v2 (tests/fakes/interposer)
+ * loaded before the preload library (cogpu run appends to LD_PRELOAD) or
+ * after it: both run, once per allocation, and the memory is accounted. */
+static void with_interposer(bool before) {
+  preload_env();
+  const char *rt = getenv("LD_PRELOAD");
+  char ours[4200] = "", pre[9000];
+  if (!before) /* cogpu run appends it again: loaded once, here */
+    snprintf(ours, sizeof ours, "%s/libcogpu-preload.so ", th_build_dir());
+  snprintf(pre, sizeof pre, "%s%s%s%s/tests/fakes/libinterposer.so",
+           rt ? rt : "", rt ? " " : "", ours, th_build_dir());
+  setenv("LD_PRELOAD", pre, 1);
+  const char *argv[] = {"cogpu",     "run",  "--",  prog(),
+                        "direct",    "init", "ctx", "alloc:1G",
+                        "hold:1500", "free", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  expect_job(job, 300 * MiB + GiB, 0);
+  ASSERT_EQ(finish(p, "out"), 0);
+  ASSERT_CONTAINS(slurp("out"), "interposer: 1 cuMemAlloc_v2 calls");
+}
+
+TEST_IMPL(preload_interposer_before) {
+  with_interposer(true);
+}
+
+TEST_IMPL(preload_interposer_after) {
+  with_interposer(false);
+}
+
 /* --- Graph memory ------------------------------------------------------- */
 
 /* A graph that allocates 2G: what the device's graph allocator holds
