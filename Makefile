@@ -153,6 +153,13 @@ $(B)/bench/%: bench/%.c bench/bench.h $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/libcogpu.a $(LDLIBS)
 
+# The allocation table's benchmark drives the preload library's table.
+$(B)/bench/bench-pl-table: bench/bench-pl-table.c bench/bench.h \
+    $(B)/obj/src/preload/table.o $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/obj/src/preload/table.o \
+	    $(B)/libcogpu.a $(LDLIBS)
+
 # Made at install time: it records PREFIX, which may differ between runs.
 .PHONY: $(B)/cogpu.pc
 $(B)/cogpu.pc: cogpu.pc.in

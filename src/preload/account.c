@@ -65,6 +65,12 @@ static bool
 static cogpu__config_t pl_cfg;
 static pl_table_t pl_tables[4]; /* pointers, VMM handles, arrays, contexts */
 
+/* Contexts that own memory, by a small id (0: none known), so that what a
+ * context held can be forgotten when the driver frees it with the context
+ * (cuCtxDestroy, the last primary release, a primary reset). */
+#define PL_MAX_CTX_IDS 256
+static _Atomic(CUcontext) pl_ctx_ids[PL_MAX_CTX_IDS];
+
 static pl_table_t *table_for(pl_kind_t k) {
   switch (k) {
   case PL_KIND_MEM:
@@ -99,6 +105,8 @@ static void pl_fork_child(void) {
     pthread_mutex_init(&pl_devs[i].mu, NULL);
   }
   pl_npools = 0;
+  for (int i = 0; i < PL_MAX_CTX_IDS; i++)
+    atomic_store(&pl_ctx_ids[i], NULL);
   pthread_mutex_init(&pl_mu, NULL);
   pthread_mutex_init(&pl_pool_mu, NULL);
   for (int i = 0; i < 4; i++)
@@ -388,11 +396,49 @@ void cogpu__pl_adjust(CUdevice dev, int64_t delta) {
   }
 }
 
-/* Entries pack device (8 bits), kind (8 bits) and bytes (48 bits). */
+static unsigned ctx_id(CUcontext c, bool add) {
+  for (unsigned i = 1; c && i < PL_MAX_CTX_IDS; i++) {
+    CUcontext cur = atomic_load_explicit(&pl_ctx_ids[i], memory_order_acquire);
+    if (cur == c)
+      return i;
+    if (!cur && !add)
+      return 0; /* ids are handed out in order and never taken back */
+    if (!cur) {
+      CUcontext none = NULL;
+      if (atomic_compare_exchange_strong(&pl_ctx_ids[i], &none, c))
+        return i;
+      if (none == c)
+        return i;
+    }
+  }
+  return 0;
+}
+
+void cogpu__pl_context_known(CUcontext ctx) {
+  ctx_id(ctx, true);
+}
+
+static unsigned current_ctx_id(void) {
+  cuCtxGetCurrent_ft *get = REAL(cuCtxGetCurrent);
+  CUcontext c = NULL;
+  return get && get(&c) == CUDA_SUCCESS ? ctx_id(c, false) : 0;
+}
+
+/* Entries pack device (8 bits), kind (8 bits), the owning context's id
+ * (8 bits) and bytes (40 bits: 1 TiB). */
+#define PL_BYTES_MASK 0xffffffffffull
+static uint64_t track_value(pl_kind_t kind, CUdevice dev, unsigned ctx,
+                            uint64_t bytes) {
+  return ((uint64_t)(dev & 0xff) << 56) | ((uint64_t)kind << 48) |
+         ((uint64_t)(ctx & 0xff) << 40) | (bytes & PL_BYTES_MASK);
+}
+
 void cogpu__pl_track(pl_kind_t kind, uint64_t key, CUdevice dev,
                      uint64_t bytes) {
-  uint64_t v = ((uint64_t)(dev & 0xff) << 56) | ((uint64_t)kind << 48) |
-               (bytes & 0xffffffffffffull);
+  /* Memory a context owns goes with it; pools and VMM handles do not. */
+  bool owned =
+      kind == PL_KIND_MEM || kind == PL_KIND_ARRAY || kind == PL_KIND_MIPMAP;
+  uint64_t v = track_value(kind, dev, owned ? current_ctx_id() : 0, bytes);
   if (!cogpu__pl_table_put(table_for(kind), key, v))
     cogpu__log(COGPU_LOG_WARN, "allocation table full: an allocation is "
                                "not tracked");
@@ -404,9 +450,31 @@ bool cogpu__pl_untrack(pl_kind_t table, uint64_t key, CUdevice *dev,
   if (!cogpu__pl_table_take(table_for(table), key, &v))
     return false;
   *dev = (CUdevice)(v >> 56);
-  *bytes = v & 0xffffffffffffull;
+  *bytes = v & PL_BYTES_MASK;
   *kind = (pl_kind_t)((v >> 48) & 0xff);
   return true;
+}
+
+static bool owned_by(uint64_t v, void *arg) {
+  return ((v >> 40) & 0xff) == *(unsigned *)arg;
+}
+
+static void freed_with_context(uint64_t key, uint64_t v, void *arg) {
+  (void)key;
+  (void)arg;
+  pl_kind_t kind = (pl_kind_t)((v >> 48) & 0xff);
+  if (kind != PL_KIND_POOL)
+    cogpu__pl_uncharge((CUdevice)(v >> 56), v & PL_BYTES_MASK);
+}
+
+void cogpu__pl_context_gone(CUcontext ctx) {
+  unsigned id = ctx_id(ctx, false);
+  if (!id)
+    return;
+  cogpu__pl_table_take_if(table_for(PL_KIND_MEM), owned_by, freed_with_context,
+                          &id);
+  cogpu__pl_table_take_if(table_for(PL_KIND_ARRAY), owned_by,
+                          freed_with_context, &id);
 }
 
 /* Before the first context on dev: attach, map it, and in reserve mode take

@@ -79,6 +79,9 @@ typedef CUresult cuDevicePrimaryCtxRelease_ft(CUdevice);
 typedef CUresult cuDevicePrimaryCtxRelease_v2_ft(CUdevice);
 typedef CUresult cuDeviceTotalMem_v2_ft(size_t *, CUdevice);
 typedef CUresult cuCtxGetDevice_ft(CUdevice *);
+typedef CUresult cuCtxGetCurrent_ft(CUcontext *);
+typedef CUresult cuDevicePrimaryCtxReset_ft(CUdevice);
+typedef CUresult cuDevicePrimaryCtxReset_v2_ft(CUdevice);
 typedef CUresult cuDeviceGetUuid_ft(CUuuid *, CUdevice);
 typedef CUresult cuDeviceGetMemPool_ft(CUmemoryPool *, CUdevice);
 typedef CUresult cuMemPoolGetAttribute_ft(CUmemoryPool, int, void *);
@@ -154,6 +157,12 @@ CUdevice cogpu__pl_current_device(void);
 /* Remember / forget an allocation: key, device, bytes. */
 void cogpu__pl_track(pl_kind_t kind, uint64_t key, CUdevice dev,
                      uint64_t bytes);
+/* A context cogpu saw made (created, or a primary one retained): memory
+ * allocated while it is current is known to be its own. */
+void cogpu__pl_context_known(CUcontext ctx);
+/* The driver freed ctx and what it owned (cuCtxDestroy, the last primary
+ * release, a primary reset): forget and credit that memory. */
+void cogpu__pl_context_gone(CUcontext ctx);
 /* Forget the allocation `key` in the table that holds `table`'s kind;
  * false if it was never tracked (then forward the free untouched). */
 bool cogpu__pl_untrack(pl_kind_t table, uint64_t key, CUdevice *dev,

@@ -14,7 +14,8 @@
  *   ACTION: init ctx ctxcreate ctxdestroy alloc:SIZE free freeall
  *           pitch:W:H managed:SIZE async:SIZE asyncfree trim
  *           vmm:SIZE vmmfree array:W:H arrayfree mipmap:W:H:LEVELS
- *           array8x4:W:H poolon:DEV:SIZE
+ *           array8x4:W:H poolon:DEV:SIZE primaryrelease primaryreset
+ *           (the driver frees what the context held)
  *           mipmapfree info total freeunknown exporttable hold:MS
  *           graph:SIZE (build a graph that allocates and frees SIZE on the
  *           context's device, instantiate and launch it) graphtrim
@@ -76,6 +77,8 @@ static struct api_s {
   CUresult (*graph_trim)(CUdevice);
   CUresult (*pool_create)(CUmemoryPool *, const CUmemPoolProps *);
   CUresult (*from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+  CUresult (*primary_release)(CUdevice);
+  CUresult (*primary_reset)(CUdevice);
 } api;
 
 /* The direct route links against these (the test double in tests). */
@@ -113,6 +116,8 @@ __typeof__(*((struct api_s *)0)->graph_exec_destroy) cuGraphExecDestroy;
 __typeof__(*((struct api_s *)0)->graph_trim) cuDeviceGraphMemTrim;
 __typeof__(*((struct api_s *)0)->pool_create) cuMemPoolCreate;
 __typeof__(*((struct api_s *)0)->from_pool) cuMemAllocFromPoolAsync;
+__typeof__(*((struct api_s *)0)->primary_release) cuDevicePrimaryCtxRelease_v2;
+__typeof__(*((struct api_s *)0)->primary_reset) cuDevicePrimaryCtxReset_v2;
 
 static bool use_v4;
 
@@ -176,6 +181,8 @@ static void bind_direct(void) {
   api.graph_trim = cuDeviceGraphMemTrim;
   api.pool_create = cuMemPoolCreate;
   api.from_pool = cuMemAllocFromPoolAsync;
+  api.primary_release = cuDevicePrimaryCtxRelease_v2;
+  api.primary_reset = cuDevicePrimaryCtxReset_v2;
 }
 
 static int bind(const char *route) {
@@ -243,6 +250,9 @@ static int bind(const char *route) {
   BIND(graph_trim, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim");
   BIND(pool_create, "cuMemPoolCreate", "cuMemPoolCreate");
   BIND(from_pool, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync");
+  BIND(primary_release, "cuDevicePrimaryCtxRelease_v2",
+       "cuDevicePrimaryCtxRelease");
+  BIND(primary_reset, "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset");
   return 0;
 }
 
@@ -489,6 +499,10 @@ static int act_simple(const char *a) {
     created = NULL;
     return result("ctxdestroy", api.ctx_destroy(c));
   }
+  if (!strcmp(a, "primaryrelease"))
+    return result("primaryrelease", api.primary_release(ctx_device));
+  if (!strcmp(a, "primaryreset"))
+    return result("primaryreset", api.primary_reset(ctx_device));
   if (!strcmp(a, "freeunknown")) {
     CUresult r = api.free((CUdeviceptr)0xdead0000ull);
     printf("freeunknown=%d\n", r);

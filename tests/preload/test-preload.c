@@ -298,6 +298,38 @@ TEST_IMPL(preload_unaccounted_without_ledger) {
   ASSERT_CONTAINS(err, "not accounted");
 }
 
+/* --- Memory the driver frees with its context --------------------------- */
+
+/* 1G allocated in a context and never freed by the program: when the
+ * context goes (`end`), the driver frees it, and so does the job. */
+static void freed_with_context(const char *ctx, const char *end) {
+  preload_env();
+  const char *argv[] = {"cogpu",     "run",      "--",
+                        prog(),      "direct",   "init",
+                        ctx,         "alloc:1G", "array:1024:1024",
+                        "hold:1200", end,        "hold:1500",
+                        NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  expect_job(job, 300 * MiB + GiB + 16 * MiB, 64 * MiB);
+  expect_job(job, 0, 128 * MiB); /* at most two spare growth steps */
+  ASSERT_EQ(finish(p, "out"), 0);
+  lt_check_invariants();
+}
+
+TEST_IMPL(preload_ctx_destroy_frees_its_memory) {
+  freed_with_context("ctxcreate", "ctxdestroy");
+}
+
+TEST_IMPL(preload_primary_release_frees_its_memory) {
+  freed_with_context("ctx", "primaryrelease");
+}
+
+TEST_IMPL(preload_primary_reset_frees_its_memory) {
+  freed_with_context("ctx", "primaryreset");
+}
+
 /* --- Other interposers ------------------------------------------------- */
 
 /* A third-party interposer of cuMemAlloc_v2 (tests/fakes/interposer)
