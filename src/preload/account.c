@@ -42,8 +42,15 @@ typedef struct pl_dev_s {
   uint64_t base;                 /* part of reserved claimed from the job */
   _Atomic uint32_t primary_refs; /* primary context retains */
   _Atomic int shrink_pending;    /* a free found mu taken: shrink at unlock */
-  _Atomic uint64_t graph;        /* the graph allocator's footprint, charged */
-  pthread_mutex_t mu;            /* mapping, growing, shrinking */
+  _Atomic int grow_pending;      /* an adjustment found mu taken: grow then */
+  /* At most one thread waits in the ledger for this device, without mu;
+   * other growers wait on cv for its answer (wait_rc, per wait_gen). */
+  bool waiting;
+  unsigned wait_gen;
+  int wait_rc;
+  pthread_cond_t cv;
+  _Atomic uint64_t graph; /* the graph allocator's footprint, charged */
+  pthread_mutex_t mu;     /* mapping, growing, shrinking */
 } pl_dev_t;
 
 typedef struct pl_pool_s {
@@ -98,6 +105,10 @@ static void pl_fork_child(void) {
     atomic_store(&pl_devs[i].reserved, 0);
     atomic_store(&pl_devs[i].graph, 0); /* the child's allocator is empty */
     atomic_store(&pl_devs[i].shrink_pending, 0);
+    atomic_store(&pl_devs[i].grow_pending, 0);
+    pl_devs[i].waiting = false;
+    pl_devs[i].wait_rc = 0;
+    pthread_cond_init(&pl_devs[i].cv, NULL);
     /* The parent's primary contexts are not the child's: its first
      * retain creates (and is charged) a context of its own. */
     atomic_store(&pl_devs[i].primary_refs, 0);
@@ -115,8 +126,10 @@ static void pl_fork_child(void) {
 
 /* Runs before main, single-threaded. */
 __attribute__((constructor)) static void pl_init(void) {
-  for (int i = 0; i < PL_MAX_DEVS; i++)
+  for (int i = 0; i < PL_MAX_DEVS; i++) {
     pthread_mutex_init(&pl_devs[i].mu, NULL);
+    pthread_cond_init(&pl_devs[i].cv, NULL);
+  }
   static const size_t caps[4] = {1u << 20, 1u << 16, 1u << 16, 1u << 12};
   for (int i = 0; i < 4; i++)
     cogpu__pl_table_init(&pl_tables[i], caps[i]);
@@ -243,6 +256,35 @@ static int64_t grow_timeout(void) {
              : pl_cfg.v[COGPU_OPT_TIMEOUT].i;
 }
 
+static void dev_pending(pl_dev_t *d);
+
+/* Reserve `bytes` more for d, waiting up to `timeout` in the node's queue
+ * without holding d->mu (held on entry and on return). Only one thread
+ * waits in the ledger per device; another that needs to wait meanwhile
+ * waits for that one's answer, then looks again. 0: look again (what was
+ * reserved is in d->reserved); otherwise the wait failed. */
+static int dev_wait(pl_dev_t *d, uint64_t bytes, int64_t timeout) {
+  if (d->waiting) {
+    unsigned gen = d->wait_gen;
+    dev_pending(d);
+    while (d->waiting && d->wait_gen == gen)
+      pthread_cond_wait(&d->cv, &d->mu);
+    return d->wait_rc;
+  }
+  d->waiting = true;
+  dev_pending(d);
+  pthread_mutex_unlock(&d->mu);
+  int rc = dev_reserve(d, bytes, timeout);
+  pthread_mutex_lock(&d->mu);
+  if (rc == 0)
+    atomic_fetch_add(&d->reserved, (int64_t)bytes);
+  d->waiting = false;
+  d->wait_gen++;
+  d->wait_rc = rc;
+  pthread_cond_broadcast(&d->cv);
+  return rc;
+}
+
 /* Grow d's reservation until it covers `used`; d->mu held. */
 static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
   uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), limit = cfg_u(COGPU_OPT_LIMIT);
@@ -265,15 +307,18 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
     }
     int rc = dev_reserve(d, want, COGPU_NOWAIT);
     if (rc == -EAGAIN && want > need)
-      rc = dev_reserve(d, want = need, timeout);
-    else if (rc == -EAGAIN)
-      rc = dev_reserve(d, want, timeout);
+      rc = dev_reserve(d, want = need, COGPU_NOWAIT);
+    if (rc == 0) {
+      atomic_fetch_add(&d->reserved, (int64_t)want);
+      continue;
+    }
+    if (rc == -EAGAIN && timeout != COGPU_NOWAIT)
+      rc = dev_wait(d, need, timeout);
     if (rc) {
       cogpu__log(COGPU_LOG_WARN, "GPU %d: out of memory for this job: %s",
                  d->gpu, cogpu_last_error());
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    atomic_fetch_add(&d->reserved, (int64_t)want);
   }
 }
 
@@ -302,11 +347,27 @@ static void dev_shrink(pl_dev_t *d) {
   }
 }
 
-/* Release d->mu, first doing a shrink that a free asked for meanwhile. */
-static void dev_unlock(pl_dev_t *d) {
+/* d->mu held: what adjustments and frees asked for while it was taken.
+ * Neither waits: growing here only takes memory that is free now. */
+static void dev_pending(pl_dev_t *d) {
+  if (atomic_exchange(&d->grow_pending, 0))
+    dev_grow(d, COGPU_NOWAIT);
   if (atomic_exchange(&d->shrink_pending, 0))
     dev_shrink(d);
-  pthread_mutex_unlock(&d->mu);
+}
+
+/* Release d->mu, first doing what others asked for meanwhile. A request
+ * made after that check and before the unlock is seen by the re-check
+ * (whoever sets a flag then tries the lock itself), so none is lost. */
+static void dev_unlock(pl_dev_t *d) {
+  for (;;) {
+    dev_pending(d);
+    pthread_mutex_unlock(&d->mu);
+    if (!atomic_load(&d->grow_pending) && !atomic_load(&d->shrink_pending))
+      return;
+    if (pthread_mutex_trylock(&d->mu) != 0)
+      return; /* its holder will do it */
+  }
 }
 
 CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
@@ -388,11 +449,12 @@ void cogpu__pl_adjust(CUdevice dev, int64_t delta) {
     return;
   int64_t used = atomic_fetch_add(&d->used, delta) + delta;
   /* The driver already holds it: cover it if memory is free now; if not,
-   * the job is over its reservation until it frees. */
+   * the job is over its reservation until it frees. Never waits, not even
+   * for d->mu: whoever holds it does the growing on its way out. */
   if (delta > 0 && used > atomic_load(&d->reserved)) {
-    pthread_mutex_lock(&d->mu);
-    dev_grow(d, COGPU_NOWAIT);
-    dev_unlock(d);
+    atomic_store(&d->grow_pending, 1);
+    if (pthread_mutex_trylock(&d->mu) == 0)
+      dev_unlock(d);
   }
 }
 
@@ -486,18 +548,18 @@ CUresult cogpu__pl_context_prepare(CUdevice dev) {
     return CUDA_SUCCESS;
   CUresult rc = CUDA_SUCCESS;
   pthread_mutex_lock(&d->mu);
-  int64_t res = atomic_load(&d->reserved);
-  if ((uint64_t)res < mem) {
-    int r = dev_reserve(d, mem - (uint64_t)res, pl_cfg.v[COGPU_OPT_TIMEOUT].i);
-    if (r == 0)
-      atomic_fetch_add(&d->reserved, (int64_t)(mem - (uint64_t)res));
-    else {
+  for (;;) {
+    int64_t res = atomic_load(&d->reserved);
+    if ((uint64_t)res >= mem)
+      break;
+    if (dev_wait(d, mem - (uint64_t)res, pl_cfg.v[COGPU_OPT_TIMEOUT].i)) {
       cogpu__log(COGPU_LOG_ERROR, "cannot reserve GPU memory: %s",
                  cogpu_last_error());
       rc = CUDA_ERROR_OUT_OF_MEMORY;
+      break;
     }
   }
-  pthread_mutex_unlock(&d->mu);
+  dev_unlock(d);
   return rc;
 }
 

@@ -15,6 +15,7 @@
  *           pitch:W:H managed:SIZE async:SIZE asyncfree trim
  *           vmm:SIZE vmmfree array:W:H arrayfree mipmap:W:H:LEVELS
  *           array8x4:W:H poolon:DEV:SIZE primaryrelease primaryreset
+ *           bg:ACTION (in a thread of its own) join
  *           (the driver frees what the context held)
  *           mipmapfree info total freeunknown exporttable hold:MS
  *           graph:SIZE (build a graph that allocates and frees SIZE on the
@@ -462,6 +463,8 @@ static int act_graph(const char *arg) {
     api.graph_destroy(g);
   if (rc == 0)
     rc = result("graph", api.graph_launch(graph_exec, NULL));
+  if (rc == 0)
+    printf("graph launched\n");
   return rc;
 }
 
@@ -574,7 +577,32 @@ static int act_fork(const char *arg) {
   return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 3;
 }
 
+static int act(const char *a);
+
+/* bg:ACTION runs ACTION in a thread of its own (with the context current);
+ * join waits for it and takes its result. */
+static pthread_t bg_thread;
+static bool bg_running;
+static void *bg_main(void *arg) {
+  if (api.set_current(current) != CUDA_SUCCESS)
+    return (void *)3;
+  return (void *)(intptr_t)act((const char *)arg);
+}
+
 static int act(const char *a) {
+  if (!strncmp(a, "bg:", 3)) {
+    bg_running =
+        pthread_create(&bg_thread, NULL, bg_main, (void *)(a + 3)) == 0;
+    return bg_running ? 0 : 3;
+  }
+  if (!strcmp(a, "join")) {
+    void *r = NULL;
+    if (bg_running)
+      pthread_join(bg_thread, &r);
+    bg_running = false;
+    printf("joined %d\n", (int)(intptr_t)r);
+    return (int)(intptr_t)r;
+  }
   const char *arg = strchr(a, ':') ? strchr(a, ':') + 1 : "";
   if (!strcmp(a, "init"))
     return result("init", api.init(0));

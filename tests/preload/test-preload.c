@@ -410,6 +410,33 @@ TEST_IMPL(preload_graph_memory_protects_neighbours) {
   lt_check_invariants();
 }
 
+/* One thread waits in the node's queue for memory; meanwhile another
+ * launches a graph that takes memory beyond the reservation. The launch
+ * is charged after the fact and must never wait (for the queue, or for the
+ * waiting thread), and the waiting thread is served once there is room. */
+TEST_IMPL(preload_graph_launch_while_another_thread_waits) {
+  preload_env();
+  pid_t other = lt_hold("other", 0, 14 * GiB, 0, 0, -1);
+  lt_wait_nclients(0, 1, 5000);
+  const char *argv[] = {
+      "cogpu",       "run",      "--",        prog(), "direct",  "init", "ctx",
+      "bg:alloc:4G", "hold:500", "graph:64M", "join", "freeall", NULL};
+  pid_t p = spawn("out", argv);
+  bool launched = false;
+  for (int i = 0; i < th_ms(3000) / 20 && !launched; i++) {
+    th_sleep_ms(20);
+    launched = strstr(slurp("out"), "graph launched") != NULL;
+  }
+  ASSERT_CONTAINS(slurp("out"), "waiting for"); /* the other thread */
+  ASSERT(!strstr(slurp("out"), "joined"));
+  kill(other, SIGKILL);
+  th_wait(other, th_ms(5000));
+  ASSERT_EQ(finish(p, "out"), 0);
+  ASSERT_CONTAINS(slurp("out"), "joined 0");
+  ASSERT(launched); /* before the other thread was served */
+  lt_check_invariants();
+}
+
 /* --- The driver refuses what the ledger granted ------------------------- */
 
 /* A program outside cogpu takes 10G of the 16G GPU after the ledger's only
