@@ -272,9 +272,19 @@ static void slot_unclaim(struct cogpu_s *h, ledger_slot_t *sl) {
   cogpu__ledger_tx_commit(h);
 }
 
+void cogpu__ledger_note_left(struct cogpu_s *h) {
+  uint32_t ms = (uint32_t)(cogpu__now_ns() / 1000000u);
+  atomic_store_explicit(&h->st->hdr.left_ms, ms ? ms : 1, memory_order_release);
+}
+
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
+  for (uint32_t g = 0; g < hd->ngpus; g++)
+    if (sl->held[g] || sl->claim[g]) {
+      cogpu__ledger_note_left(h); /* it may have had memory on the GPU */
+      break;
+    }
   slot_unclaim(h, sl);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     ledger_gpu_t *gp = &hd->gpus[g];

@@ -401,6 +401,13 @@ bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r) {
     return false;
   uint64_t now = cogpu__now_ns();
   int64_t wait_ms = pl_cfg.v[COGPU_OPT_DRIVER_WAIT].i;
+  /* Only when a client left moments ago (within driver_wait) is there a
+   * reason to think the driver still holds its memory; any other refusal
+   * is a true out-of-memory, returned at once, so that programs that
+   * recover from one (PyTorch frees its cache and retries) do not wait. */
+  if (r->n == 0 && wait_ms > 0 &&
+      cogpu__ledger_left_ago_ms(pl_h) > (uint64_t)wait_ms)
+    return false;
   if (r->n == 0) {
     r->deadline_ns = now + (uint64_t)wait_ms * 1000000u;
     if (wait_ms > 0)

@@ -441,9 +441,11 @@ TEST_IMPL(preload_graph_launch_while_another_thread_waits) {
 
 /* A program outside cogpu takes 10G of the 16G GPU after the ledger's only
  * NVML read (foreign_refresh 1h), so cogpu grants memory the driver does
- * not have: on a node, memory of a killed process that the driver has not
- * freed yet looks the same. The holder exits after hold_ms. */
-static pid_t hidden_holder(const char *hold) {
+ * not have. With `left`, a client of 10G then leaves the ledger: together
+ * they are a killed job whose memory the driver has not freed yet (the
+ * ledger saw it go; the driver still holds it). Without, the memory is
+ * simply used outside cogpu's view. The holder exits after `hold`. */
+static pid_t hidden_holder_left(const char *hold, bool left) {
   setenv("COGPU_FOREIGN_REFRESH", "1h", 1);
   const char *st[] = {"cogpu", "status", NULL};
   ASSERT_EQ(finish(spawn("status", st), "status"), 0);
@@ -453,7 +455,15 @@ static pid_t hidden_holder(const char *hold) {
   for (int i = 0; i < 500 && lt_fake_cuda_used() < 10 * GiB; i++)
     th_sleep_ms(10);
   ASSERT(lt_fake_cuda_used() >= 10 * GiB);
+  if (left) {
+    const char *gone[] = {"cogpu", "run", "--mem", "10G", "--", "true", NULL};
+    ASSERT_EQ(finish(spawn("gone", gone), "gone"), 0);
+  }
   return h;
+}
+
+static pid_t hidden_holder(const char *hold) {
+  return hidden_holder_left(hold, true);
 }
 
 /* An 8G job: with the holder's 10G, more than the GPU has. */
@@ -492,6 +502,23 @@ TEST_IMPL(preload_driver_refusal_bounded) {
   cogpu_status_t *st = lt_status();
   ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
   cogpu_status_free(st);
+}
+
+/* Memory used outside cogpu's view with nobody having left: a true
+ * out-of-memory, returned at once (PyTorch frees its cache and retries;
+ * each retry must not take driver_wait). */
+TEST_IMPL(preload_genuine_out_of_memory_is_fast) {
+  preload_env();
+  pid_t h = hidden_holder_left("hold:20000", false);
+  uint64_t t0 = cogpu__now_ns();
+  ASSERT_EQ(th_exit_code(th_wait(big_job("oom"), th_ms(10000))), 2);
+  /* driver_wait is 2 s; start-up and the job itself take far less. */
+  ASSERT_LT((int64_t)((cogpu__now_ns() - t0) / 1000000), 1500);
+  ASSERT_CONTAINS(slurp("oom"), "alloc: error 2");
+  ASSERT(!strstr(slurp("oom"), "the driver refused memory cogpu granted"));
+  kill(h, SIGKILL);
+  th_wait(h, th_ms(5000));
+  lt_check_invariants();
 }
 
 /* --- The headline ------------------------------------------------------- */
