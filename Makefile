@@ -45,9 +45,11 @@ FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
 
 PRELOAD_SRCS := $(sort $(wildcard src/preload/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
-# The preload library gets its own copy of the core, built for the
-# initial-exec TLS model (it is loaded at start-up, and its thread-locals
-# are on allocation paths).
+# The preload library gets its own copy of the core, built with
+# COGPU_SMALL_TLS: its thread-local storage is carried by every thread of
+# every program under cogpu run, so it is kept to a few dozen bytes, in
+# the default (general-dynamic) model, so that the library can also be
+# dlopened after start-up.
 PRELOAD_OBJS := $(PRELOAD_SRCS:%.c=$(B)/objp/%.o) $(LIB_SRCS:%.c=$(B)/objp/%.o)
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
 # The preload library's allocation table is also linked into the tests, so
@@ -86,13 +88,13 @@ $(B)/obj/%.o: %.c
 $(B)/objp/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "CC $< (preload)"
-	@$(CC) $(ALLCFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
+	@$(CC) $(ALLCFLAGS) -DCOGPU_SMALL_TLS -MMD -MP -c $< -o $@
 
 # Only the driver's entry points and dlsym leave the preload library. Its
 # references to its own hooks bind to its own definitions
 # (-Bsymbolic-functions), never to an earlier interposer's of the same name.
 $(B)/libcogpu-preload.so: $(PRELOAD_OBJS) src/preload/preload.map
-	$(CC) $(ALLCFLAGS) -shared -Wl,-Bsymbolic-functions \
+	$(CC) $(ALLCFLAGS) -shared -Wl,-Bsymbolic-functions -Wl,-z,nodelete \
 	    -Wl,--version-script=src/preload/preload.map \
 	    -o $@ $(PRELOAD_OBJS) $(LDLIBS)
 

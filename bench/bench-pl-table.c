@@ -65,7 +65,8 @@ int main(void) {
     bench_emit("pl-table", 1, &st,
                "\"call\":\"miss\",\"pairs\":%ld,\"vs_fresh\":%.1f,"
                "\"clock_ns\":%" PRIu64,
-               done, (double)st.median / (double)(fresh.median ? fresh.median : 1),
+               done,
+               (double)st.median / (double)(fresh.median ? fresh.median : 1),
                clock_ns);
   }
   free(s);

@@ -176,7 +176,7 @@ int cogpu__ledger_shm_in_use(int fd, bool *in_use);
 void cogpu__ledger_lock(struct cogpu_s *h);
 void cogpu__ledger_unlock(struct cogpu_s *h);
 /* Wake this waiter when the lock is next released by this thread. */
-void cogpu__ledger_wake_later(uint32_t waiter);
+void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter);
 bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen);
 void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value);
 void cogpu__ledger_tx_commit(struct cogpu_s *h);

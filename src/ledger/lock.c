@@ -116,13 +116,18 @@ locked:
 
 /* Waiters served while this thread holds the lock, woken once it is
  * released. A waiter entry reused in between only gets a spurious wake-up,
- * which every sleeper tolerates. */
-static __thread uint32_t wake_list[LEDGER_MAX_WAITERS];
-static __thread uint32_t wake_n;
+ * which every sleeper tolerates. The list is short (thread-local storage
+ * is carried by every thread under the preload library): beyond it, a
+ * waiter is woken at once, and finds the lock held for a moment. */
+#define WAKE_LATER_MAX 16
+static __thread uint16_t wake_list[WAKE_LATER_MAX];
+static __thread uint16_t wake_n;
 
-void cogpu__ledger_wake_later(uint32_t waiter) {
-  if (wake_n < LEDGER_MAX_WAITERS)
-    wake_list[wake_n++] = waiter;
+void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter) {
+  if (wake_n < WAKE_LATER_MAX)
+    wake_list[wake_n++] = (uint16_t)waiter;
+  else
+    cogpu__ledger_futex_wake(&h->st->waiters[waiter].futex, 1);
 }
 
 void cogpu__ledger_unlock(struct cogpu_s *h) {

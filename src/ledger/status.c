@@ -81,9 +81,9 @@ static void status_names(cogpu_status_t *st) {
   }
 }
 
-static int status_fill(struct cogpu_s *h, cogpu_status_t *st) {
+static int status_fill_order(struct cogpu_s *h, cogpu_status_t *st,
+                             uint32_t *order) {
   ledger_hdr_t *hd = &h->st->hdr;
-  static __thread uint32_t order[LEDGER_MAX_WAITERS];
   snprintf(st->policy, sizeof st->policy, "%s",
            cogpu_policy_name((int)hd->policy));
   snprintf(st->state_path, sizeof st->state_path, "%s", h->path);
@@ -114,6 +114,17 @@ static int status_fill(struct cogpu_s *h, cogpu_status_t *st) {
     status_waiters(h, g, order, n, gi);
   }
   return 0;
+}
+
+/* The queue order lives on the heap: as a thread-local it would be carried
+ * by every thread of every program under the preload library. */
+static int status_fill(struct cogpu_s *h, cogpu_status_t *st) {
+  uint32_t *order = malloc(LEDGER_MAX_WAITERS * sizeof *order);
+  if (!order)
+    return -ENOMEM;
+  int rc = status_fill_order(h, st, order);
+  free(order);
+  return rc;
 }
 
 int cogpu_status(cogpu_t *h, cogpu_status_t **out) {

@@ -5,7 +5,9 @@
  * through, and the headline: eight jobs that together need 2.4 GPUs all
  * complete, where without cogpu some die of out-of-memory.
  */
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -765,6 +767,32 @@ TEST_IMPL(preload_deadlock_guard) {
   ASSERT_CONTAINS(slurp(ca == 2 ? "a" : "b"), "deadlock");
 }
 
+/* Thread-local storage of a loaded object whose name ends with `suffix`
+ * (its PT_TLS segment), or -1 if no such object is loaded. */
+typedef struct tls_find_s {
+  const char *suffix;
+  long bytes;
+} tls_find_t;
+
+static int tls_of(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  tls_find_t *f = arg;
+  size_t n = strlen(info->dlpi_name), m = strlen(f->suffix);
+  if (n < m || strcmp(info->dlpi_name + n - m, f->suffix) != 0)
+    return 0;
+  f->bytes = 0;
+  for (int i = 0; i < info->dlpi_phnum; i++)
+    if (info->dlpi_phdr[i].p_type == PT_TLS)
+      f->bytes = (long)info->dlpi_phdr[i].p_memsz;
+  return 1;
+}
+
+/* A process that never touches CUDA (a shell, every thread of a program)
+ * registers nothing, reserves nothing, and carries almost no per-thread
+ * state of ours: the library's thread-local storage, which every thread
+ * of every process under cogpu run gets, is a few dozen bytes, and the
+ * library can even be loaded after start-up (dlopen), which needs its
+ * thread-local storage outside the static block. */
 TEST_IMPL(preload_non_cuda_command_costs_nothing) {
   preload_env();
   /* sh is not ours: no leak report from it in sanitizer builds. */
@@ -779,6 +807,19 @@ TEST_IMPL(preload_non_cuda_command_costs_nothing) {
   cogpu_status_free(st);
   ASSERT_EQ(finish(p, "out"), 0);
   ASSERT_CONTAINS(slurp("out"), "libcogpu-preload.so");
+  /* Loaded now, after start-up, with nothing of CUDA around. */
+  char lib[4200];
+  snprintf(lib, sizeof lib, "%s/libcogpu-preload.so", th_build_dir());
+  void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!h)
+    th_fail(__FILE__, __LINE__, "dlopen after start-up: %s", dlerror());
+  tls_find_t f = {"/libcogpu-preload.so", -1};
+  dl_iterate_phdr(tls_of, &f);
+  ASSERT_GE(f.bytes, 0);
+  ASSERT_LE(f.bytes, 256); /* per thread, in every thread */
+  st = lt_status();
+  ASSERT_EQ(st->gpus[0].nclients, 0); /* loading it registered nothing */
+  cogpu_status_free(st);
 }
 
 /* Reserved bytes of the job on each GPU. */
