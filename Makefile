@@ -47,9 +47,11 @@ FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
 
 PRELOAD_SRCS := $(sort $(wildcard src/preload/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
-# The preload library gets its own copy of the core, built for the
-# initial-exec TLS model (it is loaded at start-up, and its thread-locals
-# are on allocation paths).
+# The preload library gets its own copy of the core, built with
+# COGPU_SMALL_TLS: its thread-local storage is carried by every thread of
+# every program under cogpu run, so it is kept to a few dozen bytes, in
+# the default (general-dynamic) model, so that the library can also be
+# dlopened after start-up.
 PRELOAD_OBJS := $(PRELOAD_SRCS:%.c=$(B)/objp/%.o) $(LIB_SRCS:%.c=$(B)/objp/%.o)
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
 # The preload library's allocation table is also linked into the tests, so
@@ -91,11 +93,13 @@ $(B)/obj/%.o: %.c
 $(B)/objp/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "CC $< (preload)"
-	@$(CC) $(ALLCFLAGS) -ftls-model=initial-exec -MMD -MP -c $< -o $@
+	@$(CC) $(ALLCFLAGS) -DCOGPU_SMALL_TLS -MMD -MP -c $< -o $@
 
-# Only the driver's entry points and dlsym leave the preload library.
+# Only the driver's entry points and dlsym leave the preload library. Its
+# references to its own hooks bind to its own definitions
+# (-Bsymbolic-functions), never to an earlier interposer's of the same name.
 $(B)/libcogpu-preload.so: $(PRELOAD_OBJS) src/preload/preload.map
-	$(CC) $(ALLCFLAGS) -shared \
+	$(CC) $(ALLCFLAGS) -shared -Wl,-Bsymbolic-functions -Wl,-z,nodelete \
 	    -Wl,--version-script=src/preload/preload.map \
 	    -o $@ $(PRELOAD_OBJS) $(LDLIBS)
 
@@ -141,6 +145,12 @@ $(B)/tests/fakes/libcuda.so.1: $(sort $(wildcard tests/fakes/cuda/*.c))
 	@mkdir -p $(dir $@)
 	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $^ $(LDLIBS)
 
+# A minimal third-party CUDA interposer (profilers, other sharers), loaded
+# before or after the preload library in the tests.
+$(B)/tests/fakes/libinterposer.so: $(sort $(wildcard tests/fakes/interposer/*.c))
+	@mkdir -p $(dir $@)
+	$(CC) $(BASEFLAGS) -shared -o $@ $^ $(LDLIBS)
+
 $(B)/tests/run-tests: $(TEST_OBJS) $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a $(LDLIBS)
@@ -153,11 +163,19 @@ $(B)/tests/cudaprog: tests/preload/cudaprog.c $(B)/tests/fakes/libcuda.so.1
 	$(CC) $(ALLCFLAGS) -Wno-missing-prototypes -o $@ $< \
 	    -L$(B)/tests/fakes -l:libcuda.so.1 $(LDLIBS)
 
-tests: $(B)/tests/cudaprog $(B)/libcogpu-preload.so
+tests: $(B)/tests/cudaprog $(B)/libcogpu-preload.so \
+       $(B)/tests/fakes/libinterposer.so
 
 $(B)/bench/%: bench/%.c bench/bench.h $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/libcogpu.a $(LDLIBS)
+
+# The allocation table's benchmark drives the preload library's table.
+$(B)/bench/bench-pl-table: bench/bench-pl-table.c bench/bench.h \
+    $(B)/obj/src/preload/table.o $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/obj/src/preload/table.o \
+	    $(B)/libcogpu.a $(LDLIBS)
 
 # Made at install time: it records PREFIX, which may differ between runs.
 .PHONY: $(B)/cogpu.pc

@@ -31,11 +31,42 @@ static const char *err_errno_text(int e, bool want_name) {
 /* Long enough for a file path, a key and the accepted form of a value. */
 #define ERR_MSG_MAX 1024
 
-/* The preload library's copy is built with -ftls-model=initial-exec (there
- * the general-dynamic model could call malloc on first access); this one
- * keeps the default so that libcogpu and the Slurm plug-in can be dlopened
- * (initial-exec TLS of a dlopened library must fit the static TLS surplus). */
+#ifdef COGPU_SMALL_TLS
+/* The preload library's copy: its thread-local storage is carried by every
+ * thread of every program under cogpu run, CUDA or not, so the message
+ * buffer is allocated only for a thread that fails, and freed when it
+ * ends (the library is never unloaded: -z nodelete). */
+#include <pthread.h>
+#include <stdlib.h>
+
+static pthread_key_t err_key;
+static pthread_once_t err_once = PTHREAD_ONCE_INIT;
+static bool err_key_ok;
+
+static void err_key_make(void) {
+  err_key_ok = pthread_key_create(&err_key, free) == 0;
+}
+
+static char *err_buf(bool make) {
+  pthread_once(&err_once, err_key_make);
+  char *b = err_key_ok ? pthread_getspecific(err_key) : NULL;
+  if (!b && make && err_key_ok && (b = calloc(1, ERR_MSG_MAX)) &&
+      pthread_setspecific(err_key, b) != 0) {
+    free(b);
+    b = NULL;
+  }
+  return b;
+}
+#else
+/* libcogpu and the Slurm plug-in keep the default TLS model, so that they
+ * can be dlopened (and dlclosed: no key destructor left behind). */
 static __thread char err_msg[ERR_MSG_MAX];
+
+static char *err_buf(bool make) {
+  (void)make;
+  return err_msg;
+}
+#endif
 
 COGPU_API const char *cogpu_err_name(int rc) {
   if (rc == 0)
@@ -80,7 +111,8 @@ COGPU_API const char *cogpu_strerror(int rc) {
 }
 
 COGPU_API const char *cogpu_last_error(void) {
-  return err_msg;
+  const char *b = err_buf(false);
+  return b ? b : "";
 }
 
 int cogpu__seterr(int rc, const char *fmt, ...) {
@@ -95,11 +127,15 @@ int cogpu__seterr(int rc, const char *fmt, ...) {
   va_end(ap);
   if (n < 0)
     tmp[0] = 0;
-  memcpy(err_msg, tmp, sizeof err_msg);
+  char *b = err_buf(true);
+  if (b)
+    memcpy(b, tmp, ERR_MSG_MAX);
   errno = saved;
   return rc;
 }
 
 void cogpu__clearerr(void) {
-  err_msg[0] = 0;
+  char *b = err_buf(false);
+  if (b)
+    b[0] = 0;
 }

@@ -153,6 +153,12 @@ void cogpu__fault(int point);
 int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,
                        uint64_t *free_bytes);
 
+/* Milliseconds since a client of the node last left (exited, died,
+ * detached) or released all it held on a GPU, read without the lock;
+ * UINT64_MAX if none has, or h is not attached. The driver frees a leaving
+ * client's memory a moment after the ledger sees it go. */
+uint64_t cogpu__ledger_left_ago_ms(cogpu_t *h);
+
 /* For a process that joined a job: take up to `want` bytes of the job's
  * reservation on `gpu` that no other process of the job has taken, as this
  * process's share (*got, possibly 0). The share returns to the job when

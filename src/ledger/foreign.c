@@ -78,8 +78,15 @@ static bool foreign_claim(struct cogpu_s *h, bool force) {
 void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (!foreign_claim(h, force))
     return;
-  static __thread int pids[LEDGER_MAX_SLOTS];
-  static __thread cogpu__gpu_proc_t procs[FOREIGN_MAX_PROCS];
+  /* On the heap, not thread-local: every thread of every program under the
+   * preload library would carry 20 KiB for a refresh it rarely makes. */
+  int *pids = malloc(LEDGER_MAX_SLOTS * sizeof *pids);
+  cogpu__gpu_proc_t *procs = malloc(FOREIGN_MAX_PROCS * sizeof *procs);
+  if (!pids || !procs) {
+    free(pids);
+    free(procs);
+    return; /* keep the last known figures */
+  }
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t foreign[LEDGER_MAX_GPUS];
   size_t np = client_pids(h, pids);
@@ -91,6 +98,8 @@ void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
                               &n) != 0) {
       cogpu__log(COGPU_LOG_DEBUG, "foreign memory not refreshed: %s",
                  cogpu_last_error());
+      free(pids);
+      free(procs);
       return; /* keep the last known figures */
     }
     foreign[g] = 0;
@@ -98,6 +107,8 @@ void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
       if (!pid_known(pids, np, (int)procs[i].pid))
         foreign[g] += procs[i].used;
   }
+  free(pids);
+  free(procs);
   cogpu__ledger_lock(h);
   bool grew = false;
   for (uint32_t g = 0; g < hd->ngpus; g++) {

@@ -140,7 +140,12 @@ typedef struct ledger_hdr_s {
   uint64_t checksum; /* over the header's fixed part and the GPU descriptors */
   /* Mutable part. */
   _Atomic uint32_t lock;
-  uint32_t pad0;
+  /* When a client last left (exit, death, detach) or released all it held
+   * on a GPU: CLOCK_MONOTONIC in ms, modulo 2^32; 0 never. The driver may
+   * still hold that client's memory for a moment, which is the only reason
+   * the preload library retries a driver's refusal. A hint, outside the
+   * undo log (it was padding: the layout is unchanged). */
+  _Atomic uint32_t left_ms;
   _Atomic uint64_t tx_n;
   ledger_txent_t tx[LEDGER_TX_MAX];
   uint64_t next_ticket;
@@ -197,7 +202,7 @@ int cogpu__ledger_shm_in_use(int fd, bool *in_use);
 void cogpu__ledger_lock(struct cogpu_s *h);
 void cogpu__ledger_unlock(struct cogpu_s *h);
 /* Wake this waiter when the lock is next released by this thread. */
-void cogpu__ledger_wake_later(uint32_t waiter);
+void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter);
 bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen);
 void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value);
 void cogpu__ledger_tx_commit(struct cogpu_s *h);
@@ -205,6 +210,8 @@ void cogpu__ledger_tx_commit(struct cogpu_s *h);
 void cogpu__ledger_repair(struct cogpu_s *h);
 /* Free one slot: its reservations, exclusivity and waiters. */
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s);
+/* Record that a client left or released all it held (hdr.left_ms). */
+void cogpu__ledger_note_left(struct cogpu_s *h);
 /* Free the slots of dead clients (and their waiters); returns how many. */
 int cogpu__ledger_sweep(struct cogpu_s *h);
 

@@ -270,6 +270,15 @@ static int check_gpu(cogpu_t *h, int gpu) {
   return 0;
 }
 
+uint64_t cogpu__ledger_left_ago_ms(struct cogpu_s *h) {
+  if (check_handle(h) != 0)
+    return UINT64_MAX;
+  uint32_t at = atomic_load_explicit(&h->st->hdr.left_ms, memory_order_acquire);
+  if (at == 0)
+    return UINT64_MAX;
+  return (uint32_t)((uint32_t)(cogpu__now_ns() / 1000000u) - at);
+}
+
 int cogpu__ledger_room(struct cogpu_s *h, int gpu, uint64_t *capacity,
                        uint64_t *free_bytes) {
   if (h && h->node)
@@ -494,6 +503,8 @@ int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes) {
         -EINVAL, "cannot release %llu bytes on GPU %d: %llu held",
         (unsigned long long)bytes, gpu, (unsigned long long)held);
   bool ends_excl = all && excl;
+  if (all && bytes)
+    cogpu__ledger_note_left(h);
   if (bytes) {
     cogpu__ledger_tx_set(h, &s->held[gpu], held - bytes);
     cogpu__ledger_tx_set(h, &g->reserved, g->reserved - bytes);

@@ -120,38 +120,35 @@ locked:
 
 /* Waiters served while this thread holds the lock, woken once it is
  * released. A waiter entry reused in between only gets a spurious wake-up,
- * which every sleeper tolerates. The list is small (thread-local storage
- * costs every thread of every program under the preload library); past it,
- * every answered waiter is woken. */
-#define WAKE_LIST 32
-static __thread uint32_t wake_list[WAKE_LIST];
-static __thread uint32_t wake_n;
-static __thread bool wake_all;
+ * which every sleeper tolerates. The list is short (thread-local storage
+ * is carried by every thread under the preload library): beyond it, a
+ * waiter is woken at once, and finds the lock held for a moment. In the
+ * daemon (trusted mode) every answered waiter is collected instead, for
+ * the daemon to answer over its wait connection. */
+#define WAKE_LATER_MAX 16
+static __thread uint16_t wake_list[WAKE_LATER_MAX];
+static __thread uint16_t wake_n;
+static uint32_t trusted_wakes[LEDGER_MAX_WAITERS];
+static size_t trusted_n;
 
-void cogpu__ledger_wake_later(uint32_t waiter) {
-  if (wake_n < WAKE_LIST)
-    wake_list[wake_n++] = waiter;
+void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter) {
+  if (cogpu__ledger_trusted) {
+    if (trusted_n < LEDGER_MAX_WAITERS)
+      trusted_wakes[trusted_n++] = waiter;
+    return;
+  }
+  if (wake_n < WAKE_LATER_MAX)
+    wake_list[wake_n++] = (uint16_t)waiter;
   else
-    wake_all = true;
-}
-
-static bool answered(const ledger_waiter_t *wt) {
-  return wt->state == W_GRANTED || wt->state == W_REFUSED;
+    cogpu__ledger_futex_wake(&h->st->waiters[waiter].futex, 1);
 }
 
 size_t cogpu__ledger_take_wakes_of(struct cogpu_s *h, uint32_t *out,
                                    size_t max) {
-  size_t n = 0;
-  if (wake_all) {
-    for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && n < max; w++)
-      if (answered(&h->st->waiters[w]))
-        out[n++] = w;
-  } else {
-    for (uint32_t i = 0; i < wake_n && n < max; i++)
-      out[n++] = wake_list[i];
-  }
-  wake_n = 0;
-  wake_all = false;
+  (void)h;
+  size_t n = trusted_n < max ? trusted_n : max;
+  memcpy(out, trusted_wakes, n * sizeof *out);
+  trusted_n = 0;
   return n;
 }
 
@@ -163,16 +160,9 @@ void cogpu__ledger_unlock(struct cogpu_s *h) {
     cogpu__ledger_futex_wake(&h->st->hdr.lock, 1);
   if (cogpu__ledger_trusted)
     return; /* the daemon takes the list and answers the waiters itself */
-  if (wake_all) {
-    for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
-      if (answered(&h->st->waiters[w]))
-        cogpu__ledger_futex_wake(&h->st->waiters[w].futex, 1);
-  } else {
-    for (uint32_t i = 0; i < wake_n; i++)
-      cogpu__ledger_futex_wake(&h->st->waiters[wake_list[i]].futex, 1);
-  }
+  for (uint32_t i = 0; i < wake_n; i++)
+    cogpu__ledger_futex_wake(&h->st->waiters[wake_list[i]].futex, 1);
   wake_n = 0;
-  wake_all = false;
 }
 
 /* Undo log: record the old value, publish the entry, then store. A holder
@@ -311,9 +301,19 @@ static void slot_unclaim(struct cogpu_s *h, ledger_slot_t *sl) {
   cogpu__ledger_tx_commit(h);
 }
 
+void cogpu__ledger_note_left(struct cogpu_s *h) {
+  uint32_t ms = (uint32_t)(cogpu__now_ns() / 1000000u);
+  atomic_store_explicit(&h->st->hdr.left_ms, ms ? ms : 1, memory_order_release);
+}
+
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
+  for (uint32_t g = 0; g < hd->ngpus; g++)
+    if (sl->held[g] || sl->claim[g]) {
+      cogpu__ledger_note_left(h); /* it may have had memory on the GPU */
+      break;
+    }
   slot_unclaim(h, sl);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     ledger_gpu_t *gp = &hd->gpus[g];

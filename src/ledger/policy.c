@@ -146,7 +146,7 @@ static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
   atomic_store_explicit(&wt->futex, 1, memory_order_release);
   /* Woken after the unlock: woken now, it would find the lock held and
    * sleep a second time. */
-  cogpu__ledger_wake_later(w);
+  cogpu__ledger_wake_later(h, w);
 }
 
 /* Could the waiter ever fit on g, were everybody else gone? */
@@ -222,7 +222,7 @@ static void deadlock_guard(struct cogpu_s *h) {
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
     cogpu__ledger_tx_commit(h);
     atomic_store_explicit(&wt->futex, 1, memory_order_release);
-    cogpu__ledger_wake_later((uint32_t)v);
+    cogpu__ledger_wake_later(h, (uint32_t)v);
   }
 }
 

@@ -68,9 +68,6 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
   }
 }
 
-static int status_fill_ordered(struct cogpu_s *h, cogpu_status_t *st,
-                               uint32_t *order);
-
 /* Names are looked up after the lock is released: NSS may be slow (LDAP). */
 static void status_names(cogpu_status_t *st) {
   for (size_t g = 0; g < st->ngpus; g++) {
@@ -84,17 +81,8 @@ static void status_names(cogpu_status_t *st) {
   }
 }
 
-int cogpu__ledger_status_fill(struct cogpu_s *h, cogpu_status_t *st) {
-  uint32_t *order = malloc(LEDGER_MAX_WAITERS * sizeof *order);
-  if (!order)
-    return -ENOMEM;
-  int rc = status_fill_ordered(h, st, order);
-  free(order);
-  return rc;
-}
-
-static int status_fill_ordered(struct cogpu_s *h, cogpu_status_t *st,
-                               uint32_t *order) {
+static int status_fill_order(struct cogpu_s *h, cogpu_status_t *st,
+                             uint32_t *order) {
   ledger_hdr_t *hd = &h->st->hdr;
   snprintf(st->policy, sizeof st->policy, "%s",
            cogpu_policy_name((int)hd->policy));
@@ -126,6 +114,17 @@ static int status_fill_ordered(struct cogpu_s *h, cogpu_status_t *st,
     status_waiters(h, g, order, n, gi);
   }
   return 0;
+}
+
+/* The queue order lives on the heap: as a thread-local it would be carried
+ * by every thread of every program under the preload library. */
+int cogpu__ledger_status_fill(struct cogpu_s *h, cogpu_status_t *st) {
+  uint32_t *order = malloc(LEDGER_MAX_WAITERS * sizeof *order);
+  if (!order)
+    return -ENOMEM;
+  int rc = status_fill_order(h, st, order);
+  free(order);
+  return rc;
 }
 
 int cogpu_status(cogpu_t *h, cogpu_status_t **out) {

@@ -39,11 +39,18 @@ typedef struct pl_dev_s {
   int gpu; /* ledger index */
   _Atomic int64_t used;
   _Atomic int64_t reserved;
-  uint64_t base;              /* part of reserved claimed from the job */
-  uint64_t primary_refs;      /* primary context retains */
-  _Atomic int shrink_pending; /* a free found mu taken: shrink at unlock */
-  _Atomic uint64_t graph;     /* the graph allocator's footprint, charged */
-  pthread_mutex_t mu;         /* mapping, growing, shrinking */
+  uint64_t base;                 /* part of reserved claimed from the job */
+  _Atomic uint32_t primary_refs; /* primary context retains */
+  _Atomic int shrink_pending;    /* a free found mu taken: shrink at unlock */
+  _Atomic int grow_pending;      /* an adjustment found mu taken: grow then */
+  /* At most one thread waits in the ledger for this device, without mu;
+   * other growers wait on cv for its answer (wait_rc, per wait_gen). */
+  bool waiting;
+  unsigned wait_gen;
+  int wait_rc;
+  pthread_cond_t cv;
+  _Atomic uint64_t graph; /* the graph allocator's footprint, charged */
+  pthread_mutex_t mu;     /* mapping, growing, shrinking */
 } pl_dev_t;
 
 typedef struct pl_pool_s {
@@ -64,6 +71,12 @@ static bool
     pl_member; /* joined a job, which took `mem` for all its processes */
 static cogpu__config_t pl_cfg;
 static pl_table_t pl_tables[4]; /* pointers, VMM handles, arrays, contexts */
+
+/* Contexts that own memory, by a small id (0: none known), so that what a
+ * context held can be forgotten when the driver frees it with the context
+ * (cuCtxDestroy, the last primary release, a primary reset). */
+#define PL_MAX_CTX_IDS 256
+static _Atomic(CUcontext) pl_ctx_ids[PL_MAX_CTX_IDS];
 
 static pl_table_t *table_for(pl_kind_t k) {
   switch (k) {
@@ -92,10 +105,19 @@ static void pl_fork_child(void) {
     atomic_store(&pl_devs[i].reserved, 0);
     atomic_store(&pl_devs[i].graph, 0); /* the child's allocator is empty */
     atomic_store(&pl_devs[i].shrink_pending, 0);
-    pl_devs[i].base = pl_devs[i].primary_refs = 0;
+    atomic_store(&pl_devs[i].grow_pending, 0);
+    pl_devs[i].waiting = false;
+    pl_devs[i].wait_rc = 0;
+    pthread_cond_init(&pl_devs[i].cv, NULL);
+    /* The parent's primary contexts are not the child's: its first
+     * retain creates (and is charged) a context of its own. */
+    atomic_store(&pl_devs[i].primary_refs, 0);
+    pl_devs[i].base = 0;
     pthread_mutex_init(&pl_devs[i].mu, NULL);
   }
   pl_npools = 0;
+  for (int i = 0; i < PL_MAX_CTX_IDS; i++)
+    atomic_store(&pl_ctx_ids[i], NULL);
   pthread_mutex_init(&pl_mu, NULL);
   pthread_mutex_init(&pl_pool_mu, NULL);
   for (int i = 0; i < 4; i++)
@@ -104,8 +126,10 @@ static void pl_fork_child(void) {
 
 /* Runs before main, single-threaded. */
 __attribute__((constructor)) static void pl_init(void) {
-  for (int i = 0; i < PL_MAX_DEVS; i++)
+  for (int i = 0; i < PL_MAX_DEVS; i++) {
     pthread_mutex_init(&pl_devs[i].mu, NULL);
+    pthread_cond_init(&pl_devs[i].cv, NULL);
+  }
   static const size_t caps[4] = {1u << 20, 1u << 16, 1u << 16, 1u << 12};
   for (int i = 0; i < 4; i++)
     cogpu__pl_table_init(&pl_tables[i], caps[i]);
@@ -185,6 +209,10 @@ static pl_dev_t *dev_get(CUdevice dev) {
   return st == DEV_ACCOUNTED ? d : NULL;
 }
 
+_Atomic uint32_t *cogpu__pl_primary_refs(CUdevice dev) {
+  return dev >= 0 && dev < PL_MAX_DEVS ? &pl_devs[dev].primary_refs : NULL;
+}
+
 CUdevice cogpu__pl_current_device(void) {
   CUdevice dev = -1;
   cuCtxGetDevice_ft *get = REAL(cuCtxGetDevice);
@@ -228,6 +256,35 @@ static int64_t grow_timeout(void) {
              : pl_cfg.v[COGPU_OPT_TIMEOUT].i;
 }
 
+static void dev_pending(pl_dev_t *d);
+
+/* Reserve `bytes` more for d, waiting up to `timeout` in the node's queue
+ * without holding d->mu (held on entry and on return). Only one thread
+ * waits in the ledger per device; another that needs to wait meanwhile
+ * waits for that one's answer, then looks again. 0: look again (what was
+ * reserved is in d->reserved); otherwise the wait failed. */
+static int dev_wait(pl_dev_t *d, uint64_t bytes, int64_t timeout) {
+  if (d->waiting) {
+    unsigned gen = d->wait_gen;
+    dev_pending(d);
+    while (d->waiting && d->wait_gen == gen)
+      pthread_cond_wait(&d->cv, &d->mu);
+    return d->wait_rc;
+  }
+  d->waiting = true;
+  dev_pending(d);
+  pthread_mutex_unlock(&d->mu);
+  int rc = dev_reserve(d, bytes, timeout);
+  pthread_mutex_lock(&d->mu);
+  if (rc == 0)
+    atomic_fetch_add(&d->reserved, (int64_t)bytes);
+  d->waiting = false;
+  d->wait_gen++;
+  d->wait_rc = rc;
+  pthread_cond_broadcast(&d->cv);
+  return rc;
+}
+
 /* Grow d's reservation until it covers `used`; d->mu held. */
 static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
   uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), limit = cfg_u(COGPU_OPT_LIMIT);
@@ -252,15 +309,18 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
     /* A step that does not fit now, or never (a grow_step larger than the
      * GPU: -E2BIG), is cut to what is needed. */
     if ((rc == -EAGAIN || rc == -E2BIG) && want > need)
-      rc = dev_reserve(d, want = need, timeout);
-    else if (rc == -EAGAIN)
-      rc = dev_reserve(d, want, timeout);
+      rc = dev_reserve(d, want = need, COGPU_NOWAIT);
+    if (rc == 0) {
+      atomic_fetch_add(&d->reserved, (int64_t)want);
+      continue;
+    }
+    if (rc == -EAGAIN && timeout != COGPU_NOWAIT)
+      rc = dev_wait(d, need, timeout);
     if (rc) {
       cogpu__log(COGPU_LOG_WARN, "GPU %d: out of memory for this job: %s",
                  d->gpu, cogpu_last_error());
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    atomic_fetch_add(&d->reserved, (int64_t)want);
   }
 }
 
@@ -289,11 +349,27 @@ static void dev_shrink(pl_dev_t *d) {
   }
 }
 
-/* Release d->mu, first doing a shrink that a free asked for meanwhile. */
-static void dev_unlock(pl_dev_t *d) {
+/* d->mu held: what adjustments and frees asked for while it was taken.
+ * Neither waits: growing here only takes memory that is free now. */
+static void dev_pending(pl_dev_t *d) {
+  if (atomic_exchange(&d->grow_pending, 0))
+    dev_grow(d, COGPU_NOWAIT);
   if (atomic_exchange(&d->shrink_pending, 0))
     dev_shrink(d);
-  pthread_mutex_unlock(&d->mu);
+}
+
+/* Release d->mu, first doing what others asked for meanwhile. A request
+ * made after that check and before the unlock is seen by the re-check
+ * (whoever sets a flag then tries the lock itself), so none is lost. */
+static void dev_unlock(pl_dev_t *d) {
+  for (;;) {
+    dev_pending(d);
+    pthread_mutex_unlock(&d->mu);
+    if (!atomic_load(&d->grow_pending) && !atomic_load(&d->shrink_pending))
+      return;
+    if (pthread_mutex_trylock(&d->mu) != 0)
+      return; /* its holder will do it */
+  }
 }
 
 /* Says, once per process, why the limit refused memory: an out-of-memory
@@ -354,6 +430,13 @@ bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r) {
     return false;
   uint64_t now = cogpu__now_ns();
   int64_t wait_ms = pl_cfg.v[COGPU_OPT_DRIVER_WAIT].i;
+  /* Only when a client left moments ago (within driver_wait) is there a
+   * reason to think the driver still holds its memory; any other refusal
+   * is a true out-of-memory, returned at once, so that programs that
+   * recover from one (PyTorch frees its cache and retries) do not wait. */
+  if (r->n == 0 && wait_ms > 0 &&
+      cogpu__ledger_left_ago_ms(pl_h) > (uint64_t)wait_ms)
+    return false;
   if (r->n == 0) {
     r->deadline_ns = now + (uint64_t)wait_ms * 1000000u;
     if (wait_ms > 0)
@@ -402,19 +485,58 @@ void cogpu__pl_adjust(CUdevice dev, int64_t delta) {
     return;
   int64_t used = atomic_fetch_add(&d->used, delta) + delta;
   /* The driver already holds it: cover it if memory is free now; if not,
-   * the job is over its reservation until it frees. */
+   * the job is over its reservation until it frees. Never waits, not even
+   * for d->mu: whoever holds it does the growing on its way out. */
   if (delta > 0 && used > atomic_load(&d->reserved)) {
-    pthread_mutex_lock(&d->mu);
-    dev_grow(d, COGPU_NOWAIT);
-    dev_unlock(d);
+    atomic_store(&d->grow_pending, 1);
+    if (pthread_mutex_trylock(&d->mu) == 0)
+      dev_unlock(d);
   }
 }
 
-/* Entries pack device (8 bits), kind (8 bits) and bytes (48 bits). */
+static unsigned ctx_id(CUcontext c, bool add) {
+  for (unsigned i = 1; c && i < PL_MAX_CTX_IDS; i++) {
+    CUcontext cur = atomic_load_explicit(&pl_ctx_ids[i], memory_order_acquire);
+    if (cur == c)
+      return i;
+    if (!cur && !add)
+      return 0; /* ids are handed out in order and never taken back */
+    if (!cur) {
+      CUcontext none = NULL;
+      if (atomic_compare_exchange_strong(&pl_ctx_ids[i], &none, c))
+        return i;
+      if (none == c)
+        return i;
+    }
+  }
+  return 0;
+}
+
+void cogpu__pl_context_known(CUcontext ctx) {
+  ctx_id(ctx, true);
+}
+
+static unsigned current_ctx_id(void) {
+  cuCtxGetCurrent_ft *get = REAL(cuCtxGetCurrent);
+  CUcontext c = NULL;
+  return get && get(&c) == CUDA_SUCCESS ? ctx_id(c, false) : 0;
+}
+
+/* Entries pack device (8 bits), kind (8 bits), the owning context's id
+ * (8 bits) and bytes (40 bits: 1 TiB). */
+#define PL_BYTES_MASK 0xffffffffffull
+static uint64_t track_value(pl_kind_t kind, CUdevice dev, unsigned ctx,
+                            uint64_t bytes) {
+  return ((uint64_t)(dev & 0xff) << 56) | ((uint64_t)kind << 48) |
+         ((uint64_t)(ctx & 0xff) << 40) | (bytes & PL_BYTES_MASK);
+}
+
 void cogpu__pl_track(pl_kind_t kind, uint64_t key, CUdevice dev,
                      uint64_t bytes) {
-  uint64_t v = ((uint64_t)(dev & 0xff) << 56) | ((uint64_t)kind << 48) |
-               (bytes & 0xffffffffffffull);
+  /* Memory a context owns goes with it; pools and VMM handles do not. */
+  bool owned =
+      kind == PL_KIND_MEM || kind == PL_KIND_ARRAY || kind == PL_KIND_MIPMAP;
+  uint64_t v = track_value(kind, dev, owned ? current_ctx_id() : 0, bytes);
   if (!cogpu__pl_table_put(table_for(kind), key, v))
     cogpu__log(COGPU_LOG_WARN, "allocation table full: an allocation is "
                                "not tracked");
@@ -426,9 +548,31 @@ bool cogpu__pl_untrack(pl_kind_t table, uint64_t key, CUdevice *dev,
   if (!cogpu__pl_table_take(table_for(table), key, &v))
     return false;
   *dev = (CUdevice)(v >> 56);
-  *bytes = v & 0xffffffffffffull;
+  *bytes = v & PL_BYTES_MASK;
   *kind = (pl_kind_t)((v >> 48) & 0xff);
   return true;
+}
+
+static bool owned_by(uint64_t v, void *arg) {
+  return ((v >> 40) & 0xff) == *(unsigned *)arg;
+}
+
+static void freed_with_context(uint64_t key, uint64_t v, void *arg) {
+  (void)key;
+  (void)arg;
+  pl_kind_t kind = (pl_kind_t)((v >> 48) & 0xff);
+  if (kind != PL_KIND_POOL)
+    cogpu__pl_uncharge((CUdevice)(v >> 56), v & PL_BYTES_MASK);
+}
+
+void cogpu__pl_context_gone(CUcontext ctx) {
+  unsigned id = ctx_id(ctx, false);
+  if (!id)
+    return;
+  cogpu__pl_table_take_if(table_for(PL_KIND_MEM), owned_by, freed_with_context,
+                          &id);
+  cogpu__pl_table_take_if(table_for(PL_KIND_ARRAY), owned_by,
+                          freed_with_context, &id);
 }
 
 /* Before the first context on dev: attach, map it, and in reserve mode take
@@ -440,18 +584,18 @@ CUresult cogpu__pl_context_prepare(CUdevice dev) {
     return CUDA_SUCCESS;
   CUresult rc = CUDA_SUCCESS;
   pthread_mutex_lock(&d->mu);
-  int64_t res = atomic_load(&d->reserved);
-  if ((uint64_t)res < mem) {
-    int r = dev_reserve(d, mem - (uint64_t)res, pl_cfg.v[COGPU_OPT_TIMEOUT].i);
-    if (r == 0)
-      atomic_fetch_add(&d->reserved, (int64_t)(mem - (uint64_t)res));
-    else {
+  for (;;) {
+    int64_t res = atomic_load(&d->reserved);
+    if ((uint64_t)res >= mem)
+      break;
+    if (dev_wait(d, mem - (uint64_t)res, pl_cfg.v[COGPU_OPT_TIMEOUT].i)) {
       cogpu__log(COGPU_LOG_ERROR, "cannot reserve GPU memory: %s",
                  cogpu_last_error());
       rc = CUDA_ERROR_OUT_OF_MEMORY;
+      break;
     }
   }
-  pthread_mutex_unlock(&d->mu);
+  dev_unlock(d);
   return rc;
 }
 
@@ -501,6 +645,30 @@ uint64_t cogpu__pl_pool_index(CUmemoryPool pool, CUdevice dev) {
     pl_pools[pl_npools++] = (pl_pool_t){pool, dev, 0};
   pthread_mutex_unlock(&pl_pool_mu);
   return i;
+}
+
+void cogpu__pl_pool_created(CUmemoryPool pool, CUdevice dev) {
+  pthread_mutex_lock(&pl_pool_mu);
+  size_t i = 0;
+  while (i < pl_npools && pl_pools[i].pool != pool)
+    i++;
+  pl_pool_t old = i < pl_npools ? pl_pools[i] : (pl_pool_t){0};
+  if (i < pl_npools || pl_npools < PL_MAX_POOLS)
+    pl_pools[i == pl_npools ? pl_npools++ : i] = (pl_pool_t){pool, dev, 0};
+  pthread_mutex_unlock(&pl_pool_mu);
+  /* The handle of a destroyed pool came back: what that pool held is gone. */
+  if (old.accounted)
+    cogpu__pl_uncharge(old.dev, old.accounted);
+}
+
+CUdevice cogpu__pl_pool_device(CUmemoryPool pool, CUdevice fallback) {
+  CUdevice dev = fallback;
+  pthread_mutex_lock(&pl_pool_mu);
+  for (size_t i = 0; i < pl_npools; i++)
+    if (pl_pools[i].pool == pool)
+      dev = pl_pools[i].dev;
+  pthread_mutex_unlock(&pl_pool_mu);
+  return dev;
 }
 
 CUmemoryPool cogpu__pl_pool_at(uint64_t index, CUdevice *dev) {

@@ -7,6 +7,7 @@
 #ifndef COGPU_CUDA_ABI_H
 #define COGPU_CUDA_ABI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -79,8 +80,46 @@ enum {
   CU_AD_FORMAT_SIGNED_INT16 = 0x09,
   CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
   CU_AD_FORMAT_HALF = 0x10,
-  CU_AD_FORMAT_FLOAT = 0x20
+  CU_AD_FORMAT_FLOAT = 0x20,
+  CU_AD_FORMAT_UNORM_INT8X4 = 0xc2
 };
+
+/* Bytes per texel of the CUarray_format values from 0x50 up (cuda.h 12.x),
+ * as num/den: unlike the classic formats above, each names its whole
+ * element, channels included. Block-compressed formats store 4x4 texels in
+ * 8 (BC1, BC4) or 16 bytes; planar YUV 4:2:0 and 4:2:2 formats store
+ * subsampled chroma. false for a value this table does not know. */
+static inline bool cu_format_element(int format, uint64_t *num, uint64_t *den) {
+  static const struct {
+    int format;
+    unsigned char num, den;
+  } t[] = {
+      {0x50, 4, 1},                             /* UNORM_INT_101010_2 */
+      {0x91, 1, 2}, {0x92, 1, 2},               /* BC1 */
+      {0x93, 1, 1}, {0x94, 1, 1}, {0x95, 1, 1}, /* BC2, BC3 */
+      {0x96, 1, 1}, {0x97, 1, 2}, {0x98, 1, 2}, /* BC3 sRGB, BC4 */
+      {0x99, 1, 1}, {0x9a, 1, 1}, {0x9b, 1, 1}, /* BC5, BC6H */
+      {0x9c, 1, 1}, {0x9d, 1, 1}, {0x9e, 1, 1}, /* BC6H, BC7 */
+      {0x9f, 3, 1}, {0xa1, 3, 1},               /* P010, P016 */
+      {0xa2, 2, 1}, {0xa3, 4, 1}, {0xa4, 4, 1}, /* NV16, P210, P216 */
+      {0xa5, 2, 1}, {0xa6, 4, 1}, {0xa7, 4, 1}, /* YUY2, Y210, Y216 */
+      {0xa8, 4, 1}, {0xa9, 4, 1},               /* AYUV, Y410 */
+      {0xb0, 3, 2}, {0xb1, 8, 1},               /* NV12, Y416 */
+      {0xb2, 3, 1}, {0xb3, 6, 1},               /* Y444 planar 8, 10 */
+      {0xb4, 3, 1}, {0xb5, 6, 1},               /* YUV444 semi-planar */
+      {0xc0, 1, 1}, {0xc1, 2, 1}, {0xc2, 4, 1}, /* UNORM_INT8X1..4 */
+      {0xc3, 2, 1}, {0xc4, 4, 1}, {0xc5, 8, 1}, /* UNORM_INT16X1..4 */
+      {0xc6, 1, 1}, {0xc7, 2, 1}, {0xc8, 4, 1}, /* SNORM_INT8X1..4 */
+      {0xc9, 2, 1}, {0xca, 4, 1}, {0xcb, 8, 1}, /* SNORM_INT16X1..4 */
+  };
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+    if (t[i].format == format) {
+      *num = t[i].num;
+      *den = t[i].den;
+      return true;
+    }
+  return false;
+}
 
 typedef struct CUmemLocation_st {
   int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */

@@ -3,6 +3,15 @@
  * the way the system loader finds it (so LD_LIBRARY_PATH works), loaded on
  * first need, and its entry points are resolved with glibc's own dlsym
  * (found by glibc-sym.c), never through our dlsym override.
+ *
+ * Two tables: the driver's own addresses (pl_real_fn, by handle), which is
+ * how cuGetProcAddress answers are recognised; and what the hooks call
+ * (pl_next_fn), the next definition after this library in the global
+ * scope, so that an interposer loaded after us (a profiler, a shim) still
+ * runs, as it would without us. The hook table refers to our own
+ * definitions: the library is linked with -Bsymbolic-functions, so an
+ * interposer loaded before us, which defines the same names, can never be
+ * mistaken for our hook (it would be handed itself).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -29,20 +38,36 @@ static void *const pl_hooks[PL__COUNT] = {
 };
 
 static void *pl_real_fn[PL__COUNT];
+static void *pl_next_fn[PL__COUNT];
 static void *pl_handle;
 static pthread_once_t pl_once = PTHREAD_ONCE_INIT;
 typedef void *dlsym_ft(void *, const char *);
-static dlsym_ft *_Atomic pl_dlsym;
+/* glibc's dlsym, once found; entry.c's dlsym jumps to it directly. */
+dlsym_ft *_Atomic cogpu__pl_glibc_dlsym;
 
-PRELOAD_EARLY void *cogpu__pl_real_dlsym(void *handle, const char *name) {
-  dlsym_ft *fn = atomic_load_explicit(&pl_dlsym, memory_order_acquire);
+PRELOAD_EARLY static void *pl_dlsym_none(void *handle, const char *name) {
+  (void)handle;
+  (void)name;
+  return NULL;
+}
+
+/* Never NULL: a function that finds nothing when glibc's cannot be found. */
+PRELOAD_EARLY void *cogpu__pl_glibc_dlsym_resolve(void) {
+  dlsym_ft *fn =
+      atomic_load_explicit(&cogpu__pl_glibc_dlsym, memory_order_acquire);
   if (!fn) {
     /* Found with dlvsym, which is not overridden, so this cannot recurse
      * (glibc-sym.c). */
     fn = (dlsym_ft *)cogpu__pl_glibc_sym("dlsym");
-    atomic_store_explicit(&pl_dlsym, fn, memory_order_release);
+    if (!fn)
+      fn = pl_dlsym_none;
+    atomic_store_explicit(&cogpu__pl_glibc_dlsym, fn, memory_order_release);
   }
-  return fn ? fn(handle, name) : NULL;
+  return (void *)fn;
+}
+
+PRELOAD_EARLY void *cogpu__pl_real_dlsym(void *handle, const char *name) {
+  return ((dlsym_ft *)cogpu__pl_glibc_dlsym_resolve())(handle, name);
 }
 
 /* glibc's own dlopen and dlclose: sanitizer runtimes wrap them, and their
@@ -80,8 +105,13 @@ static void pl_load(void) {
                dlerror());
     return;
   }
-  for (int i = 0; i < PL__COUNT; i++)
+  /* RTLD_NEXT from here: the first definition after this library, the
+   * driver's unless another interposer comes after us. */
+  for (int i = 0; i < PL__COUNT; i++) {
     pl_real_fn[i] = cogpu__pl_real_dlsym(pl_handle, pl_names[i]);
+    void *next = cogpu__pl_real_dlsym(RTLD_NEXT, pl_names[i]);
+    pl_next_fn[i] = next && next != pl_hooks[i] ? next : pl_real_fn[i];
+  }
 }
 
 void *cogpu__pl_driver(void) {
@@ -91,7 +121,7 @@ void *cogpu__pl_driver(void) {
 
 void *cogpu__pl_real(int fn) {
   pthread_once(&pl_once, pl_load);
-  return fn >= 0 && fn < PL__COUNT ? pl_real_fn[fn] : NULL;
+  return fn >= 0 && fn < PL__COUNT ? pl_next_fn[fn] : NULL;
 }
 
 void *cogpu__pl_redirect(void *addr) {

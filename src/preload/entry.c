@@ -4,6 +4,10 @@
  *  - direct calls to exported symbols: our exports win (LD_PRELOAD);
  *  - dlopen("libcuda.so.1") + dlsym: our dlsym returns the hook when the
  *    lookup would have returned the real driver's hooked function;
+ *    RTLD_NEXT and RTLD_DEFAULT lookups go to glibc's dlsym by a tail jump,
+ *    so that glibc sees the real caller and answers as it would without
+ *    us (an interposer before us finds our hook next, one after us the
+ *    driver);
  *  - cuGetProcAddress(_v2), used by the CUDA runtime for nearly everything:
  *    the real driver resolves the symbol for the requested version and
  *    flags, and the variant it picked is swapped for our hook of the same
@@ -29,17 +33,60 @@ PRELOAD_EARLY static void *entry_swap(const char *name, void *p) {
   return cogpu__pl_redirect(p);
 }
 
-/* RTLD_NEXT is passed on as it is: glibc then searches after this
- * library instead of after the caller. Every interposer loaded before us
- * (cogpu run appends us to LD_PRELOAD; sanitizer runtimes come first) gets
- * exactly what it would get without us; only a library loaded after us
- * that looks up a function it defines itself could be handed its own. An
- * emulation of the caller's view would have to call into the loader while
- * sanitizer runtimes start up, when their wrappers cannot run. */
-PRELOAD_EXPORT void *dlsym(void *handle, const char *name);
-PRELOAD_EXPORT PRELOAD_EARLY void *dlsym(void *handle, const char *name) {
+/* A lookup on a handle (dlopen("libcuda.so.1")): glibc's answer, with the
+ * driver's hooked functions swapped for our hooks. */
+void *cogpu__pl_dlsym_handle(void *handle, const char *name);
+PRELOAD_EARLY __attribute__((used)) void *
+cogpu__pl_dlsym_handle(void *handle, const char *name) {
   return entry_swap(name, cogpu__pl_real_dlsym(handle, name));
 }
+
+/* glibc's dlsym finds "next" and "default" relative to its caller, read
+ * from its return address. Our dlsym must not stand between them: it jumps
+ * to glibc's with the caller's return address still on the stack, so
+ * RTLD_NEXT from an interposer loaded before us finds our hook, from one
+ * loaded after us the driver, from a sanitizer runtime what it would find
+ * without us; RTLD_DEFAULT finds the first definition in the global scope,
+ * which is ours or an earlier interposer's. Nothing here calls into the
+ * loader, which sanitizer runtimes cannot bear while they start up. C
+ * cannot promise a tail call, hence a few instructions of assembly;
+ * elsewhere than x86-64, every lookup goes through glibc from here (and
+ * RTLD_NEXT is then relative to this library: a library loaded after us
+ * that looks up a function it defines itself is handed its own). */
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, @function\n"
+        ".p2align 4\n"
+        "dlsym:\n"
+#ifdef __CET__
+        "  endbr64\n"
+#endif
+        "  cmpq $-1, %rdi\n" /* RTLD_NEXT */
+        "  je 1f\n"
+        "  testq %rdi, %rdi\n" /* RTLD_DEFAULT */
+        "  jne cogpu__pl_dlsym_handle\n"
+        "1:\n"
+        "  movq cogpu__pl_glibc_dlsym(%rip), %rax\n"
+        "  testq %rax, %rax\n"
+        "  jz 2f\n"
+        "  jmp *%rax\n"
+        "2:\n" /* first use: find glibc's, keeping the arguments */
+        "  pushq %rdi\n"
+        "  pushq %rsi\n"
+        "  subq $8, %rsp\n"
+        "  call cogpu__pl_glibc_dlsym_resolve\n"
+        "  addq $8, %rsp\n"
+        "  popq %rsi\n"
+        "  popq %rdi\n"
+        "  jmp *%rax\n"
+        ".size dlsym, .-dlsym\n");
+#else
+PRELOAD_EXPORT void *dlsym(void *handle, const char *name);
+PRELOAD_EXPORT PRELOAD_EARLY void *dlsym(void *handle, const char *name) {
+  return cogpu__pl_dlsym_handle(handle, name);
+}
+#endif
 
 static void entry_unknown(const char *symbol) {
   static _Atomic int said;

@@ -29,9 +29,10 @@ static CUresult ctx_create(CUdevice dev, CUcontext *pctx,
   do
     rc = call(args);
   while (cogpu__pl_retry(dev, rc, &retry));
-  if (rc == CUDA_SUCCESS && pctx)
+  if (rc == CUDA_SUCCESS && pctx) {
+    cogpu__pl_context_known(*pctx);
     cogpu__pl_track(PL_KIND_CTX, (uintptr_t)*pctx, dev, ctx_bytes());
-  else
+  } else
     cogpu__pl_uncharge(dev, ctx_bytes());
   return rc;
 }
@@ -81,23 +82,27 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   if (!real)
     return not_loaded();
   pl_taken_t t = cogpu__pl_take(PL_KIND_CTX, (uintptr_t)ctx);
-  return cogpu__pl_settle(&t, real(ctx));
+  CUresult rc = cogpu__pl_settle(&t, real(ctx));
+  /* What the context held went with it. */
+  if (rc == CUDA_SUCCESS)
+    cogpu__pl_context_gone(ctx);
+  return rc;
 }
 
 /* Primary contexts are reference counted by the driver: the memory is
  * charged at the first retain and credited at the last release. No lock is
  * held around the driver or a wait for memory: two first retains racing
  * both charge, and the one that was not first gives it back. */
-static _Atomic uint32_t primary_refs[64];
-
+static _Atomic(CUcontext) primary_ctx[64];
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   cuDevicePrimaryCtxRetain_ft *real = REAL(cuDevicePrimaryCtxRetain);
   if (!real)
     return not_loaded();
-  if (dev < 0 || dev >= 64)
+  _Atomic uint32_t *refs = cogpu__pl_primary_refs(dev);
+  if (!refs)
     return real(pctx, dev);
   bool charged = false;
-  if (atomic_load(&primary_refs[dev]) == 0) {
+  if (atomic_load(refs) == 0) {
     CUresult rc = cogpu__pl_context_prepare(dev);
     if (rc == CUDA_SUCCESS)
       rc = cogpu__pl_charge(dev, ctx_bytes());
@@ -110,8 +115,11 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   do
     rc = real(pctx, dev);
   while (charged && cogpu__pl_retry(dev, rc, &retry));
-  bool first =
-      rc == CUDA_SUCCESS && atomic_fetch_add(&primary_refs[dev], 1) == 0;
+  if (rc == CUDA_SUCCESS && pctx && dev < 64) {
+    cogpu__pl_context_known(*pctx);
+    atomic_store(&primary_ctx[dev], *pctx);
+  }
+  bool first = rc == CUDA_SUCCESS && atomic_fetch_add(refs, 1) == 0;
   if (charged && !first)
     cogpu__pl_uncharge(dev, ctx_bytes());
   else if (first && !charged)
@@ -124,15 +132,42 @@ static CUresult primary_release(cuDevicePrimaryCtxRelease_ft *real,
   if (!real)
     return not_loaded();
   CUresult rc = real(dev);
-  if (rc == CUDA_SUCCESS && dev >= 0 && dev < 64) {
-    uint32_t n = atomic_load(&primary_refs[dev]);
-    while (n > 0 &&
-           !atomic_compare_exchange_weak(&primary_refs[dev], &n, n - 1)) {
+  _Atomic uint32_t *refs = cogpu__pl_primary_refs(dev);
+  if (rc == CUDA_SUCCESS && refs) {
+    uint32_t n = atomic_load(refs);
+    while (n > 0 && !atomic_compare_exchange_weak(refs, &n, n - 1)) {
     }
-    if (n == 1)
+    if (n == 1) {
       cogpu__pl_uncharge(dev, ctx_bytes());
+      if (dev < 64)
+        cogpu__pl_context_gone(atomic_load(&primary_ctx[dev]));
+    }
   }
   return rc;
+}
+
+/* A reset frees the primary context and everything in it, however often it
+ * was retained (later releases are then no-ops for the driver, and here). */
+static CUresult primary_reset(cuDevicePrimaryCtxReset_ft *real, CUdevice dev) {
+  if (!real)
+    return not_loaded();
+  CUresult rc = real(dev);
+  _Atomic uint32_t *refs = cogpu__pl_primary_refs(dev);
+  if (rc == CUDA_SUCCESS && refs) {
+    if (atomic_exchange(refs, 0) > 0)
+      cogpu__pl_uncharge(dev, ctx_bytes());
+    if (dev < 64)
+      cogpu__pl_context_gone(atomic_load(&primary_ctx[dev]));
+  }
+  return rc;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  return primary_reset(REAL(cuDevicePrimaryCtxReset), dev);
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return primary_reset(REAL(cuDevicePrimaryCtxReset_v2), dev);
 }
 
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {

@@ -166,7 +166,8 @@ static CUresult alloc_from_pool(void *real, CUdeviceptr *dptr, size_t bytes,
                                 CUmemoryPool pool, CUstream s) {
   if (!real)
     return not_loaded();
-  CUdevice dev = cogpu__pl_current_device();
+  /* The pool's device, which need not be the current one. */
+  CUdevice dev = cogpu__pl_pool_device(pool, cogpu__pl_current_device());
   async_args_t a = {real, dptr, bytes, pool, s};
   if (!dptr)
     return call_from_pool(&a);
@@ -221,6 +222,17 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
   return rc;
 }
 
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+  cuMemPoolCreate_ft *real = REAL(cuMemPoolCreate);
+  if (!real)
+    return not_loaded();
+  CUresult rc = real(pool, props);
+  if (rc == CUDA_SUCCESS && pool && *pool && props &&
+      props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+    cogpu__pl_pool_created(*pool, props->location.id);
+  return rc;
+}
+
 /* --- Virtual memory management: the physical handle is what costs. --- */
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -245,18 +257,30 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 /* --- Arrays. --- */
 
-static uint64_t format_bytes(int format) {
+/* Bytes per element, as num/den. The classic formats are per channel; the
+ * later ones (0x50 and up) name their whole element (cuda-abi.h). A format
+ * cogpu does not know is charged as the widest classic element, 16 bytes. */
+static void format_size(int format, unsigned channels, uint64_t *num,
+                        uint64_t *den) {
+  *den = 1;
   switch (format) {
+  case CU_AD_FORMAT_UNSIGNED_INT8:
+  case CU_AD_FORMAT_SIGNED_INT8:
+    *num = 1 * (uint64_t)(channels ? channels : 1);
+    return;
   case CU_AD_FORMAT_UNSIGNED_INT16:
   case CU_AD_FORMAT_SIGNED_INT16:
   case CU_AD_FORMAT_HALF:
-    return 2;
+    *num = 2 * (uint64_t)(channels ? channels : 1);
+    return;
   case CU_AD_FORMAT_UNSIGNED_INT32:
   case CU_AD_FORMAT_SIGNED_INT32:
   case CU_AD_FORMAT_FLOAT:
-    return 4;
+    *num = 4 * (uint64_t)(channels ? channels : 1);
+    return;
   default:
-    return format >= 0x50 ? 16 : 1; /* block-compressed and wider formats */
+    if (!cu_format_element(format, num, den))
+      *num = 16;
   }
 }
 
@@ -266,7 +290,9 @@ static uint64_t dim(size_t v) {
 
 static uint64_t array_bytes(size_t w, size_t h, size_t d, int format,
                             unsigned channels) {
-  return dim(w) * dim(h) * dim(d) * format_bytes(format) * dim(channels);
+  uint64_t num, den;
+  format_size(format, channels, &num, &den);
+  return (dim(w) * dim(h) * dim(d) * num + den - 1) / den;
 }
 
 CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {

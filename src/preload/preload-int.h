@@ -57,6 +57,7 @@ typedef CUresult cuMemAllocFromPoolAsync_ptsz_ft(CUdeviceptr *, size_t,
 typedef CUresult cuMemFreeAsync_ft(CUdeviceptr, CUstream);
 typedef CUresult cuMemFreeAsync_ptsz_ft(CUdeviceptr, CUstream);
 typedef CUresult cuMemPoolTrimTo_ft(CUmemoryPool, size_t);
+typedef CUresult cuMemPoolCreate_ft(CUmemoryPool *, const CUmemPoolProps *);
 typedef CUresult cuMemCreate_ft(CUmemGenericAllocationHandle *, size_t,
                                 const CUmemAllocationProp *,
                                 unsigned long long);
@@ -79,6 +80,9 @@ typedef CUresult cuDevicePrimaryCtxRelease_ft(CUdevice);
 typedef CUresult cuDevicePrimaryCtxRelease_v2_ft(CUdevice);
 typedef CUresult cuDeviceTotalMem_v2_ft(size_t *, CUdevice);
 typedef CUresult cuCtxGetDevice_ft(CUdevice *);
+typedef CUresult cuCtxGetCurrent_ft(CUcontext *);
+typedef CUresult cuDevicePrimaryCtxReset_ft(CUdevice);
+typedef CUresult cuDevicePrimaryCtxReset_v2_ft(CUdevice);
 typedef CUresult cuDeviceGetUuid_ft(CUuuid *, CUdevice);
 typedef CUresult cuDeviceGetMemPool_ft(CUmemoryPool *, CUdevice);
 typedef CUresult cuMemPoolGetAttribute_ft(CUmemoryPool, int, void *);
@@ -98,7 +102,9 @@ typedef CUresult cuDeviceGetGraphMemAttribute_ft(CUdevice, int, void *);
 #undef NEED
 
 /* --- driver.c ----------------------------------------------------------- */
-/* The real driver's entry point, or NULL (no driver, or no such symbol). */
+/* What a hook calls: the next definition after this library (the real
+ * driver's, or that of an interposer loaded after us), or NULL (no driver,
+ * or no such symbol). */
 void *cogpu__pl_real(int fn);
 #define REAL(name) ((name##_ft *)cogpu__pl_real(PL_##name))
 /* If addr is the real address of a hooked entry point, our hook for it;
@@ -108,8 +114,11 @@ void *cogpu__pl_redirect(void *addr);
 bool cogpu__pl_is_hook(const void *addr);
 /* Our hook for an exported name, or NULL. */
 void *cogpu__pl_hook_by_name(const char *name);
-/* dlsym as glibc implements it (never our override). */
+/* dlsym as glibc implements it (never our override). RTLD_NEXT through
+ * it is relative to this library. */
 void *cogpu__pl_real_dlsym(void *handle, const char *name);
+/* glibc's dlsym itself (never NULL; resolved on first use). */
+void *cogpu__pl_glibc_dlsym_resolve(void);
 /* glibc's dlopen and dlclose, never a sanitizer's wrapper. */
 void *cogpu__pl_real_dlopen(const char *file, int flags);
 int cogpu__pl_real_dlclose(void *h);
@@ -145,11 +154,20 @@ typedef struct pl_retry_s {
 bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r);
 /* Adjust a charge after the fact (e.g. the real pitch), without waiting. */
 void cogpu__pl_adjust(CUdevice dev, int64_t delta);
+/* The retain count of dev's primary context as cogpu saw it (reset in a
+ * forked child), or NULL for an ordinal out of range. */
+_Atomic uint32_t *cogpu__pl_primary_refs(CUdevice dev);
 /* The current context's device, or -1. */
 CUdevice cogpu__pl_current_device(void);
 /* Remember / forget an allocation: key, device, bytes. */
 void cogpu__pl_track(pl_kind_t kind, uint64_t key, CUdevice dev,
                      uint64_t bytes);
+/* A context cogpu saw made (created, or a primary one retained): memory
+ * allocated while it is current is known to be its own. */
+void cogpu__pl_context_known(CUcontext ctx);
+/* The driver freed ctx and what it owned (cuCtxDestroy, the last primary
+ * release, a primary reset): forget and credit that memory. */
+void cogpu__pl_context_gone(CUcontext ctx);
 /* Forget the allocation `key` in the table that holds `table`'s kind;
  * false if it was never tracked (then forward the free untouched). */
 bool cogpu__pl_untrack(pl_kind_t table, uint64_t key, CUdevice *dev,
@@ -183,6 +201,11 @@ void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev);
 /* Charge what the devices' graph allocators hold now. */
 void cogpu__pl_graph_sync(void);
 uint64_t cogpu__pl_pool_index(CUmemoryPool pool, CUdevice dev);
+/* A pool was created on dev (a handle may be reused after a destroy). */
+void cogpu__pl_pool_created(CUmemoryPool pool, CUdevice dev);
+/* The device a pool belongs to, if cogpu saw it created or asked the
+ * driver for it; otherwise `fallback`. */
+CUdevice cogpu__pl_pool_device(CUmemoryPool pool, CUdevice fallback);
 CUmemoryPool cogpu__pl_pool_at(uint64_t index, CUdevice *dev);
 
 #endif /* COGPU_PRELOAD_INT_H */

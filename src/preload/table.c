@@ -4,6 +4,16 @@
  * allocation costs one compare-and-swap and no system call. Keys are the
  * driver's pointers or handles (never 0 or 1); a deleted entry leaves a
  * tombstone that a later insert reuses.
+ *
+ * Tombstones never turn back into empty entries (that cannot be done
+ * without a lock while inserts race), so after millions of allocations
+ * most of the table is tombstones and a probe would rarely meet an empty
+ * entry. Lookups therefore stop after the longest distance any insert ever
+ * went from a key's home (max_probe), which stays small while the live
+ * entries are few: a free of an untracked pointer costs a few probes
+ * however long the program has run. An insert raises max_probe before it
+ * returns, and a key is only looked up after the allocation it names was
+ * returned, so no lookup stops short of its key.
  */
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -38,12 +48,22 @@ static int table_map(pl_table_t *t, bool fixed) {
 int cogpu__pl_table_init(pl_table_t *t, size_t cap) {
   t->cap = cap;
   t->e = NULL;
+  atomic_store(&t->max_probe, 0);
   return table_map(t, false);
 }
 
 void cogpu__pl_table_clear(pl_table_t *t) {
   if (t->e)
     table_map(t, true);
+  atomic_store(&t->max_probe, 0);
+}
+
+static void table_saw_probe(pl_table_t *t, size_t i) {
+  size_t m = atomic_load_explicit(&t->max_probe, memory_order_relaxed);
+  while (i > m && !atomic_compare_exchange_weak_explicit(
+                      &t->max_probe, &m, i, memory_order_release,
+                      memory_order_relaxed)) {
+  }
 }
 
 bool cogpu__pl_table_put(pl_table_t *t, uint64_t key, uint64_t val) {
@@ -61,6 +81,7 @@ bool cogpu__pl_table_put(pl_table_t *t, uint64_t key, uint64_t val) {
                                                 memory_order_acq_rel,
                                                 memory_order_relaxed)) {
       atomic_store_explicit(&t->e[k].val, val, memory_order_release);
+      table_saw_probe(t, i);
       return true;
     }
   }
@@ -71,7 +92,8 @@ bool cogpu__pl_table_take(pl_table_t *t, uint64_t key, uint64_t *val) {
   if (!t->e || key <= KEY_TOMB)
     return false;
   size_t mask = t->cap - 1;
-  for (size_t i = 0, k = table_hash(key) & mask; i < t->cap;
+  size_t n = atomic_load_explicit(&t->max_probe, memory_order_acquire) + 1;
+  for (size_t i = 0, k = table_hash(key) & mask; i < n && i < t->cap;
        i++, k = (k + 1) & mask) {
     uint64_t cur = atomic_load_explicit(&t->e[k].key, memory_order_acquire);
     if (cur == KEY_EMPTY)
@@ -85,4 +107,19 @@ bool cogpu__pl_table_take(pl_table_t *t, uint64_t key, uint64_t *val) {
                                                    memory_order_relaxed);
   }
   return false;
+}
+
+void cogpu__pl_table_take_if(pl_table_t *t, bool (*pick)(uint64_t val, void *),
+                             void (*got)(uint64_t key, uint64_t val, void *),
+                             void *arg) {
+  for (size_t k = 0; t->e && k < t->cap; k++) {
+    uint64_t cur = atomic_load_explicit(&t->e[k].key, memory_order_acquire);
+    if (cur == KEY_EMPTY || cur == KEY_TOMB)
+      continue;
+    uint64_t val = atomic_load_explicit(&t->e[k].val, memory_order_acquire);
+    if (pick(val, arg) && atomic_compare_exchange_strong_explicit(
+                              &t->e[k].key, &cur, KEY_TOMB,
+                              memory_order_acq_rel, memory_order_relaxed))
+      got(cur, val, arg);
+  }
 }

@@ -1562,6 +1562,11 @@ TEST_IMPL(cli_config_bad_env_values) {
   }
   char saved_dir[PATH_MAX];
   snprintf(saved_dir, sizeof saved_dir, "%s", getenv("COGPU_STATE_DIR"));
+  /* The runner's private socket and daemon directory come back too: the
+   * defaults are the machine's, where a real daemon may run. */
+  char saved_sock[PATH_MAX], saved_ddir[PATH_MAX];
+  snprintf(saved_sock, sizeof saved_sock, "%s", getenv("COGPU_SOCKET"));
+  snprintf(saved_ddir, sizeof saved_ddir, "%s", getenv("COGPU_DAEMON_DIR"));
   for (size_t k = 0; k < COGPU_ARRAY_SIZE(bad_values); k++) {
     char var[64];
     snprintf(var, sizeof var, "COGPU_%s", bad_values[k].name);
@@ -1575,6 +1580,12 @@ TEST_IMPL(cli_config_bad_env_values) {
       setenv(var, "error", 1);
     else if (strcmp(bad_values[k].name, "STATE_DIR") == 0)
       setenv(var, saved_dir, 1);
+    else if (strcmp(bad_values[k].name, "SOCKET") == 0)
+      setenv(var, saved_sock, 1);
+    else if (strcmp(bad_values[k].name, "DAEMON_DIR") == 0)
+      setenv(var, saved_ddir, 1);
+    else if (strcmp(bad_values[k].name, "NODE_MODE") == 0 && th_node_mode())
+      setenv(var, "daemon", 1);
     else
       unsetenv(var);
   }

@@ -14,6 +14,9 @@
  *   ACTION: init ctx ctxcreate ctxdestroy alloc:SIZE free freeall
  *           pitch:W:H managed:SIZE async:SIZE asyncfree trim
  *           vmm:SIZE vmmfree array:W:H arrayfree mipmap:W:H:LEVELS
+ *           array8x4:W:H poolon:DEV:SIZE primaryrelease primaryreset
+ *           bg:ACTION (in a thread of its own) join
+ *           (the driver frees what the context held)
  *           mipmapfree info total freeunknown exporttable hold:MS
  *           graph:SIZE (build a graph that allocates and frees SIZE on the
  *           context's device, instantiate and launch it) graphtrim
@@ -73,6 +76,10 @@ static struct api_s {
   CUresult (*graph_launch)(CUgraphExec, CUstream);
   CUresult (*graph_exec_destroy)(CUgraphExec);
   CUresult (*graph_trim)(CUdevice);
+  CUresult (*pool_create)(CUmemoryPool *, const CUmemPoolProps *);
+  CUresult (*from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+  CUresult (*primary_release)(CUdevice);
+  CUresult (*primary_reset)(CUdevice);
 } api;
 
 /* The direct route links against these (the test double in tests). */
@@ -108,6 +115,10 @@ __typeof__(*((struct api_s *)0)->graph_destroy) cuGraphDestroy;
 __typeof__(*((struct api_s *)0)->graph_launch) cuGraphLaunch;
 __typeof__(*((struct api_s *)0)->graph_exec_destroy) cuGraphExecDestroy;
 __typeof__(*((struct api_s *)0)->graph_trim) cuDeviceGraphMemTrim;
+__typeof__(*((struct api_s *)0)->pool_create) cuMemPoolCreate;
+__typeof__(*((struct api_s *)0)->from_pool) cuMemAllocFromPoolAsync;
+__typeof__(*((struct api_s *)0)->primary_release) cuDevicePrimaryCtxRelease_v2;
+__typeof__(*((struct api_s *)0)->primary_reset) cuDevicePrimaryCtxReset_v2;
 
 static bool use_v4;
 
@@ -169,6 +180,10 @@ static void bind_direct(void) {
   api.graph_launch = cuGraphLaunch;
   api.graph_exec_destroy = cuGraphExecDestroy;
   api.graph_trim = cuDeviceGraphMemTrim;
+  api.pool_create = cuMemPoolCreate;
+  api.from_pool = cuMemAllocFromPoolAsync;
+  api.primary_release = cuDevicePrimaryCtxRelease_v2;
+  api.primary_reset = cuDevicePrimaryCtxReset_v2;
 }
 
 static int bind(const char *route) {
@@ -234,6 +249,11 @@ static int bind(const char *route) {
   BIND(graph_launch, "cuGraphLaunch", "cuGraphLaunch");
   BIND(graph_exec_destroy, "cuGraphExecDestroy", "cuGraphExecDestroy");
   BIND(graph_trim, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim");
+  BIND(pool_create, "cuMemPoolCreate", "cuMemPoolCreate");
+  BIND(from_pool, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync");
+  BIND(primary_release, "cuDevicePrimaryCtxRelease_v2",
+       "cuDevicePrimaryCtxRelease");
+  BIND(primary_reset, "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset");
   return 0;
 }
 
@@ -333,6 +353,41 @@ static int act_array(const char *arg) {
   return rc;
 }
 
+/* poolon:DEV:SIZE: a pool created on device DEV (not the current one),
+ * and SIZE allocated from it. */
+static int act_pool_on(const char *arg) {
+  CUmemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = 1;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = atoi(arg);
+  CUmemoryPool pool = NULL;
+  CUdeviceptr p = 0;
+  int rc = result("poolcreate", api.pool_create(&pool, &props));
+  if (rc == 0)
+    rc =
+        result("frompool",
+               api.from_pool(
+                   &p, size_arg(strchr(arg, ':') ? strchr(arg, ':') + 1 : "1M"),
+                   pool, NULL));
+  return rc;
+}
+
+/* array8x4:W:H: an array of four 8-bit channels in one element
+ * (CU_AD_FORMAT_UNORM_INT8X4), W x H x 4 bytes. */
+static int act_array8x4(const char *arg) {
+  CUDA_ARRAY_DESCRIPTOR d = {0};
+  d.Width = strtoul(arg, NULL, 10);
+  d.Height = strtoul(strchr(arg, ':') ? strchr(arg, ':') + 1 : "1", NULL, 10);
+  d.Format = CU_AD_FORMAT_UNORM_INT8X4;
+  d.NumChannels = 4;
+  CUarray a = NULL;
+  int rc = result("array8x4", api.array(&a, &d));
+  if (rc == 0 && narrays < MAXP)
+    arrays[narrays++] = a;
+  return rc;
+}
+
 static int act_mipmap(const char *arg) {
   unsigned w = 0, h = 0, l = 0;
   sscanf(arg, "%u:%u:%u", &w, &h, &l);
@@ -408,6 +463,8 @@ static int act_graph(const char *arg) {
     api.graph_destroy(g);
   if (rc == 0)
     rc = result("graph", api.graph_launch(graph_exec, NULL));
+  if (rc == 0)
+    printf("graph launched\n");
   return rc;
 }
 
@@ -445,6 +502,10 @@ static int act_simple(const char *a) {
     created = NULL;
     return result("ctxdestroy", api.ctx_destroy(c));
   }
+  if (!strcmp(a, "primaryrelease"))
+    return result("primaryrelease", api.primary_release(ctx_device));
+  if (!strcmp(a, "primaryreset"))
+    return result("primaryreset", api.primary_reset(ctx_device));
   if (!strcmp(a, "freeunknown")) {
     CUresult r = api.free((CUdeviceptr)0xdead0000ull);
     printf("freeunknown=%d\n", r);
@@ -489,16 +550,23 @@ static int act_threads(const char *arg) {
   return bad ? 3 : 0;
 }
 
-/* fork: a child that creates its own context and allocates, as a process
- * of the same job; the parent waits for it. */
+/* fork:SIZE[:MS]: a child that creates its own context and allocates, as a
+ * process of the same job, holding it MS ms; the parent waits for it. */
 static int act_fork(const char *arg) {
   pid_t pid = fork();
   if (pid == 0) {
     CUcontext c = NULL;
     CUdeviceptr p = 0;
+    const char *ms = strchr(arg, ':');
     api.init(0); /* a child initialises on its own */
     CUresult r1 = api.primary(&c, 0), r2 = api.set_current(c),
-             r3 = api.alloc(&p, size_arg(arg)), r4 = api.free(p);
+             r3 = api.alloc(&p, size_arg(arg));
+    if (ms) {
+      long n = strtol(ms + 1, NULL, 10);
+      struct timespec ts = {n / 1000, (n % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    CUresult r4 = api.free(p);
     if (r1 || r2 || r3 || r4)
       fprintf(stderr, "fork child: %d %d %d %d\n", r1, r2, r3, r4);
     _exit(r1 || r2 || r3 || r4 ? 3 : 0);
@@ -509,7 +577,32 @@ static int act_fork(const char *arg) {
   return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 3;
 }
 
+static int act(const char *a);
+
+/* bg:ACTION runs ACTION in a thread of its own (with the context current);
+ * join waits for it and takes its result. */
+static pthread_t bg_thread;
+static bool bg_running;
+static void *bg_main(void *arg) {
+  if (api.set_current(current) != CUDA_SUCCESS)
+    return (void *)3;
+  return (void *)(intptr_t)act((const char *)arg);
+}
+
 static int act(const char *a) {
+  if (!strncmp(a, "bg:", 3)) {
+    bg_running =
+        pthread_create(&bg_thread, NULL, bg_main, (void *)(a + 3)) == 0;
+    return bg_running ? 0 : 3;
+  }
+  if (!strcmp(a, "join")) {
+    void *r = NULL;
+    if (bg_running)
+      pthread_join(bg_thread, &r);
+    bg_running = false;
+    printf("joined %d\n", (int)(intptr_t)r);
+    return (int)(intptr_t)r;
+  }
   const char *arg = strchr(a, ':') ? strchr(a, ':') + 1 : "";
   if (!strcmp(a, "init"))
     return result("init", api.init(0));
@@ -544,6 +637,10 @@ static int act(const char *a) {
     return act_vmm(arg);
   if (!strncmp(a, "array:", 6))
     return act_array(arg);
+  if (!strncmp(a, "array8x4:", 9))
+    return act_array8x4(arg);
+  if (!strncmp(a, "poolon:", 7))
+    return act_pool_on(arg);
   if (!strncmp(a, "mipmap:", 7))
     return act_mipmap(arg);
   if (!strcmp(a, "info") || !strcmp(a, "total"))

@@ -5,7 +5,9 @@
  * through, and the headline: eight jobs that together need 2.4 GPUs all
  * complete, where without cogpu some die of out-of-memory.
  */
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,10 +70,11 @@ static int finish(pid_t pid, const char *tag) {
   return code;
 }
 
-/* The job's reservation, once it equals `want` (bounded wait). */
-static void expect_job(const char *cmd_prefix, uint64_t want, uint64_t slack) {
+/* The job's reservation, once it equals `want` (within ms). */
+static void expect_job_within(const char *cmd_prefix, uint64_t want,
+                              uint64_t slack, int ms) {
   uint64_t got = 0;
-  for (int i = 0; i < th_ms(10000) / 20; i++) {
+  for (int i = 0; i < ms / 20; i++) {
     cogpu_status_t *st = lt_status();
     got = 0;
     for (size_t c = 0; c < st->gpus[0].nclients; c++)
@@ -86,6 +89,10 @@ static void expect_job(const char *cmd_prefix, uint64_t want, uint64_t slack) {
   th_fail(__FILE__, __LINE__, "job '%s' reserves %llu, expected %llu (+%llu)",
           cmd_prefix, (unsigned long long)got, (unsigned long long)want,
           (unsigned long long)slack);
+}
+
+static void expect_job(const char *cmd_prefix, uint64_t want, uint64_t slack) {
+  expect_job_within(cmd_prefix, want, slack, th_ms(10000));
 }
 
 /* A program reached by `route` takes `held` beyond its context with `take`,
@@ -298,6 +305,72 @@ TEST_IMPL(preload_unaccounted_without_ledger) {
   ASSERT_CONTAINS(err, "not accounted");
 }
 
+/* --- Memory the driver frees with its context --------------------------- */
+
+/* 1G allocated in a context and never freed by the program: when the
+ * context goes (`end`), the driver frees it, and so does the job. */
+static void freed_with_context(const char *ctx, const char *end) {
+  preload_env();
+  const char *argv[] = {"cogpu",     "run",      "--",
+                        prog(),      "direct",   "init",
+                        ctx,         "alloc:1G", "array:1024:1024",
+                        "hold:1200", end,        "hold:4000",
+                        NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  expect_job(job, 300 * MiB + GiB + 16 * MiB, 64 * MiB);
+  /* While the program still runs: at most two spare growth steps. */
+  expect_job_within(job, 0, 128 * MiB, 3000);
+  ASSERT_EQ(finish(p, "out"), 0);
+  lt_check_invariants();
+}
+
+TEST_IMPL(preload_ctx_destroy_frees_its_memory) {
+  freed_with_context("ctxcreate", "ctxdestroy");
+}
+
+TEST_IMPL(preload_primary_release_frees_its_memory) {
+  freed_with_context("ctx", "primaryrelease");
+}
+
+TEST_IMPL(preload_primary_reset_frees_its_memory) {
+  freed_with_context("ctx", "primaryreset");
+}
+
+/* --- Other interposers ------------------------------------------------- */
+
+/* A third-party interposer of cuMemAlloc_v2 (tests/fakes/interposer)
+ * loaded before the preload library (cogpu run appends to LD_PRELOAD) or
+ * after it: both run, once per allocation, and the memory is accounted. */
+static void with_interposer(bool before) {
+  preload_env();
+  const char *rt = getenv("LD_PRELOAD");
+  char ours[4200] = "", pre[9000];
+  if (!before) /* cogpu run appends it again: loaded once, here */
+    snprintf(ours, sizeof ours, "%s/libcogpu-preload.so ", th_build_dir());
+  snprintf(pre, sizeof pre, "%s%s%s%s/tests/fakes/libinterposer.so",
+           rt ? rt : "", rt ? " " : "", ours, th_build_dir());
+  setenv("LD_PRELOAD", pre, 1);
+  const char *argv[] = {"cogpu",     "run",  "--",  prog(),
+                        "direct",    "init", "ctx", "alloc:1G",
+                        "hold:1500", "free", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  expect_job(job, 300 * MiB + GiB, 0);
+  ASSERT_EQ(finish(p, "out"), 0);
+  ASSERT_CONTAINS(slurp("out"), "interposer: 1 cuMemAlloc_v2 calls");
+}
+
+TEST_IMPL(preload_interposer_before) {
+  with_interposer(true);
+}
+
+TEST_IMPL(preload_interposer_after) {
+  with_interposer(false);
+}
+
 /* --- Graph memory ------------------------------------------------------- */
 
 /* A graph that allocates 2G: what the device's graph allocator holds
@@ -339,13 +412,42 @@ TEST_IMPL(preload_graph_memory_protects_neighbours) {
   lt_check_invariants();
 }
 
+/* One thread waits in the node's queue for memory; meanwhile another
+ * launches a graph that takes memory beyond the reservation. The launch
+ * is charged after the fact and must never wait (for the queue, or for the
+ * waiting thread), and the waiting thread is served once there is room. */
+TEST_IMPL(preload_graph_launch_while_another_thread_waits) {
+  preload_env();
+  pid_t other = lt_hold("other", 0, 14 * GiB, 0, 0, -1);
+  lt_wait_nclients(0, 1, 5000);
+  const char *argv[] = {
+      "cogpu",       "run",      "--",        prog(), "direct",  "init", "ctx",
+      "bg:alloc:4G", "hold:500", "graph:64M", "join", "freeall", NULL};
+  pid_t p = spawn("out", argv);
+  bool launched = false;
+  for (int i = 0; i < th_ms(3000) / 20 && !launched; i++) {
+    th_sleep_ms(20);
+    launched = strstr(slurp("out"), "graph launched") != NULL;
+  }
+  ASSERT_CONTAINS(slurp("out"), "waiting for"); /* the other thread */
+  ASSERT(!strstr(slurp("out"), "joined"));
+  kill(other, SIGKILL);
+  th_wait(other, th_ms(5000));
+  ASSERT_EQ(finish(p, "out"), 0);
+  ASSERT_CONTAINS(slurp("out"), "joined 0");
+  ASSERT(launched); /* before the other thread was served */
+  lt_check_invariants();
+}
+
 /* --- The driver refuses what the ledger granted ------------------------- */
 
 /* A program outside cogpu takes 10G of the 16G GPU after the ledger's only
  * NVML read (foreign_refresh 1h), so cogpu grants memory the driver does
- * not have: on a node, memory of a killed process that the driver has not
- * freed yet looks the same. The holder exits after hold_ms. */
-static pid_t hidden_holder(const char *hold) {
+ * not have. With `left`, a client of 10G then leaves the ledger: together
+ * they are a killed job whose memory the driver has not freed yet (the
+ * ledger saw it go; the driver still holds it). Without, the memory is
+ * simply used outside cogpu's view. The holder exits after `hold`. */
+static pid_t hidden_holder_left(const char *hold, bool left) {
   th_setenv("COGPU_FOREIGN_REFRESH", "1h");
   const char *st[] = {"cogpu", "status", NULL};
   ASSERT_EQ(finish(spawn("status", st), "status"), 0);
@@ -355,7 +457,15 @@ static pid_t hidden_holder(const char *hold) {
   for (int i = 0; i < 500 && lt_fake_cuda_used() < 10 * GiB; i++)
     th_sleep_ms(10);
   ASSERT(lt_fake_cuda_used() >= 10 * GiB);
+  if (left) {
+    const char *gone[] = {"cogpu", "run", "--mem", "10G", "--", "true", NULL};
+    ASSERT_EQ(finish(spawn("gone", gone), "gone"), 0);
+  }
   return h;
+}
+
+static pid_t hidden_holder(const char *hold) {
+  return hidden_holder_left(hold, true);
 }
 
 /* An 8G job: with the holder's 10G, more than the GPU has. */
@@ -394,6 +504,23 @@ TEST_IMPL(preload_driver_refusal_bounded) {
   cogpu_status_t *st = lt_status();
   ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
   cogpu_status_free(st);
+}
+
+/* Memory used outside cogpu's view with nobody having left: a true
+ * out-of-memory, returned at once (PyTorch frees its cache and retries;
+ * each retry must not take driver_wait). */
+TEST_IMPL(preload_genuine_out_of_memory_is_fast) {
+  preload_env();
+  pid_t h = hidden_holder_left("hold:20000", false);
+  uint64_t t0 = cogpu__now_ns();
+  ASSERT_EQ(th_exit_code(th_wait(big_job("oom"), th_ms(10000))), 2);
+  /* driver_wait is 2 s; start-up and the job itself take far less. */
+  ASSERT_LT((int64_t)((cogpu__now_ns() - t0) / 1000000), 1500);
+  ASSERT_CONTAINS(slurp("oom"), "alloc: error 2");
+  ASSERT(!strstr(slurp("oom"), "the driver refused memory cogpu granted"));
+  kill(h, SIGKILL);
+  th_wait(h, th_ms(5000));
+  lt_check_invariants();
 }
 
 /* --- The headline ------------------------------------------------------- */
@@ -606,13 +733,18 @@ TEST_IMPL(preload_job_meminfo_shared) {
   ASSERT_CONTAINS(slurp("out"), want);
 }
 
+/* A forked child makes its own primary context (the parent's does not
+ * survive fork) and is charged for it: parent 300M + 1G, child 300M + 2G. */
 TEST_IMPL(preload_fork_child_attaches_to_job) {
   preload_env();
-  const char *argv[] = {"cogpu",   "run",      "--",  prog(),
-                        "direct",  "init",     "ctx", "alloc:1G",
-                        "fork:2G", "hold:300", NULL};
+  const char *argv[] = {"cogpu",       "run",      "--",  prog(),
+                        "direct",      "init",     "ctx", "alloc:1G",
+                        "fork:2G:800", "hold:300", NULL};
   pid_t p = spawn("out", argv);
-  ASSERT_EQ(finish(p, "out"), 0);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  ASSERT_UEQ(job_peak_until_exit(job, p, "out"),
+             300 * MiB + GiB + 300 * MiB + 2 * GiB);
   ASSERT_CONTAINS(slurp("out"), "fork child exit 0");
   lt_check_invariants();
   cogpu_status_t *st = lt_status();
@@ -635,6 +767,32 @@ TEST_IMPL(preload_deadlock_guard) {
   ASSERT_CONTAINS(slurp(ca == 2 ? "a" : "b"), "deadlock");
 }
 
+/* Thread-local storage of a loaded object whose name ends with `suffix`
+ * (its PT_TLS segment), or -1 if no such object is loaded. */
+typedef struct tls_find_s {
+  const char *suffix;
+  long bytes;
+} tls_find_t;
+
+static int tls_of(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  tls_find_t *f = arg;
+  size_t n = strlen(info->dlpi_name), m = strlen(f->suffix);
+  if (n < m || strcmp(info->dlpi_name + n - m, f->suffix) != 0)
+    return 0;
+  f->bytes = 0;
+  for (int i = 0; i < info->dlpi_phnum; i++)
+    if (info->dlpi_phdr[i].p_type == PT_TLS)
+      f->bytes = (long)info->dlpi_phdr[i].p_memsz;
+  return 1;
+}
+
+/* A process that never touches CUDA (a shell, every thread of a program)
+ * registers nothing, reserves nothing, and carries almost no per-thread
+ * state of ours: the library's thread-local storage, which every thread
+ * of every process under cogpu run gets, is a few dozen bytes, and the
+ * library can even be loaded after start-up (dlopen), which needs its
+ * thread-local storage outside the static block. */
 TEST_IMPL(preload_non_cuda_command_costs_nothing) {
   preload_env();
   /* sh is not ours: no leak report from it in sanitizer builds. */
@@ -649,6 +807,19 @@ TEST_IMPL(preload_non_cuda_command_costs_nothing) {
   cogpu_status_free(st);
   ASSERT_EQ(finish(p, "out"), 0);
   ASSERT_CONTAINS(slurp("out"), "libcogpu-preload.so");
+  /* Loaded now, after start-up, with nothing of CUDA around. */
+  char lib[4200];
+  snprintf(lib, sizeof lib, "%s/libcogpu-preload.so", th_build_dir());
+  void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!h)
+    th_fail(__FILE__, __LINE__, "dlopen after start-up: %s", dlerror());
+  tls_find_t f = {"/libcogpu-preload.so", -1};
+  dl_iterate_phdr(tls_of, &f);
+  ASSERT_GE(f.bytes, 0);
+  ASSERT_LE(f.bytes, 256); /* per thread, in every thread */
+  st = lt_status();
+  ASSERT_EQ(st->gpus[0].nclients, 0); /* loading it registered nothing */
+  cogpu_status_free(st);
 }
 
 /* Reserved bytes of the job on each GPU. */
@@ -699,4 +870,45 @@ TEST_IMPL(preload_second_device) {
 TEST_IMPL(preload_ordinals_are_not_indices) {
   /* With CUDA_VISIBLE_DEVICES=1,0, CUDA device 0 is GPU 1: found by UUID. */
   expect_on_gpus("1,0", "0", 0, 300 * MiB + GiB);
+}
+
+/* A pool created on device 1, used while device 0's context is current:
+ * what the pool holds (one 2 MiB granule) is charged to GPU 1. */
+TEST_IMPL(preload_pool_charges_its_device) {
+  preload_env();
+  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  setenv("COGPU_GROW_STEP", "1M", 1);
+  const char *argv[] = {"cogpu", "run", "--",          prog(),      "direct",
+                        "init",  "ctx", "poolon:1:1M", "hold:1500", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  uint64_t g0 = 0, g1 = 0;
+  for (int i = 0; i < th_ms(5000) / 20; i++) {
+    job_per_gpu(job, &g0, &g1);
+    if (g1 == 2 * MiB)
+      break;
+    th_sleep_ms(20);
+  }
+  ASSERT_UEQ(g0, 300 * MiB);
+  ASSERT_UEQ(g1, 2 * MiB);
+  ASSERT_EQ(finish(p, "out"), 0);
+}
+
+/* An array of four 8-bit channels packed in one element (0xc2) holds
+ * 4 bytes per texel, not 16 per channel. */
+TEST_IMPL(preload_array_packed_format) {
+  preload_env();
+  setenv("COGPU_GROW_STEP", "1M", 1);
+  const char *argv[] = {"cogpu",     "run",  "--",  prog(),
+                        "direct",    "init", "ctx", "array8x4:1024:1024",
+                        "hold:1500", NULL};
+  pid_t p = spawn("out", argv);
+  char job[4200];
+  snprintf(job, sizeof job, "%s direct", prog());
+  expect_job(job, 300 * MiB + 4 * MiB, 0);
+  ASSERT_EQ(finish(p, "out"), 0);
+  unsigned long long peak, ooms;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_UEQ(peak, 300 * MiB + 4 * MiB); /* the driver's own figure */
 }

@@ -5,6 +5,7 @@
  */
 #include <pthread.h>
 
+#include "internal.h"
 #include "preload/table.h"
 #include "task.h"
 
@@ -44,6 +45,29 @@ TEST_IMPL(pl_table_full_and_tombstones) {
   /* After fork-style clearing nothing is left. */
   cogpu__pl_table_clear(&t);
   ASSERT(!cogpu__pl_table_take(&t, 100 * 4096, &v));
+}
+
+/* After a long run of allocation/free pairs nearly every entry is a
+ * tombstone: a lookup that finds nothing (the free of an untracked pointer)
+ * must still stop after a few probes, not walk the whole table. */
+TEST_IMPL(pl_table_misses_stay_fast_after_churn) {
+  pl_table_t t;
+  ASSERT_EQ(cogpu__pl_table_init(&t, 1u << 16), 0);
+  uint64_t v;
+  for (uint64_t i = 0; i < (1u << 20); i++) {
+    ASSERT(cogpu__pl_table_put(&t, (i + 2) * 4096, i));
+    ASSERT(cogpu__pl_table_take(&t, (i + 2) * 4096, &v));
+  }
+  uint64_t t0 = cogpu__now_ns();
+  for (uint64_t i = 0; i < 2000; i++)
+    ASSERT(!cogpu__pl_table_take(&t, 0xdead00000000ull + i * 8192, &v));
+  uint64_t per_miss = (cogpu__now_ns() - t0) / 2000;
+  /* A whole-table walk is 65536 probes (tens of microseconds). */
+  ASSERT_ULE(per_miss, 5000);
+  /* What is live is still found. */
+  ASSERT(cogpu__pl_table_put(&t, 0x5000, 7));
+  ASSERT(cogpu__pl_table_take(&t, 0x5000, &v));
+  ASSERT_UEQ(v, 7);
 }
 
 static pl_table_t shared_t;

@@ -823,35 +823,48 @@ FAKE_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
 
 /* --- Arrays --------------------------------------------------------------- */
 
-/* Bytes of one channel of a CUarray_format; 0 if unknown. */
-static uint64_t format_bytes(int format) {
+/* Bytes per element of a CUarray_format with `channels` channels, as
+ * num/den (block-compressed and 4:2:x YUV formats take fractions of a byte
+ * per texel); false if the format or the channel count is not valid. The
+ * classic formats (up to CU_AD_FORMAT_FLOAT) are per channel; the later
+ * ones (0x50 and up) name their whole element, channels included. */
+static bool format_size(int format, unsigned channels, uint64_t *num,
+                        uint64_t *den) {
+  *den = 1;
   switch (format) {
   case CU_AD_FORMAT_UNSIGNED_INT8:
   case CU_AD_FORMAT_SIGNED_INT8:
-    return 1;
+    *num = 1;
+    break;
   case CU_AD_FORMAT_UNSIGNED_INT16:
   case CU_AD_FORMAT_SIGNED_INT16:
   case CU_AD_FORMAT_HALF:
-    return 2;
+    *num = 2;
+    break;
   case CU_AD_FORMAT_UNSIGNED_INT32:
   case CU_AD_FORMAT_SIGNED_INT32:
   case CU_AD_FORMAT_FLOAT:
-    return 4;
+    *num = 4;
+    break;
   default:
-    return 0;
+    return cu_format_element(format, num, den);
   }
+  if (channels != 1 && channels != 2 && channels != 4)
+    return false;
+  *num *= channels;
+  return true;
 }
 
 /* Bytes of a w x h x d array (0 extents count as 1, except the width). */
 static CUresult array_bytes(uint64_t w, uint64_t h, uint64_t d, int format,
                             unsigned channels, uint64_t *out) {
-  uint64_t b = format_bytes(format), v;
-  if (!b || w == 0 || (channels != 1 && channels != 2 && channels != 4) ||
+  uint64_t num, den, v;
+  if (!format_size(format, channels, &num, &den) || w == 0 ||
       __builtin_mul_overflow(w, h ? h : 1, &v) ||
       __builtin_mul_overflow(v, d ? d : 1, &v) ||
-      __builtin_mul_overflow(v, b * channels, &v))
+      __builtin_mul_overflow(v, num, &v))
     return CUDA_ERROR_INVALID_VALUE;
-  *out = v;
+  *out = (v + den - 1) / den;
   return CUDA_SUCCESS;
 }
 
