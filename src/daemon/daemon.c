@@ -496,8 +496,13 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
   d->dh = NULL;
   unlink(path);
   cogpu__config_t cfg;
-  if (cogpu__config_load(&cfg) == 0)
-    d->cfg = cfg; /* apply an edited configuration */
+  if (cogpu__config_load(&cfg) == 0) {
+    /* An edited configuration applies, but the daemon stays where it is
+     * (--socket and --state-dir are not in the file). */
+    cfg.v[COGPU_OPT_SOCKET] = d->cfg.v[COGPU_OPT_SOCKET];
+    cfg.v[COGPU_OPT_DAEMON_DIR] = d->cfg.v[COGPU_OPT_DAEMON_DIR];
+    d->cfg = cfg;
+  }
   int rc = open_state(d);
   if (rc) {
     cogpu__log(COGPU_LOG_ERROR, "reset: cannot create a new state: %s",
