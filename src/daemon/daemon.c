@@ -226,6 +226,8 @@ static void recover(cogpu__daemon_t *d) {
  * orphans without a pidfd, queue entries whose clients did not return. */
 static void on_tick(cogpu__daemon_t *d) {
   struct cogpu_s *h = d->dh;
+  if (!h)
+    return; /* a reset failed: stopping */
   ledger_state_t *st = h->st;
   cogpu__ledger_foreign_refresh(h, false);
   cogpu__ledger_lock(h);
@@ -469,6 +471,9 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
     }
   }
   sd_notify(0, "STOPPING=1");
+  if (!d->dh)
+    return cogpu__seterr(COGPU_ESTATE, "stopped: a reset could not make a "
+                                       "new node state (see above)");
   return 0;
 }
 
