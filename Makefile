@@ -40,8 +40,8 @@ DAEMON_SRCS := $(sort $(wildcard src/daemon/*.c tools/cogpud/*.c))
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
 TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c tests/preload/test-*.c \
-               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/node/*.c tests/experiment/test-*.c \
-               tests/slurm/test-*.c))
+               tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/experiment/test-*.c \
+               tests/slurm/test-*.c tests/node/*.c tests/fuzz/fuzz-harness.c))
 BENCH_SRCS := $(sort $(wildcard bench/bench-*.c))
 FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
 
@@ -59,6 +59,9 @@ CLI_OBJS := $(CLI_SRCS:%.c=$(B)/obj/%.o)
 # glibc's own dl functions.
 TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o \
              $(B)/obj/src/preload/glibc-sym.o
+# The daemon's message handling is tested as a function (the bounded
+# random-message test of tests/node): its objects, not tools/cogpud's main.
+TEST_OBJS += $(B)/obj/src/daemon/handle.o $(B)/obj/src/daemon/daemon.o
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
 # The Slurm SPANK plug-in is built when Slurm's headers are installed
@@ -153,9 +156,9 @@ $(B)/tests/fakes/libinterposer.so: $(sort $(wildcard tests/fakes/interposer/*.c)
 
 $(B)/tests/run-tests: $(TEST_OBJS) $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a $(LDLIBS)
+	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a -lsystemd $(LDLIBS)
 
-$(TEST_OBJS): ALLCFLAGS += -Itests/harness
+$(TEST_OBJS): ALLCFLAGS += -Itests/harness -Itests/fuzz
 
 # A CUDA driver program for the preload tests; its direct route links
 # against the test double.
@@ -176,6 +179,36 @@ $(B)/bench/bench-pl-table: bench/bench-pl-table.c bench/bench.h \
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/obj/src/preload/table.o \
 	    $(B)/libcogpu.a $(LDLIBS)
+
+# Fuzzing cogpud's message handler with afl++ (Debian afl++; optional).
+# `make fuzz` builds the driver twice: instrumented by afl-cc for afl-fuzz
+# (persistent mode), and plain, which writes the seed corpus and replays
+# inputs (`build/fuzz/fuzz-daemon-plain FILE`). Then it fuzzes for
+# FUZZ_SECONDS and lists what afl-fuzz found under build/fuzz/out.
+AFL_CC ?= afl-clang-fast
+FUZZ_SECONDS ?= 60
+FUZZ_SRCS := $(LIB_SRCS) src/daemon/handle.c src/daemon/daemon.c \
+             tests/fuzz/fuzz-harness.c tests/fuzz/fuzz-daemon.c
+FUZZ_ENV := LD_LIBRARY_PATH=$(abspath $(B))/tests/fakes FAKE_NVML_GPUS=16G,16G
+.PHONY: fuzz fuzz-driver
+fuzz-driver: $(B)/fuzz/fuzz-daemon-plain
+$(B)/fuzz/fuzz-daemon-plain: $(FUZZ_SRCS) $(wildcard src/*/*.h tests/fuzz/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itests/fuzz -o $@ $(FUZZ_SRCS) -lsystemd $(LDLIBS)
+$(B)/fuzz/fuzz-daemon: $(FUZZ_SRCS) $(wildcard src/*/*.h tests/fuzz/*.h)
+	@mkdir -p $(dir $@)
+	AFL_QUIET=1 $(AFL_CC) $(BASEFLAGS) $(CFLAGS) -Itests/fuzz -o $@ $(FUZZ_SRCS) \
+	    -lsystemd $(LDLIBS)
+fuzz: $(B)/fuzz/fuzz-daemon $(B)/fuzz/fuzz-daemon-plain $(B)/tests/fakes/libnvidia-ml.so.1
+	rm -rf $(B)/fuzz/seeds && $(FUZZ_ENV) $(B)/fuzz/fuzz-daemon-plain --seeds $(B)/fuzz/seeds
+	for f in $(B)/fuzz/seeds/*; do $(FUZZ_ENV) $(B)/fuzz/fuzz-daemon-plain $$f || exit 1; done
+	$(FUZZ_ENV) AFL_SKIP_CPUFREQ=1 AFL_NO_UI=1 AFL_NO_AFFINITY=1 \
+	    AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_TMPDIR=$(abspath $(B))/fuzz \
+	    afl-fuzz -V $(FUZZ_SECONDS) -i $(B)/fuzz/seeds -o $(B)/fuzz/out \
+	    -- $(B)/fuzz/fuzz-daemon
+	@echo "crashes: $$(ls $(B)/fuzz/out/default/crashes 2>/dev/null | grep -c id: || true)," \
+	      "hangs: $$(ls $(B)/fuzz/out/default/hangs 2>/dev/null | grep -c id: || true)" \
+	      "(replay one: $(FUZZ_ENV) $(B)/fuzz/fuzz-daemon-plain FILE)"
 
 # Made at install time: it records PREFIX, which may differ between runs.
 .PHONY: $(B)/cogpu.pc

@@ -59,7 +59,8 @@ typedef struct cogpu__daemon_s {
   uint64_t nconns;
   dconn_t *conns;
   bool stop;
-  bool fuzz; /* no sockets: replies are dropped (fuzzing, tests) */
+  bool failed; /* stopped because it cannot keep a ledger: exit 1 */
+  bool fuzz;   /* no sockets: replies are dropped (fuzzing, tests) */
 } cogpu__daemon_t;
 
 /* Opens (or recovers) the node state and, unless fuzzing, the socket. */

@@ -332,11 +332,47 @@ static int make_socket(cogpu__daemon_t *d) {
   return 0;
 }
 
+/* The daemon's directory is the daemon's user's own, writable by no one
+ * else and not a symbolic link: a user who could write there could plant
+ * state.tmp.<pid>, state.lock or a state of their own. It is created 0755,
+ * so that a socket inside it (the default /run/cogpu/cogpu.sock) stays
+ * reachable; every file in it is the daemon's, mode 0600. */
+static int check_dir(const char *dir) {
+  struct stat sb;
+  if (mkdir(dir, 0755) == 0)
+    chmod(dir, 0755); /* the umask narrowed it */
+  else if (errno != EEXIST)
+    return cogpu__seterr(-errno, "cannot create daemon_dir %s: %s", dir,
+                         strerror(errno));
+  if (lstat(dir, &sb) != 0)
+    return cogpu__seterr(-errno, "daemon_dir %s: %s", dir, strerror(errno));
+  if (S_ISLNK(sb.st_mode))
+    return cogpu__seterr(-EPERM, "daemon_dir %s is a symbolic link: refused",
+                         dir);
+  if (!S_ISDIR(sb.st_mode))
+    return cogpu__seterr(-ENOTDIR, "daemon_dir %s is not a directory", dir);
+  if (sb.st_uid != geteuid())
+    return cogpu__seterr(-EPERM,
+                         "daemon_dir %s belongs to uid %u, not to the "
+                         "daemon's uid %u: refused",
+                         dir, (unsigned)sb.st_uid, (unsigned)geteuid());
+  if (sb.st_mode & 0022)
+    return cogpu__seterr(-EPERM,
+                         "daemon_dir %s (mode %04o) is writable by other "
+                         "users: refused (they could plant files the daemon "
+                         "would use); make it 0755 or 0700",
+                         dir, (unsigned)(sb.st_mode & 07777));
+  return 0;
+}
+
 static int open_state(cogpu__daemon_t *d) {
+  int rc = check_dir(d->cfg.v[COGPU_OPT_DAEMON_DIR].s);
+  if (rc)
+    return rc;
   cogpu__config_t cfg = d->cfg;
   /* The daemon's state is its own: root's, readable by nobody else. */
-  int rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_DIR,
-                             d->cfg.v[COGPU_OPT_DAEMON_DIR].s);
+  rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_DIR,
+                         d->cfg.v[COGPU_OPT_DAEMON_DIR].s);
   if (rc == 0)
     rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_MODE, "0600");
   if (rc == 0)
@@ -449,6 +485,9 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
     }
   }
   sd_notify(0, "STOPPING=1");
+  if (!d->dh)
+    return cogpu__seterr(COGPU_ESTATE, "stopped: a reset could not make a "
+                                       "new node state (see above)");
   return 0;
 }
 
@@ -477,12 +516,27 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
     unlink(path);
   }
   cogpu__config_t cfg;
-  if (cogpu__config_load(&cfg) == 0)
-    d->cfg = cfg; /* apply an edited configuration */
+  if (cogpu__config_load(&cfg) == 0) {
+    /* An edited configuration applies, but the daemon stays where it is
+     * (--socket and --state-dir are not in the file). */
+    cfg.v[COGPU_OPT_SOCKET] = d->cfg.v[COGPU_OPT_SOCKET];
+    cfg.v[COGPU_OPT_DAEMON_DIR] = d->cfg.v[COGPU_OPT_DAEMON_DIR];
+    d->cfg = cfg;
+  }
   int rc = open_state(d);
-  if (rc) /* served again once the GPUs can be discovered */
-    cogpu__log(COGPU_LOG_ERROR, "reset: cannot create a new state: %s",
+  if (rc == COGPU_ENVML || rc == COGPU_ENOGPU) {
+    /* Served again once the GPUs can be discovered. */
+    cogpu__log(COGPU_LOG_ERROR, "reset: no GPUs to make a new state: %s",
                cogpu_last_error());
+  } else if (rc) {
+    /* Anything else (an unsafe daemon_dir, a planted file) will not pass
+     * by itself: stop, loudly, rather than serve without a ledger. */
+    cogpu__log(COGPU_LOG_ERROR,
+               "a reset could not make a new node state: %s; stopping",
+               cogpu_last_error());
+    d->stop = true;
+    d->failed = true;
+  }
   return rc;
 }
 

@@ -779,7 +779,7 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
                          size_t len) {
   cogpu__msg_t m;
   char why[96];
-  if (len != sizeof m)
+  if (len != sizeof m || !d->dh)
     return -1;
   memcpy(&m, buf, sizeof m);
   if (cogpu__msg_check(&m, len, why, sizeof why) != 0) {
@@ -854,6 +854,8 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
   default:
     rc = -1;
   }
+  if (!d->dh)
+    return -1; /* a reset could not make a new state: stopping */
   cogpu__daemon_answer_waiters(d);
   drop_orphaned_waits(d);
   return rc < 0 || c->closing ? -1 : 0;

@@ -199,7 +199,10 @@ static int shm_allocate(int fd, const char *path) {
 static int shm_create(struct cogpu_s *h, mode_t mode) {
   char tmp[600];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", h->path, (int)getpid());
-  int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  /* A file already there (left by a crash, or planted: a hard link to
+   * someone's file) is never written into: it goes, and ours is new. */
+  unlink(tmp);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return shm_err_errno(errno, "cannot create state file", tmp);
   int rc = shm_apply_owner(fd, h->cfg.v[COGPU_OPT_STATE_GROUP].s, mode);
@@ -305,15 +308,18 @@ static int shm_replace_bad(struct cogpu_s *h, int fd, const char *why) {
   return 0;
 }
 
-static int shm_dir_lock(struct cogpu_s *h) {
+/* The lock is readable (so lockable) by those who may use the state, and
+ * no one else: a user who could flock it would stall state creation. */
+static int shm_dir_lock(struct cogpu_s *h, mode_t mode) {
   char lp[600];
+  mode_t lmode = 0600 | (mode & 0044);
   snprintf(lp, sizeof lp, "%s.lock", h->path);
-  int fd = open(lp, O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  int fd = open(lp, O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, lmode);
   if (fd < 0 && errno == EACCES)
     fd = open(lp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0)
     return shm_err_errno(errno, "cannot open", lp);
-  fchmod(fd, 0644);
+  fchmod(fd, lmode);
   while (flock(fd, LOCK_EX) != 0 && errno == EINTR) {
   }
   return fd;
@@ -346,7 +352,7 @@ static int shm_open_file(struct cogpu_s *h, mode_t mode, int *out) {
         close(fd);
         return rc;
       }
-      int lk = shm_dir_lock(h);
+      int lk = shm_dir_lock(h, mode);
       if (lk < 0) {
         close(fd);
         return lk;
@@ -362,7 +368,7 @@ static int shm_open_file(struct cogpu_s *h, mode_t mode, int *out) {
         return rc;
       continue;
     }
-    int lk = shm_dir_lock(h);
+    int lk = shm_dir_lock(h, mode);
     if (lk < 0)
       return lk;
     int rc = access(h->path, F_OK) == 0 ? -EEXIST : shm_create(h, mode);

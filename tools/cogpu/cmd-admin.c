@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "ledger/admin.h"
+#include "node/node.h"
 #include "nvml/nvml.h"
 
 int cli_reset(int argc, char **argv) {
@@ -28,6 +29,19 @@ int cli_reset(int argc, char **argv) {
   if (rc)
     return rc;
   int live = 0;
+  /* In node mode the daemon owns the state: it resets it (admins only). */
+  int node = cogpu__node_mode(&cfg);
+  if (node < 0)
+    return cli_fail("reset", node);
+  if (node == 1) {
+    rc = cogpu__node_reset(&cfg, force, &live);
+    if (rc)
+      return cli_fail("reset", rc);
+    if (live)
+      cli_err("reset: %d process(es) were disconnected", live);
+    printf("node state of cogpud (%s) reset\n", cfg.v[COGPU_OPT_SOCKET].s);
+    return 0;
+  }
   rc = cogpu__ledger_reset(&cfg, force, &live);
   if (rc)
     return cli_fail("reset", rc);

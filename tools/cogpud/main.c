@@ -71,6 +71,7 @@ int main(int argc, char **argv) {
     rc = cogpu__daemon_run(&d);
   if (rc)
     fprintf(stderr, "cogpud: %s\n", cogpu_last_error());
+  bool failed = d.failed;
   cogpu__daemon_fini(&d);
-  return rc ? 1 : 0;
+  return rc || failed ? 1 : 0;
 }
