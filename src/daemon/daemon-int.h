@@ -39,7 +39,8 @@ typedef struct dconn_s {
   int grant_gpu;
   uint64_t grant_bytes;
   bool grant_excl;
-  bool closing;
+  bool closing; /* to be ended after this batch of events */
+  bool dead;    /* ended: its record is freed after this batch */
   struct dconn_s *prev, *next; /* every connection, for reset and exit */
 } dconn_t;
 

@@ -60,21 +60,46 @@ static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
   return c;
 }
 
+/* Ends a connection: what it held is freed at once, but the record itself
+ * only after the current batch of events (conn_reap), which may still
+ * name it. */
 static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
+  if (c->dead)
+    return;
+  c->dead = true;
   cogpu__daemon_close(d, c);
   if (c->fd >= 0) {
     if (!d->fuzz)
       epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
+    c->fd = -1;
   }
-  if (c->prev)
-    c->prev->next = c->next;
-  else
-    d->conns = c->next;
-  if (c->next)
-    c->next->prev = c->prev;
-  d->nconns--;
-  free(c);
+}
+
+/* Frees the records of ended connections (and ends those marked for it). */
+static void conn_reap(cogpu__daemon_t *d) {
+  /* Ending one may mark others (a process's waits end with it). */
+  for (bool again = true; again;) {
+    again = false;
+    for (dconn_t *c = d->conns; c; c = c->next)
+      if (c->closing && !c->dead) {
+        conn_free(d, c);
+        again = true;
+      }
+  }
+  for (dconn_t *c = d->conns, *next; c; c = next) {
+    next = c->next;
+    if (!c->dead)
+      continue;
+    if (c->prev)
+      c->prev->next = c->next;
+    else
+      d->conns = c->next;
+    if (c->next)
+      c->next->prev = c->prev;
+    d->nconns--;
+    free(c);
+  }
 }
 
 static bool in_group(pid_t pid, gid_t gid, gid_t want) {
@@ -132,6 +157,8 @@ static void on_accept(cogpu__daemon_t *d) {
 }
 
 static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
+  if (c->dead)
+    return; /* ended earlier in this batch */
   if (c->kind == DC_PIDFD) {
     cogpu__log(COGPU_LOG_INFO,
                "client pid %d ended while the daemon was away: its slot %u "
@@ -249,11 +276,6 @@ static void on_tick(cogpu__daemon_t *d) {
   cogpu__ledger_serve(h);
   cogpu__ledger_unlock(h);
   cogpu__daemon_answer_waiters(d);
-  for (dconn_t *c = d->conns, *next; c; c = next) {
-    next = c->next;
-    if (c->closing)
-      conn_free(d, c);
-  }
   if (watchdog_us)
     sd_notify(0, "WATCHDOG=1");
 }
@@ -477,15 +499,12 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
         on_readable(d, c, evs[i].events);
       }
     }
-    /* Replies that could not be sent marked their connections. */
-    for (dconn_t *c = d->conns, *next; c; c = next) {
-      next = c->next;
-      if (c->closing)
-        conn_free(d, c);
-    }
+    /* Connections that ended or must end (replies that could not be
+     * sent), now that no event of this batch can name them. */
+    conn_reap(d);
   }
   sd_notify(0, "STOPPING=1");
-  if (!d->dh)
+  if (d->failed)
     return cogpu__seterr(COGPU_ESTATE, "stopped: a reset could not make a "
                                        "new node state (see above)");
   return 0;

@@ -307,8 +307,10 @@ static int on_resume(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   dconn_t *old = d->slot_conn[c->slot];
   if (old && old->kind == DC_MAIN)
     return fail(d, c, m, -EBUSY, "this registration is connected") - 1;
-  if (old && old->kind == DC_PIDFD)
-    cogpu__daemon_close(d, old); /* stops watching the orphan */
+  if (old && old->kind == DC_PIDFD) {
+    d->slot_conn[c->slot] = NULL; /* stops watching the orphan */
+    old->closing = true;
+  }
   c->kind = DC_MAIN;
   d->slot_conn[c->slot] = c;
   cogpu__msg_t r;
@@ -459,6 +461,7 @@ static int on_query_amount(cogpu__daemon_t *d, dconn_t *c,
   int rc = 0;
   if (m->type == COGPU_M_ROOM) {
     rc = cogpu__ledger_room(h, gpu, &r.u.reply.a, &r.u.reply.b);
+    r.u.reply.ticket = cogpu__ledger_left_ago_ms(h);
   } else if ((uint32_t)gpu >= h->st->hdr.ngpus) {
     rc = cogpu__seterr(-ENODEV, "no GPU %d on this node", gpu);
   } else {
@@ -779,7 +782,7 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
                          size_t len) {
   cogpu__msg_t m;
   char why[96];
-  if (len != sizeof m || !d->dh)
+  if (len != sizeof m || d->failed)
     return -1;
   memcpy(&m, buf, sizeof m);
   if (cogpu__msg_check(&m, len, why, sizeof why) != 0) {
@@ -855,7 +858,7 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
     rc = -1;
   }
   if (!d->dh)
-    return -1; /* a reset could not make a new state: stopping */
+    return -1; /* a reset made no new state: nothing more to do here */
   cogpu__daemon_answer_waiters(d);
   drop_orphaned_waits(d);
   return rc < 0 || c->closing ? -1 : 0;

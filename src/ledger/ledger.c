@@ -271,6 +271,8 @@ static int check_gpu(cogpu_t *h, int gpu) {
 }
 
 uint64_t cogpu__ledger_left_ago_ms(struct cogpu_s *h) {
+  if (h && h->node)
+    return cogpu__node_left_ago_ms(h->node);
   if (check_handle(h) != 0)
     return UINT64_MAX;
   uint32_t at = atomic_load_explicit(&h->st->hdr.left_ms, memory_order_acquire);

@@ -542,6 +542,13 @@ uint64_t cogpu__node_job_spare(cogpu__node_t *n, int gpu) {
   return amount_rpc(n, COGPU_M_HELD, gpu, 0, &r) ? 0 : r.u.reply.b;
 }
 
+uint64_t cogpu__node_left_ago_ms(cogpu__node_t *n) {
+  cogpu__msg_t r;
+  if (n->ngpus == 0 || amount_rpc(n, COGPU_M_ROOM, 0, 0, &r) != 0)
+    return UINT64_MAX;
+  return r.u.reply.ticket;
+}
+
 int cogpu__node_room(cogpu__node_t *n, int gpu, uint64_t *capacity,
                      uint64_t *free_bytes) {
   cogpu__msg_t r;

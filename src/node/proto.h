@@ -109,7 +109,8 @@ typedef struct cogpu__m_reset_s {
 typedef struct cogpu__m_reply_s {
   int32_t gpu;
   uint32_t flags; /* COGPU_REPLY_* */
-  uint64_t a, b;  /* per request: room (capacity, free), held, spare... */
+  uint64_t a, b;  /* per request: room (capacity, free), held, spare...
+                     ROOM: ticket is how long ago a client last left (ms) */
   /* ATTACH/RESUME: who the client is now. WAIT: queue entry. */
   uint32_t slot, gen, res_slot, res_gen;
   uint64_t secret[2];

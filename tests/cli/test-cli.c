@@ -1275,7 +1275,7 @@ TEST_IMPL(cli_run_sigterm_while_waiting_leaves_queue) {
   ASSERT_IDLE();
 }
 
-TEST_IMPL(cli_run_nvml_unavailable) {
+TEST_IMPL_SINGLE(cli_run_nvml_unavailable) {
   const char *ran = tp("ran");
   res_t *r = COGPU_ENV(((const char *const[]){"FAKE_NVML_FAIL=init", NULL}),
                        "run", "--mem", "1G", "--", "touch", ran);
@@ -2167,7 +2167,7 @@ TEST_IMPL(cli_doctor_healthy) {
   ASSERT_CONTAINS(r->err, "doctor");
 }
 
-TEST_IMPL(cli_doctor_nvml_failure) {
+TEST_IMPL_SINGLE(cli_doctor_nvml_failure) {
   EXPECT_RC(COGPU("status"), 0);
   const char *const fails[] = {"FAKE_NVML_FAIL=init", "FAKE_NVML_FAIL=count"};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(fails); i++) {

@@ -297,6 +297,7 @@ static bool node_mode(void) {
 }
 
 static pid_t daemon_pid = -1;
+static pid_t daemon_owner = -1; /* the test process: only it restarts */
 
 bool th_node_mode(void) {
   return node_mode();
@@ -338,6 +339,7 @@ static void daemon_start(bool must) {
     _exit(127);
   }
   daemon_pid = pid;
+  daemon_owner = getpid();
   for (int i = 0; i < 2000; i++) {
     if (daemon_answers(sock))
       return;
@@ -398,7 +400,9 @@ void th_setenv(const char *k, const char *v) {
     setenv(k, v, 1);
   else
     unsetenv(k);
-  if (node_mode() && node_setting(k))
+  /* A program a test starts with its own environment (th_run) changes
+   * only itself; the daemon is the test process's. */
+  if (node_mode() && node_setting(k) && getpid() == daemon_owner)
     th_daemon_restart_fresh();
 }
 

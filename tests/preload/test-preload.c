@@ -292,6 +292,10 @@ TEST_IMPL(preload_meminfo_on_demand) {
 TEST_IMPL(preload_unaccounted_without_ledger) {
   preload_env();
   th_write_file(th_path("state"), "not a directory");
+  if (th_node_mode()) { /* no daemon to reach, and no waiting for one */
+    setenv("COGPU_SOCKET", th_path("no-daemon.sock"), 1);
+    setenv("COGPU_DAEMON_WAIT", "0", 1);
+  }
   char pre[8400];
   const char *rt = getenv("LD_PRELOAD");
   snprintf(pre, sizeof pre, "LD_PRELOAD=%s%s%s/libcogpu-preload.so",
@@ -876,7 +880,7 @@ TEST_IMPL(preload_ordinals_are_not_indices) {
  * what the pool holds (one 2 MiB granule) is charged to GPU 1. */
 TEST_IMPL(preload_pool_charges_its_device) {
   preload_env();
-  setenv("FAKE_NVML_GPUS", "8G,8G", 1);
+  th_setenv("FAKE_NVML_GPUS", "8G,8G");
   setenv("COGPU_GROW_STEP", "1M", 1);
   const char *argv[] = {"cogpu", "run", "--",          prog(),      "direct",
                         "init",  "ctx", "poolon:1:1M", "hold:1500", NULL};
