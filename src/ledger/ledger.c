@@ -448,6 +448,14 @@ int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
   return 0;
 }
 
+/* A process whose job ended (its slot names itself as its job): what it
+ * claimed became its own reservation, so giving a claim back releases it
+ * from there. */
+static bool job_ended(cogpu_t *h) {
+  const ledger_slot_t *me = &h->st->slots[h->slot];
+  return me->job == (uint64_t)h->slot + 1;
+}
+
 int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
   if (h && h->node)
     return cogpu__node_unclaim(h->node, gpu, bytes);
@@ -459,9 +467,12 @@ int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
     uint64_t n = bytes < mine ? bytes : mine;
     if (n)
       claim_move(h, gpu, -(int64_t)n);
+  } else if (job_ended(h)) {
+    uint64_t held = h->st->slots[h->slot].held[gpu];
+    rc = cogpu__ledger_release_locked(h, gpu, bytes < held ? bytes : held);
   }
   cogpu__ledger_unlock(h);
-  return 0;
+  return rc;
 }
 
 int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,

@@ -249,6 +249,14 @@ static void repair_recount(struct cogpu_s *h) {
     ledger_waiter_t *wt = &h->st->waiters[w];
     if (wt->state == W_FREE)
       continue;
+    /* A waiter whose job's slot is gone waits on for its own process. */
+    if (wt->state == W_WAITING && wt->owner < LEDGER_MAX_SLOTS &&
+        h->st->slots[wt->owner].state == SLOT_ACTIVE &&
+        (wt->slot >= LEDGER_MAX_SLOTS ||
+         h->st->slots[wt->slot].state != SLOT_ACTIVE)) {
+      wt->slot = wt->owner;
+      wt->gen = atomic_load(&h->st->slots[wt->owner].gen);
+    }
     bool ok = wt->slot < LEDGER_MAX_SLOTS && wt->owner < LEDGER_MAX_SLOTS &&
               h->st->slots[wt->slot].state == SLOT_ACTIVE &&
               h->st->slots[wt->owner].state == SLOT_ACTIVE &&
@@ -282,8 +290,14 @@ void cogpu__ledger_repair(struct cogpu_s *h) {
 /* A member leaving its job gives back what it claimed of the job's
  * reservation, for the job's other processes. */
 static void slot_unclaim(struct cogpu_s *h, ledger_slot_t *sl) {
-  if (!sl->job || sl->job > LEDGER_MAX_SLOTS)
+  if (!sl->job || sl->job > LEDGER_MAX_SLOTS) {
+    for (uint32_t g = 0; g < h->st->hdr.ngpus; g++)
+      if (sl->claim[g]) { /* a claim without a job: nothing to give it to */
+        cogpu__ledger_tx_set(h, &sl->claim[g], 0);
+        cogpu__ledger_tx_commit(h);
+      }
     return;
+  }
   ledger_slot_t *job = &h->st->slots[sl->job - 1];
   bool same =
       job->state == SLOT_ACTIVE && atomic_load(&job->gen) == sl->job_gen;
@@ -301,19 +315,82 @@ static void slot_unclaim(struct cogpu_s *h, ledger_slot_t *sl) {
   cogpu__ledger_tx_commit(h);
 }
 
+/* A waiter of a process whose job's slot goes away waits on for the
+ * process's own slot instead (the process still sleeps on it), and is
+ * woken to notice. Returns false when the process is not there either. */
+static bool waiter_retarget(struct cogpu_s *h, ledger_waiter_t *wt,
+                            uint32_t w) {
+  uint64_t o = wt->owner;
+  if (o >= LEDGER_MAX_SLOTS || h->st->slots[o].state != SLOT_ACTIVE)
+    return false;
+  cogpu__ledger_tx_set(h, &wt->slot, o);
+  cogpu__ledger_tx_set(h, &wt->gen, atomic_load(&h->st->slots[o].gen));
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_wake_later(h, w);
+  return true;
+}
+
 void cogpu__ledger_note_left(struct cogpu_s *h) {
   uint32_t ms = (uint32_t)(cogpu__now_ns() / 1000000u);
   atomic_store_explicit(&h->st->hdr.left_ms, ms ? ms : 1, memory_order_release);
 }
 
+/* A job's slot is being freed while processes of the job live on (a
+ * grandchild of `cogpu run`, which PR_SET_PDEATHSIG does not reach). What
+ * each one claimed of the job's reservation becomes its own reservation,
+ * so that memory it still uses stays counted, and it is marked as a
+ * process whose job ended (job = its own slot): what it later gives back
+ * of those claims leaves its own reservation (cogpu__ledger_unclaim). One
+ * transaction per GPU, each clearing the claim it moved: a holder killed
+ * in between leaves a state that the next attempt completes, never one
+ * that counts a claim twice. No system call: dead members are reclaimed by
+ * the sweep as usual. */
+static void slot_orphan_members(struct cogpu_s *h, uint32_t s) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_slot_t *job = &h->st->slots[s];
+  uint32_t gen = atomic_load(&job->gen);
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    ledger_slot_t *ms = &h->st->slots[m];
+    if (m == s || ms->state != SLOT_ACTIVE || ms->job != (uint64_t)s + 1 ||
+        ms->job_gen != gen)
+      continue;
+    for (uint32_t g = 0; g < hd->ngpus; g++) {
+      uint64_t c = ms->claim[g];
+      if (!c)
+        continue;
+      ledger_gpu_t *gp = &hd->gpus[g];
+      if (ms->held[g] == 0 && gp->excl_slot != m + 1)
+        cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients + 1);
+      cogpu__ledger_tx_set(h, &ms->held[g], ms->held[g] + c);
+      cogpu__ledger_tx_set(h, &gp->reserved, gp->reserved + c);
+      cogpu__ledger_tx_set(h, &job->lent[g],
+                           job->lent[g] > c ? job->lent[g] - c : 0);
+      cogpu__ledger_tx_set(h, &ms->claim[g], 0);
+      cogpu__ledger_tx_commit(h);
+    }
+    cogpu__ledger_tx_set(h, &ms->job, (uint64_t)m + 1);
+    cogpu__ledger_tx_set(h, &ms->job_gen, atomic_load(&ms->gen));
+    cogpu__ledger_tx_commit(h);
+    cogpu__log(COGPU_LOG_INFO,
+               "job of pid %d ended while its process pid %d lives: that "
+               "process's share is now its own reservation",
+               job->pid, ms->pid);
+  }
+}
+
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
+  bool lends = false;
   for (uint32_t g = 0; g < hd->ngpus; g++)
     if (sl->held[g] || sl->claim[g]) {
       cogpu__ledger_note_left(h); /* it may have had memory on the GPU */
       break;
     }
+  for (uint32_t g = 0; g < hd->ngpus && !lends; g++)
+    lends = sl->lent[g] > 0;
+  if (lends)
+    slot_orphan_members(h, s);
   slot_unclaim(h, sl);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     ledger_gpu_t *gp = &hd->gpus[g];
@@ -331,6 +408,9 @@ void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
     if (wt->state == W_FREE || (wt->slot != s && wt->owner != s))
+      continue;
+    if (wt->state == W_WAITING && wt->owner != s &&
+        waiter_retarget(h, wt, (uint32_t)w))
       continue;
     if (wt->state == W_WAITING)
       cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);

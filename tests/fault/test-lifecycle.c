@@ -1,0 +1,140 @@
+/*
+ * test-lifecycle.c: lifecycle edges of the ledger (issue 11): a waiter
+ * whose job ends, a queue entry reused under a sleeper, grants racing the
+ * exit destructor, derived counters gone wrong, a deleted state file and a
+ * stopped lock holder. After each, the ledger must be consistent and
+ * usable.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "ledger-helpers.h"
+#include "ledger/ledger-int.h"
+
+static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
+  return (cogpu_request_t){.gpu = gpu,
+                           .bytes = bytes,
+                           .priority = COGPU_PRIORITY_DEFAULT,
+                           .timeout_ms = timeout_ms};
+}
+
+typedef struct waiting_s {
+  cogpu_t *h;
+  cogpu_request_t r;
+  int rc;
+  int gpu;
+  pthread_t t;
+} waiting_t;
+
+static void *waiting_run(void *arg) {
+  waiting_t *w = arg;
+  w->rc = cogpu_reserve(w->h, &w->r, &w->gpu);
+  return NULL;
+}
+
+static void waiting_start(waiting_t *w, cogpu_t *h, cogpu_request_t r) {
+  w->h = h;
+  w->r = r;
+  w->rc = 1;
+  ASSERT_EQ(pthread_create(&w->t, NULL, waiting_run, w), 0);
+}
+
+/* Item 1: a process of a job waits to grow when the job's own process
+ * leaves. Its request waits on, for its own slot; what it claimed of the
+ * job stays counted, as its own; it is served when memory frees, and what
+ * it gives back of its former claims leaves its own reservation. */
+TEST_IMPL(lifecycle_member_waits_after_its_job_ends) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *job, *member, *other;
+  ASSERT_OK(cogpu_attach(&o, &job));
+  cogpu_request_t r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(job, &r, NULL));
+  cogpu_attach_opts_t oo = {.command = "other"};
+  ASSERT_OK(cogpu_attach(&oo, &other));
+  r = req(0, 12 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(other, &r, NULL));
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
+  ASSERT_OK(cogpu_attach(&m, &member));
+  uint64_t got;
+  ASSERT_OK(cogpu__ledger_claim(member, 0, 3 * GiB, &got));
+  ASSERT_UEQ(got, 3 * GiB);
+  waiting_t w;
+  waiting_start(&w, member, req(0, 2 * GiB, COGPU_WAIT_FOREVER));
+  lt_wait_nwaiting(0, 1, 5000);
+  ASSERT_OK(cogpu_detach(job));
+  /* The member's 3G stay counted, as its own; its request still waits. */
+  th_sleep_ms(300);
+  ASSERT_EQ(w.rc, 1);
+  ASSERT_EQ(lt_nwaiting(0), 1);
+  ASSERT_UEQ(lt_reserved_by(0, "member"), 3 * GiB);
+  lt_check_invariants();
+  ASSERT_OK(cogpu_release(other, 0, 12 * GiB));
+  ASSERT_EQ(pthread_join(w.t, NULL), 0);
+  ASSERT_OK(w.rc);
+  ASSERT_UEQ(lt_reserved_by(0, "member"), 5 * GiB);
+  /* Its former claims are its own now: given back, they leave it. */
+  ASSERT_OK(cogpu__ledger_unclaim(member, 0, 3 * GiB));
+  ASSERT_UEQ(lt_reserved_by(0, "member"), 2 * GiB);
+  ASSERT_OK(cogpu_release(member, 0, COGPU_ALL));
+  lt_check_invariants();
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+  cogpu_detach(member);
+  cogpu_detach(other);
+}
+
+/* Item 1: a sleeper's queue entry is dropped under it (a repair, a
+ * reclaim) and the same index is taken by another request. The sleeper
+ * notices (the entry's ticket is not its own) and leaves with -ECANCELED;
+ * it never takes, nor on its timeout cancels, the other request. */
+TEST_IMPL_SINGLE(lifecycle_waiter_identity) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  cogpu_t *holder = lt_attach(0), *a = lt_attach(0), *b = lt_attach(0);
+  cogpu_request_t r = req(0, 16 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(holder, &r, NULL));
+  waiting_t wa, wb;
+  waiting_start(&wa, a, req(0, GiB, 2000));
+  lt_wait_nwaiting(0, 1, 5000);
+  /* Drop a's entry, as a repair would, then b's request takes its index. */
+  ledger_state_t *st = holder->st;
+  cogpu__ledger_lock(holder);
+  uint32_t idx = LEDGER_MAX_WAITERS;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+    if (st->waiters[w].state == W_WAITING)
+      idx = w;
+  ASSERT(idx < LEDGER_MAX_WAITERS);
+  st->waiters[idx].state = W_FREE;
+  st->hdr.nwaiting--;
+  cogpu__ledger_unlock(holder);
+  waiting_start(&wb, b, req(0, 2 * GiB, COGPU_WAIT_FOREVER));
+  lt_wait_nwaiting(0, 1, 5000);
+  ASSERT_EQ(st->waiters[idx].owner, b->slot);
+  ASSERT_EQ(pthread_join(wa.t, NULL), 0);
+  ASSERT_EQ(wa.rc, -ECANCELED);
+  /* b's request is untouched, and served when memory frees. */
+  ASSERT_EQ(lt_nwaiting(0), 1);
+  ASSERT_OK(cogpu_release(holder, 0, 4 * GiB));
+  ASSERT_EQ(pthread_join(wb.t, NULL), 0);
+  ASSERT_OK(wb.rc);
+  cogpu_status_t *s = lt_status();
+  ASSERT_UEQ(s->gpus[0].reserved_bytes, 14 * GiB);
+  cogpu_status_free(s);
+  lt_check_invariants();
+  cogpu_detach(a);
+  cogpu_detach(b);
+  cogpu_detach(holder);
+}
