@@ -132,6 +132,26 @@ static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
                           o ? o->priority : 0, cmd, o ? o->job_id : NULL);
 }
 
+/* A free slot holds nothing. One that does (a grant into a freed slot by an
+ * older build, a corrupting bug) is never inherited: its bytes are dropped
+ * and the derived counters recounted from the active slots. */
+static void slot_check_reuse(struct cogpu_s *h) {
+  ledger_slot_t *s = &h->st->slots[h->slot];
+  bool dirty = false;
+  for (uint32_t g = 0; g < LEDGER_MAX_GPUS; g++)
+    dirty |= s->held[g] || s->claim[g] || s->lent[g];
+  if (!dirty)
+    return;
+  cogpu__log(COGPU_LOG_WARN,
+             "slot %u was free but still held memory: dropped, and the "
+             "node's counters recounted",
+             h->slot);
+  memset(s->held, 0, sizeof s->held);
+  memset(s->claim, 0, sizeof s->claim);
+  memset(s->lent, 0, sizeof s->lent);
+  cogpu__ledger_recount(h);
+}
+
 /* Settings that are the node's, fixed when the state was created: say so
  * when this process was configured otherwise, instead of silently
  * ignoring it. */
@@ -180,6 +200,8 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
   cogpu__ledger_lock(h);
   if (h->st->slots[h->slot].state == SLOT_ACTIVE)
     cogpu__ledger_slot_free(h, h->slot); /* left by a dead previous owner */
+  else
+    slot_check_reuse(h);
   cogpu__ledger_sweep(h);
   if (!observer) {
     slot_fill(h, opts);
@@ -204,6 +226,15 @@ static int check_handle(cogpu_t *h) {
     return cogpu__seterr(-EINVAL, "this handle belongs to the parent process "
                                   "(fork): attach again in the child");
   return 0;
+}
+
+int cogpu__ledger_handle_live(struct cogpu_s *h) {
+  const ledger_slot_t *me = &h->st->slots[h->slot];
+  if (!atomic_load(&h->done) && me->state == SLOT_ACTIVE &&
+      atomic_load(&me->gen) == h->gen)
+    return 0;
+  return cogpu__seterr(-EINVAL, "this handle is detached (the process is "
+                                "exiting, or its slot was reclaimed)");
 }
 
 void cogpu__ledger_check_job(struct cogpu_s *h) {
@@ -330,8 +361,9 @@ int cogpu_detach(cogpu_t *h) {
     free(h);
     return 0;
   }
-  if (!h->forked && h->st) {
+  if (!h->forked && h->st && !atomic_load(&h->done)) {
     cogpu__ledger_lock(h);
+    atomic_store(&h->done, true);
     cogpu__ledger_slot_free(h, h->slot);
     cogpu__ledger_serve(h);
     cogpu__ledger_unlock(h);
@@ -409,6 +441,11 @@ static int claims_lock(cogpu_t *h, int gpu) {
   if (rc)
     return rc;
   cogpu__ledger_lock(h);
+  rc = cogpu__ledger_handle_live(h);
+  if (rc) {
+    cogpu__ledger_unlock(h);
+    return rc;
+  }
   cogpu__ledger_check_job(h);
   return 0;
 }
@@ -559,8 +596,11 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
   if (rc)
     return rc;
   cogpu__ledger_lock(h);
-  cogpu__ledger_check_job(h);
-  rc = cogpu__ledger_release_locked(h, gpu, bytes);
+  rc = cogpu__ledger_handle_live(h);
+  if (rc == 0) {
+    cogpu__ledger_check_job(h);
+    rc = cogpu__ledger_release_locked(h, gpu, bytes);
+  }
   cogpu__ledger_unlock(h);
   return rc;
 }
@@ -571,9 +611,11 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
 __attribute__((destructor)) static void ledger_at_exit(void) {
   pthread_mutex_lock(&handles_mu);
   for (struct cogpu_s *h = handles; h; h = h->next) {
-    if (h->forked || !h->st || h->node)
+    if (h->forked || !h->st || h->node || atomic_load(&h->done))
       continue;
     cogpu__ledger_lock(h);
+    /* Other threads may still call in: from now on they are refused. */
+    atomic_store(&h->done, true);
     cogpu__ledger_slot_free(h, h->slot);
     cogpu__ledger_serve(h);
     cogpu__ledger_unlock(h);

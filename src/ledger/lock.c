@@ -286,6 +286,10 @@ void cogpu__ledger_repair(struct cogpu_s *h) {
   repair_recount(h);
 }
 
+void cogpu__ledger_recount(struct cogpu_s *h) {
+  repair_recount(h);
+}
+
 /* Frees one dead slot: its reservations, exclusivity and waiters. */
 /* A member leaving its job gives back what it claimed of the job's
  * reservation, for the job's other processes. */

@@ -38,10 +38,17 @@ bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
   return bytes <= gpu_free(g);
 }
 
-void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                          uint32_t member, uint64_t bytes, bool exclusive) {
   ledger_gpu_t *g = &h->st->hdr.gpus[gi];
   ledger_slot_t *s = &h->st->slots[slot];
+  /* Bytes in a free slot would be counted by no sweep, ever. */
+  if (slot >= LEDGER_MAX_SLOTS || member >= LEDGER_MAX_SLOTS ||
+      s->state != SLOT_ACTIVE || h->st->slots[member].state != SLOT_ACTIVE) {
+    cogpu__log(COGPU_LOG_WARN, "refused a grant into slot %u: not active",
+               slot);
+    return false;
+  }
   if (member != slot && bytes) {
     /* Grown for one process of the job: that process's share, not free
      * for the job's other processes to claim. */
@@ -58,6 +65,7 @@ void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
   }
   if (!was_client)
     cogpu__ledger_tx_set(h, &g->nclients, g->nclients + 1);
+  return true;
 }
 
 static bool policy_by_priority(uint32_t p) {
@@ -134,11 +142,34 @@ static size_t waiter_gpus(struct cogpu_s *h, const ledger_waiter_t *wt,
   return n;
 }
 
+/* A waiter whose slot is not the one it was queued for (freed, or claimed
+ * again since) can never be served: it leaves the queue. */
+static bool waiter_stale(struct cogpu_s *h, const ledger_waiter_t *wt) {
+  if (wt->slot >= LEDGER_MAX_SLOTS || wt->owner >= LEDGER_MAX_SLOTS)
+    return true;
+  const ledger_slot_t *s = &h->st->slots[wt->slot];
+  return s->state != SLOT_ACTIVE || atomic_load(&s->gen) != wt->gen ||
+         h->st->slots[wt->owner].state != SLOT_ACTIVE;
+}
+
+static void drop_stale(struct cogpu_s *h, uint32_t w) {
+  ledger_waiter_t *wt = &h->st->waiters[w];
+  ledger_hdr_t *hd = &h->st->hdr;
+  cogpu__log(COGPU_LOG_WARN, "dropped a queue entry of a slot that is gone");
+  cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+  cogpu__ledger_tx_set(h, &wt->state, W_FREE);
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_wake_later(h, w);
+}
+
 static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
   ledger_waiter_t *wt = &h->st->waiters[w];
   ledger_hdr_t *hd = &h->st->hdr;
-  cogpu__ledger_grant(h, g, (uint32_t)wt->slot, (uint32_t)wt->owner, wt->bytes,
-                      wt->exclusive);
+  if (!cogpu__ledger_grant(h, g, (uint32_t)wt->slot, (uint32_t)wt->owner,
+                           wt->bytes, wt->exclusive)) {
+    drop_stale(h, w);
+    return;
+  }
   cogpu__ledger_tx_set(h, (uint64_t *)&wt->granted_gpu, g);
   cogpu__ledger_tx_set(h, &wt->state, W_GRANTED);
   cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
@@ -245,6 +276,10 @@ void cogpu__ledger_serve(struct cogpu_s *h) {
   bool first_fit = policy_first_fit(hd->policy);
   for (size_t i = 0; i < n; i++) {
     ledger_waiter_t *wt = &h->st->waiters[order[i]];
+    if (waiter_stale(h, wt)) {
+      drop_stale(h, order[i]);
+      continue;
+    }
     size_t ng = waiter_gpus(h, wt, gpus);
     bool served = false;
     for (size_t k = 0; k < ng && !served; k++) {

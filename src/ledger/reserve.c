@@ -74,11 +74,10 @@ int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
       best_free = fr;
     }
   }
-  if (best >= 0) {
-    cogpu__ledger_grant(h, (uint32_t)best, h->res_slot, h->slot, r->bytes,
-                        r->exclusive);
-    cogpu__ledger_tx_commit(h);
-  }
+  if (best >= 0 && !cogpu__ledger_grant(h, (uint32_t)best, h->res_slot, h->slot,
+                                        r->bytes, r->exclusive))
+    return -1;
+  cogpu__ledger_tx_commit(h);
   return best;
 }
 
@@ -281,6 +280,11 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
   int64_t w = -1;
   uint64_t ticket = 0;
   cogpu__ledger_lock(h);
+  rc = cogpu__ledger_handle_live(h);
+  if (rc) {
+    cogpu__ledger_unlock(h);
+    return rc;
+  }
   cogpu__ledger_check_job(h);
   int g = cogpu__ledger_reserve_fast(h, &r);
   if (g < 0)

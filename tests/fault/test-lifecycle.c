@@ -138,3 +138,49 @@ TEST_IMPL_SINGLE(lifecycle_waiter_identity) {
   cogpu_detach(b);
   cogpu_detach(holder);
 }
+
+/* Item 2: threads reserving while main returns. The exit destructor
+ * detaches the handle; a thread that reserves after that is refused, and
+ * nothing is ever granted into the freed slot. */
+static void *exit_race_worker(void *arg) {
+  cogpu_t *h = arg;
+  for (;;) {
+    cogpu_request_t r = req(0, GiB, COGPU_NOWAIT);
+    int gpu;
+    if (cogpu_reserve(h, &r, &gpu) == 0) {
+      usleep(200);
+      cogpu_release(h, gpu, COGPU_ALL);
+    }
+  }
+  return NULL;
+}
+
+HELPER_IMPL(exit_race) {
+  (void)argc;
+  (void)argv;
+  cogpu_t *h;
+  if (cogpu_attach(NULL, &h) != 0)
+    return 2;
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++)
+    pthread_create(&t[i], NULL, exit_race_worker, h);
+  th_sleep_ms(5 + rand() % 10);
+  return 0; /* exit() runs the destructor while the workers reserve */
+}
+
+TEST_IMPL_T(lifecycle_grant_races_exit, 120) {
+  for (int i = 0; i < 50; i++) {
+    int st = th_wait(th_spawn_helper("exit_race", NULL), th_ms(10000));
+    ASSERT(WIFEXITED(st) || WIFSIGNALED(st));
+  }
+  cogpu_status_t *s = lt_status();
+  ASSERT_UEQ(s->gpus[0].reserved_bytes, 0);
+  ASSERT_EQ(s->gpus[0].nclients, 0);
+  cogpu_status_free(s);
+  cogpu_t *h = lt_attach(0);
+  s = lt_status();
+  cogpu_request_t r = req(0, s->gpus[0].capacity_bytes, 0);
+  cogpu_status_free(s);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  cogpu_detach(h);
+}
