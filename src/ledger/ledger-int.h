@@ -217,6 +217,13 @@ void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value);
 void cogpu__ledger_tx_commit(struct cogpu_s *h);
 /* Roll back a dead holder's transaction and recompute derived counters. */
 void cogpu__ledger_repair(struct cogpu_s *h);
+/* 0 if the ledger's invariants hold; otherwise says which does not (why,
+ * len) and returns nonzero. Lock held. */
+int cogpu__ledger_invariants(struct cogpu_s *h, char *why, size_t len);
+/* Lock held: check the invariants; if they do not hold (a counter went
+ * wrong: a bug, or a process that wrote the state), recount and say so.
+ * Returns whether they held. */
+bool cogpu__ledger_verify(struct cogpu_s *h);
 /* Recompute the derived counters from the slots and waiters (lock held,
  * no transaction open); logs a warning for each that was wrong. */
 void cogpu__ledger_recount(struct cogpu_s *h);

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -25,6 +26,8 @@
 #else
 #define cpu_relax() ((void)0)
 #endif
+
+static void repair_recount(struct cogpu_s *h);
 
 static uint32_t lockw_make(uint32_t slot, uint32_t gen) {
   return (slot + 1) | ((gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
@@ -116,6 +119,20 @@ void cogpu__ledger_lock(struct cogpu_s *h) {
   }
 locked:
   cogpu__fault(COGPU_FP_LOCK_HELD);
+  if (config_debug)
+    cogpu__ledger_verify(h);
+}
+
+bool cogpu__ledger_verify(struct cogpu_s *h) {
+  char why[160];
+  if (cogpu__ledger_invariants(h, why, sizeof why) == 0)
+    return true;
+  cogpu__log(COGPU_LOG_WARN,
+             "the node's counters did not add up (%s): recounted from the "
+             "clients' slots",
+             why);
+  repair_recount(h);
+  return false;
 }
 
 /* Waiters served while this thread holds the lock, woken once it is
@@ -190,6 +207,84 @@ void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
 void cogpu__ledger_tx_commit(struct cogpu_s *h) {
   atomic_signal_fence(memory_order_seq_cst);
   atomic_store_explicit(&h->st->hdr.tx_n, 0, memory_order_release);
+  if (config_debug) {
+    /* Every transaction keeps the ledger consistent on its own. */
+    char why[160];
+    cogpu__assert_why(cogpu__ledger_invariants(h, why, sizeof why) == 0, why);
+  }
+}
+
+/* The ledger's invariants: each GPU's reserved is the sum of what the
+ * active slots hold there and nclients the number of those holding
+ * something (or exclusive use); no free slot holds bytes; nwaiting is the
+ * number of waiting entries; a job lends exactly its members' claims. */
+int cogpu__ledger_invariants(struct cogpu_s *h, char *why, size_t len) {
+  const ledger_state_t *st = h->st;
+  const ledger_hdr_t *hd = &st->hdr;
+  uint32_t ng = hd->ngpus < LEDGER_MAX_GPUS ? hd->ngpus : LEDGER_MAX_GPUS;
+  uint64_t reserved[LEDGER_MAX_GPUS] = {0}, nclients[LEDGER_MAX_GPUS] = {0};
+  bool lends = false;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    for (uint32_t g = 0; g < ng; g++) {
+      if (sl->state != SLOT_ACTIVE) {
+        if (sl->held[g])
+          return snprintf(why, len, "free slot %u holds %llu bytes on GPU %u",
+                          s, (unsigned long long)sl->held[g], g);
+        continue;
+      }
+      reserved[g] += sl->held[g];
+      nclients[g] += sl->held[g] > 0 || hd->gpus[g].excl_slot == s + 1;
+      lends |= sl->lent[g] > 0 || sl->claim[g] > 0;
+    }
+  }
+  for (uint32_t g = 0; g < ng; g++) {
+    if (reserved[g] != hd->gpus[g].reserved)
+      return snprintf(why, len, "GPU %u: reserved %llu, slots hold %llu", g,
+                      (unsigned long long)hd->gpus[g].reserved,
+                      (unsigned long long)reserved[g]);
+    if (nclients[g] != hd->gpus[g].nclients)
+      return snprintf(why, len, "GPU %u: nclients %llu, %llu slots hold", g,
+                      (unsigned long long)hd->gpus[g].nclients,
+                      (unsigned long long)nclients[g]);
+  }
+  uint64_t nw = 0;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+    nw += st->waiters[w].state == W_WAITING;
+  if (nw != hd->nwaiting)
+    return snprintf(why, len, "nwaiting %llu, %llu waiting entries",
+                    (unsigned long long)hd->nwaiting, (unsigned long long)nw);
+  if (!lends)
+    return 0;
+  /* Jobs' lent against their members' claims: summed per job in a pass
+   * over the members, then compared (only when anybody lends or claims). */
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *job = &st->slots[s];
+    if (job->state != SLOT_ACTIVE)
+      continue;
+    bool any = false;
+    for (uint32_t g = 0; g < ng; g++)
+      any |= job->lent[g] > 0;
+    if (!any)
+      continue;
+    uint64_t sum[LEDGER_MAX_GPUS] = {0};
+    for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+      const ledger_slot_t *ms = &st->slots[m];
+      if (m == s || ms->state != SLOT_ACTIVE || ms->job != (uint64_t)s + 1 ||
+          ms->job_gen != atomic_load(&job->gen))
+        continue;
+      for (uint32_t g = 0; g < ng; g++)
+        sum[g] += ms->claim[g];
+    }
+    for (uint32_t g = 0; g < ng; g++)
+      if (sum[g] != job->lent[g])
+        return snprintf(why, len,
+                        "job slot %u lends %llu on GPU %u, its members "
+                        "claim %llu",
+                        s, (unsigned long long)job->lent[g], g,
+                        (unsigned long long)sum[g]);
+  }
+  return 0;
 }
 
 static void repair_rollback(struct cogpu_s *h) {

@@ -225,6 +225,14 @@ static int reserve_wait(cogpu_t *h, uint32_t w, uint64_t ticket,
  * -1 when not served yet (*w is its waiter), or a negative error. */
 int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
                                 int64_t *w) {
+  /* It did not fit: were the figures right? A counter gone wrong would
+   * keep an idle node at "0 B free" for good. Recounted, it may fit now. */
+  *w = -1;
+  if (!cogpu__ledger_verify(h)) {
+    int g = cogpu__ledger_reserve_fast(h, r);
+    if (g >= 0)
+      return g;
+  }
   *w = cogpu__ledger_enqueue(h, r);
   if (*w < 0)
     return cogpu__seterr(-ENOSPC, "the wait queue is full (%u waiters)",

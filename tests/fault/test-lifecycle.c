@@ -184,3 +184,51 @@ TEST_IMPL_T(lifecycle_grant_races_exit, 120) {
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
   cogpu_detach(h);
 }
+
+/* Item 9: derived counters written wrong in the state file (a bug, a
+ * process that scribbled on it) do not keep an idle node at "0 B free":
+ * the request that does not fit finds that the figures do not add up,
+ * recounts them from the slots and is granted. */
+TEST_IMPL_SINGLE(lifecycle_wrong_counters_recounted) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_MAX_CLIENTS", "2");
+  cogpu_t *h = lt_attach(0);
+  ledger_state_t *st = h->st;
+  cogpu__ledger_lock(h);
+  st->hdr.gpus[0].reserved = 16 * GiB;
+  st->hdr.gpus[0].nclients = 2;
+  st->hdr.nwaiting = 3;
+  cogpu__ledger_unlock(h);
+  cogpu_request_t r = req(0, 16 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  ASSERT_UEQ(st->hdr.gpus[0].reserved, 16 * GiB);
+  ASSERT_UEQ(st->hdr.gpus[0].nclients, 1);
+  ASSERT_UEQ(st->hdr.nwaiting, 0);
+  ASSERT_OK(cogpu_release(h, 0, COGPU_ALL));
+  /* A job's lent counter gone wrong: its member could claim nothing. */
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *job, *member;
+  ASSERT_OK(cogpu_attach(&o, &job));
+  r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(job, &r, NULL));
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
+  ASSERT_OK(cogpu_attach(&m, &member));
+  cogpu__ledger_lock(h);
+  st->slots[job->slot].lent[0] = 4 * GiB;
+  cogpu__ledger_unlock(h);
+  /* Wrong: the member cannot claim, and growing does not fit either (the
+   * node is full), so the request is checked and the job recounted. */
+  r = req(0, 12 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  r = req(0, 1 * GiB, 0);
+  ASSERT_EQ(cogpu_reserve(member, &r, NULL), -EAGAIN);
+  uint64_t got;
+  ASSERT_OK(cogpu__ledger_claim(member, 0, 4 * GiB, &got));
+  ASSERT_UEQ(got, 4 * GiB);
+  lt_check_invariants();
+  cogpu_detach(member);
+  cogpu_detach(job);
+  cogpu_detach(h);
+}
