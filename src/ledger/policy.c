@@ -10,6 +10,7 @@
  * priority-fifo, priority-mmu: the same, ordered by priority (higher first),
  * then by arrival.
  */
+#include <assert.h>
 #include <string.h>
 
 #include "ledger-int.h"
@@ -197,30 +198,67 @@ static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
          now - wt->since_ns >= cogpu__ms_to_ns(h->st->hdr.sweep_interval_ms);
 }
 
+#define BIT_SET(map, i) ((map)[(i) / 8] |= (uint8_t)(1u << ((i) % 8)))
+#define BIT_GET(map, i) (((map)[(i) / 8] >> ((i) % 8)) & 1u)
+
+/* The job slot a member slot belongs to, or -1 (not a member, or its job
+ * is gone, or it is a process whose job ended: then it is its own). */
+static int64_t member_of(struct cogpu_s *h, uint32_t m) {
+  const ledger_slot_t *ms = &h->st->slots[m];
+  if (ms->state != SLOT_ACTIVE || !ms->job || ms->job > LEDGER_MAX_SLOTS ||
+      ms->job == (uint64_t)m + 1)
+    return -1;
+  const ledger_slot_t *job = &h->st->slots[ms->job - 1];
+  if (job->state != SLOT_ACTIVE || atomic_load(&job->gen) != ms->job_gen)
+    return -1;
+  return (int64_t)ms->job - 1;
+}
+
 /* The waiter to fail on GPU g if every job holding memory there waits for
- * more there: nobody would ever release, so nobody could proceed. The
- * victim is the waiting holder of lowest priority, then the newest. One
- * pass over the waiters marks the slots that wait, one pass over the slots
- * looks for a holder that does not: O(slots + waiters), not their product. */
+ * more there: nobody would ever release, so nobody could proceed. A job
+ * waits only when all of its processes do: each live member process, and
+ * its own process if that holds memory of its own (what no member
+ * claimed); one member waiting while another runs may yet see the other
+ * release. The victim is the waiting holder of lowest priority, then the
+ * newest. A pass over the waiters marks the processes that wait and the
+ * slots waited for, a pass over the members marks the jobs with a running
+ * member, and a pass over the slots looks for a holder that does not wait:
+ * O(slots + waiters), not their product, and no system call. */
 static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
   int64_t victim = -1;
   uint64_t now = cogpu__now_ns();
-  uint8_t waits[LEDGER_MAX_SLOTS / 8] = {0};
+  static_assert(LEDGER_MAX_SLOTS % 8 == 0, "bitmaps");
+  uint8_t waits[LEDGER_MAX_SLOTS / 8] = {0};   /* slots waited for */
+  uint8_t owner_w[LEDGER_MAX_SLOTS / 8] = {0}; /* processes that wait */
+  uint8_t running[LEDGER_MAX_SLOTS / 8] = {0}; /* jobs with a running member */
   bool any = false;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     const ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->slot < LEDGER_MAX_SLOTS && guard_waiting(h, wt, g, now)) {
-      waits[wt->slot / 8] |= (uint8_t)(1u << (wt->slot % 8));
+    if (wt->slot < LEDGER_MAX_SLOTS && wt->owner < LEDGER_MAX_SLOTS &&
+        guard_waiting(h, wt, g, now)) {
+      BIT_SET(waits, wt->slot);
+      BIT_SET(owner_w, wt->owner);
       any = true;
     }
   }
   if (!any)
     return -1;
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    int64_t job = member_of(h, m);
+    if (job >= 0 && !BIT_GET(owner_w, m))
+      BIT_SET(running, (uint32_t)job);
+  }
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     const ledger_slot_t *sl = &h->st->slots[s];
     bool holds = sl->state == SLOT_ACTIVE &&
                  (sl->held[g] > 0 || h->st->hdr.gpus[g].excl_slot == s + 1);
-    if (holds && !(waits[s / 8] & (1u << (s % 8))))
+    if (!holds)
+      continue;
+    bool own =
+        sl->held[g] > sl->lent[g] || h->st->hdr.gpus[g].excl_slot == s + 1;
+    bool stuck = BIT_GET(waits, s) && !BIT_GET(running, s) &&
+                 (!own || BIT_GET(owner_w, s));
+    if (!stuck)
       return -1; /* someone can still make progress and release */
   }
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {

@@ -232,3 +232,47 @@ TEST_IMPL_SINGLE(lifecycle_wrong_counters_recounted) {
   cogpu_detach(job);
   cogpu_detach(h);
 }
+
+/* Item 7: the deadlock guard counts a job as waiting only when all of its
+ * processes wait. Here one process of a job waits while another runs (and
+ * then releases), and another job waits too: nobody is refused, and the
+ * release serves the waiting process. */
+TEST_IMPL(lifecycle_guard_waits_for_all_members) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *job, *a, *b, *other;
+  ASSERT_OK(cogpu_attach(&o, &job));
+  cogpu_request_t r = req(0, 8 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(job, &r, NULL));
+  cogpu_attach_opts_t oo = {.command = "other"};
+  ASSERT_OK(cogpu_attach(&oo, &other));
+  ASSERT_OK(cogpu_reserve(other, &r, NULL));
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
+  ASSERT_OK(cogpu_attach(&m, &a));
+  ASSERT_OK(cogpu_attach(&m, &b));
+  uint64_t got;
+  ASSERT_OK(cogpu__ledger_claim(a, 0, 4 * GiB, &got));
+  ASSERT_OK(cogpu__ledger_claim(b, 0, 4 * GiB, &got));
+  waiting_t wa, wo;
+  waiting_start(&wa, a, req(0, 4 * GiB, COGPU_WAIT_FOREVER));
+  lt_wait_nwaiting(0, 1, 5000);
+  waiting_start(&wo, other, req(0, 4 * GiB, 2000));
+  lt_wait_nwaiting(0, 2, 5000);
+  /* Several housekeeping ticks: b runs, so the job does not wait. */
+  th_sleep_ms(600);
+  ASSERT_EQ(wa.rc, 1);
+  ASSERT_EQ(wo.rc, 1);
+  ASSERT_OK(cogpu_release(b, 0, 4 * GiB));
+  ASSERT_EQ(pthread_join(wa.t, NULL), 0);
+  ASSERT_OK(wa.rc);
+  ASSERT_EQ(pthread_join(wo.t, NULL), 0);
+  ASSERT_EQ(wo.rc, -ETIMEDOUT);
+  lt_check_invariants();
+  cogpu_detach(a);
+  cogpu_detach(b);
+  cogpu_detach(other);
+  cogpu_detach(job);
+}
