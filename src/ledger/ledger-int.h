@@ -209,6 +209,11 @@ int cogpu__ledger_shm_in_use(int fd, bool *in_use);
 /* --- lock.c: lock, undo log, liveness, repair ------------------------------
  */
 void cogpu__ledger_lock(struct cogpu_s *h);
+/* The same, for the entry points: gives up with -EBUSY (message naming the
+ * holder's pid) when a live holder keeps the lock 5 s (it is stopped), so
+ * that no program hangs in a CUDA call, and no `cogpu status`, because of
+ * another process. Unbounded in the daemon. */
+int cogpu__ledger_lock_bounded(struct cogpu_s *h);
 void cogpu__ledger_unlock(struct cogpu_s *h);
 /* Wake this waiter when the lock is next released by this thread. */
 void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter);

@@ -197,7 +197,12 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
   }
   cogpu__fault(COGPU_FP_ATTACH);
   h->priority = opts ? opts->priority : 0;
-  cogpu__ledger_lock(h);
+  rc = cogpu__ledger_lock_bounded(h);
+  if (rc) {
+    cogpu__ledger_shm_close(h);
+    free(h);
+    return rc;
+  }
   if (h->st->slots[h->slot].state == SLOT_ACTIVE)
     cogpu__ledger_slot_free(h, h->slot); /* left by a dead previous owner */
   else
@@ -257,7 +262,9 @@ static int attach_join(struct cogpu_s *h, const char *token) {
       slot >= LEDGER_MAX_SLOTS)
     return cogpu__seterr(-EINVAL, "invalid job token '%s'", token);
   ledger_slot_t *s = &h->st->slots[slot];
-  cogpu__ledger_lock(h);
+  int rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
   bool live = s->state == SLOT_ACTIVE && atomic_load(&s->gen) == gen &&
               cogpu__ledger_slot_alive(h, slot, gen);
   if (live) {
@@ -361,8 +368,13 @@ int cogpu_detach(cogpu_t *h) {
     free(h);
     return 0;
   }
-  if (!h->forked && h->st && !atomic_load(&h->done)) {
-    cogpu__ledger_lock(h);
+  /* A stopped lock holder: the slot is left to the others' sweep, which
+   * finds it dead once our liveness lock goes with the descriptor. */
+  /* An observer (status) never made its slot active: nothing to free. */
+  bool active = h->st && h->st->slots[h->slot].state == SLOT_ACTIVE &&
+                atomic_load(&h->st->slots[h->slot].gen) == h->gen;
+  if (!h->forked && active && !atomic_load(&h->done) &&
+      cogpu__ledger_lock_bounded(h) == 0) {
     atomic_store(&h->done, true);
     cogpu__ledger_slot_free(h, h->slot);
     cogpu__ledger_serve(h);
@@ -440,7 +452,9 @@ static int claims_lock(cogpu_t *h, int gpu) {
     rc = check_gpu(h, gpu);
   if (rc)
     return rc;
-  cogpu__ledger_lock(h);
+  rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
   rc = cogpu__ledger_handle_live(h);
   if (rc) {
     cogpu__ledger_unlock(h);
@@ -521,8 +535,9 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
     return rc;
   if (!job_id || !*job_id || len < 24)
     return cogpu__seterr(-EINVAL, "find_job: empty job id or short buffer");
+  if (cogpu__ledger_lock_bounded(h))
+    return -EBUSY;
   rc = -ESRCH;
-  cogpu__ledger_lock(h);
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS && rc; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
     uint32_t gen = atomic_load(&sl->gen);
@@ -595,7 +610,9 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
     rc = check_gpu(h, gpu);
   if (rc)
     return rc;
-  cogpu__ledger_lock(h);
+  rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
   rc = cogpu__ledger_handle_live(h);
   if (rc == 0) {
     cogpu__ledger_check_job(h);
@@ -611,9 +628,9 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
 __attribute__((destructor)) static void ledger_at_exit(void) {
   pthread_mutex_lock(&handles_mu);
   for (struct cogpu_s *h = handles; h; h = h->next) {
-    if (h->forked || !h->st || h->node || atomic_load(&h->done))
+    if (h->forked || !h->st || h->node || atomic_load(&h->done) ||
+        cogpu__ledger_lock_bounded(h) != 0)
       continue;
-    cogpu__ledger_lock(h);
     /* Other threads may still call in: from now on they are refused. */
     atomic_store(&h->done, true);
     cogpu__ledger_slot_free(h, h->slot);

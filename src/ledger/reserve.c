@@ -287,7 +287,9 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
     return rc;
   int64_t w = -1;
   uint64_t ticket = 0;
-  cogpu__ledger_lock(h);
+  rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
   rc = cogpu__ledger_handle_live(h);
   if (rc) {
     cogpu__ledger_unlock(h);

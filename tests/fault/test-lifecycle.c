@@ -276,3 +276,35 @@ TEST_IMPL(lifecycle_guard_waits_for_all_members) {
   cogpu_detach(other);
   cogpu_detach(job);
 }
+
+/* Item 3: a lock holder stopped (SIGSTOP, Ctrl-Z, a cgroup freezer) does
+ * not stall the node's users for ever: a reservation and `cogpu status`
+ * give up after a bound, with a message naming the holder; once it runs
+ * again, all is well. */
+TEST_IMPL_SINGLE_T(lifecycle_stopped_lock_holder, 90) {
+  th_setenv("COGPU_MARGIN", "0");
+  cogpu_t *h = lt_attach(0);
+  setenv("COGPU_FAULT", "lock_held:1:stall", 1);
+  pid_t p = lt_hold("stopped", 0, GiB, 0, 0, 0);
+  unsetenv("COGPU_FAULT");
+  th_sleep_ms(500); /* inside its 2 s stall, holding the lock */
+  ASSERT_EQ(kill(p, SIGSTOP), 0);
+  char pid[32];
+  snprintf(pid, sizeof pid, "pid %d", (int)p);
+  cogpu_request_t r = req(0, GiB, COGPU_NOWAIT);
+  uint64_t t0 = cogpu__now_ns();
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -EBUSY);
+  ASSERT_CONTAINS(cogpu_last_error(), pid);
+  ASSERT_LT((cogpu__now_ns() - t0) / 1000000, th_ms(8000));
+  char cli[4096], out[4096], err[4096];
+  snprintf(cli, sizeof cli, "%s/cogpu", th_build_dir());
+  const char *argv[] = {cli, "status", NULL};
+  ASSERT_NE(th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(15000)),
+            0);
+  ASSERT_CONTAINS(err, pid);
+  ASSERT_EQ(kill(p, SIGCONT), 0);
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), HOLD_OK);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  lt_check_invariants();
+  cogpu_detach(h);
+}
