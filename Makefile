@@ -1,5 +1,6 @@
 # cogpu build. `make` builds into build/; `make SAN=asan` and `make SAN=tsan`
-# build sanitizer variants into build-asan/ and build-tsan/. `make check`
+# build sanitizer variants into build-asan/ and build-tsan/, `make DEBUG=1`
+# a debug variant (internal checks on) into build-debug/. `make check`
 # runs the test suite of one build; `make check-all` runs it in the plain,
 # ASan+UBSan and TSan builds (the README's test command). `make install`
 # honours PREFIX and DESTDIR.
@@ -14,15 +15,24 @@ PCDIR ?= $(LIBDIR)/pkgconfig
 
 CC ?= cc
 SAN ?=
+# COGPU_DEBUG turns on the internal checks (src/common/internal.h): the
+# ledger's invariants after every commit. The sanitizer builds have it;
+# `make DEBUG=1` builds a plain debug variant into build-debug/.
 ifeq ($(SAN),)
+ifeq ($(DEBUG),1)
+B ?= build-debug
+SANFLAGS := -DCOGPU_DEBUG
+else
 B ?= build
 SANFLAGS :=
+endif
 else ifeq ($(SAN),asan)
 B ?= build-asan
-SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+            -DCOGPU_DEBUG
 else ifeq ($(SAN),tsan)
 B ?= build-tsan
-SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
+SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer -DCOGPU_DEBUG
 else
 $(error SAN must be empty, asan or tsan)
 endif
@@ -278,7 +288,7 @@ format-check:
 	clang-format --dry-run -Werror $(FORMAT_FILES)
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-debug
 
 -include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_OBJS:.o=.d) \
          $(PRELOAD_OBJS:.o=.d) $(SPANK_OBJS:.o=.d)

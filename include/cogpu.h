@@ -77,7 +77,9 @@ typedef struct cogpu_attach_opts_s {
  * `opts` may be NULL for defaults. On success stores a handle in *out.
  * Errors: -EINVAL, -ENOMEM, -EACCES/-EPERM (state owner or mode refused),
  * COGPU_ESTATE (state unreadable and in use; run `cogpu doctor`),
- * COGPU_ENVML, COGPU_ENOGPU, COGPU_ECONFIG, -ENOSPC (no free client slot).
+ * COGPU_ENVML, COGPU_ENOGPU, COGPU_ECONFIG, -ENOSPC (no free client slot),
+ * -EBUSY (the ledger is locked by a process that does not run: stopped;
+ * the message names its pid), -ESRCH (opts->join names a job that ended).
  */
 COGPU_API int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out);
 
@@ -116,17 +118,21 @@ typedef struct cogpu_request_s {
  * there. If it does not fit now, wait in the GPU's queue (without polling
  * and without signals) until the node's policy serves it or the timeout
  * passes. On success the chosen GPU index is stored in *gpu_out (may be NULL).
- * Errors: -EINVAL (bad argument), -ENODEV (no such GPU), -E2BIG (larger than
- * the GPU's capacity: it could never fit), -EAGAIN (COGPU_NOWAIT and it does
- * not fit now), -ETIMEDOUT, -EBUSY (GPU's client limit reached with
- * COGPU_NOWAIT), COGPU_ESTATE.
+ * Errors: -EINVAL (bad argument, or a handle detached at exit or from a
+ * fork's parent), -ENODEV (no such GPU), -E2BIG (larger than the GPU's
+ * capacity: it could never fit), -EAGAIN (COGPU_NOWAIT and it does not fit
+ * now, the GPU's client limit included), -ETIMEDOUT, -ENOSPC (the wait
+ * queue is full), COGPU_EDEADLOCK (refused by the deadlock guard), -EBUSY
+ * (the ledger is locked by a process that does not run: stopped),
+ * -ECANCELED (the request's queue entry was removed: ask again).
  */
 COGPU_API int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req,
                             int *gpu_out);
 
 /* Give back `bytes` of this process's reservation on `gpu` (COGPU_ALL for
  * all of it, which also ends exclusive use), waking waiters that now fit.
- * Errors: -EINVAL (more than held), -ENODEV. */
+ * Errors: -EINVAL (more than held, or a detached handle), -ENODEV, -EBUSY
+ * (the ledger is locked by a process that does not run). */
 COGPU_API int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes);
 
 /* Bytes this process holds on `gpu`. */

@@ -31,6 +31,28 @@ void cogpu__log(int level, const char *fmt, ...) COGPU_PRINTF(2, 3);
 void cogpu__log_set_level(int level);
 int cogpu__log_level(void);
 
+/* --- Debug builds and assertions (log.c) ------------------------------
+ * COGPU_DEBUG (set in the ASan and TSan builds, or `make DEBUG=1`) turns on
+ * checks that cost too much for a release build: the ledger's invariants
+ * after every commit. config_debug is a constant, so every check is
+ * compiled in every build (jemalloc's config_debug) and the compiler drops
+ * it from a release build. cogpu__assert logs the failed condition and
+ * aborts; it is for invariants of our own making only, never for what
+ * another process could have written (that is repaired, not asserted). */
+#ifdef COGPU_DEBUG
+static const bool config_debug = true;
+#else
+static const bool config_debug = false;
+#endif
+_Noreturn void cogpu__assert_fail(const char *file, int line, const char *cond,
+                                  const char *why);
+#define cogpu__assert_why(cond, why)                                           \
+  do {                                                                         \
+    if (config_debug && !(cond))                                               \
+      cogpu__assert_fail(__FILE__, __LINE__, #cond, (why));                    \
+  } while (0)
+#define cogpu__assert(cond) cogpu__assert_why(cond, "")
+
 /* --- Errors (err.c) ---------------------------------------------------
  * cogpu__seterr formats the thread's last-error message and returns rc, so
  * callers write `return cogpu__seterr(-EINVAL, "bad size '%s'", s);`. */

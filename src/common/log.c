@@ -148,3 +148,15 @@ void cogpu__log(int level, const char *fmt, ...) {
   log_busy = false;
   errno = saved;
 }
+
+_Noreturn void cogpu__assert_fail(const char *file, int line, const char *cond,
+                                  const char *why) {
+  /* Whatever the log level: a broken invariant is never silent. */
+  char buf[768];
+  int n = snprintf(
+      buf, sizeof buf, "cogpu[%d]: error: assertion failed at %s:%d: %s%s%s\n",
+      (int)getpid(), file, line, cond, why && *why ? ": " : "", why ? why : "");
+  if (n > 0)
+    (void)!write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+  abort();
+}

@@ -109,7 +109,8 @@ void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   }
   free(pids);
   free(procs);
-  cogpu__ledger_lock(h);
+  if (cogpu__ledger_lock_bounded(h))
+    return; /* a stopped holder: keep the last known figures */
   bool grew = false;
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (hd->gpus[g].foreign == foreign[g])

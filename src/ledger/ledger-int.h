@@ -164,7 +164,15 @@ typedef struct ledger_state_s {
 struct cogpu__node_s;
 
 /* A process's attachment (the public cogpu_t). In node mode (a daemon
- * runs) node is set and st is NULL: every call goes to the daemon. */
+ * runs) node is set and st is NULL: every call goes to the daemon.
+ *
+ * Its lifecycle: attached, then either done (its slot was freed: at exit,
+ * by the exit destructor, while other threads of the process may still
+ * call in) or forked (in a fork child: the slot is the parent's). `done`
+ * is set under the ledger lock before the slot is freed, and every entry
+ * point that changes the ledger re-checks it, with the slot's state and
+ * generation, under the lock (cogpu__ledger_handle_live): nothing is ever
+ * granted into a freed slot. */
 struct cogpu_s {
   struct cogpu__node_s *node;
   ledger_state_t *st;
@@ -174,7 +182,8 @@ struct cogpu_s {
   uint32_t res_slot; /* where reservations go: own slot, or a joined job's */
   uint32_t res_gen;  /* the joined slot's generation */
   int priority;
-  bool forked; /* set in a fork child: the handle is the parent's */
+  bool forked;       /* set in a fork child: the handle is the parent's */
+  _Atomic bool done; /* its slot was freed (exit): refuse every call */
   char path[512];
   cogpu__config_t cfg;
   struct cogpu_s *next; /* list of live handles, for the fork handler */
@@ -200,6 +209,11 @@ int cogpu__ledger_shm_in_use(int fd, bool *in_use);
 /* --- lock.c: lock, undo log, liveness, repair ------------------------------
  */
 void cogpu__ledger_lock(struct cogpu_s *h);
+/* The same, for the entry points: gives up with -EBUSY (message naming the
+ * holder's pid) when a live holder keeps the lock 5 s (it is stopped), so
+ * that no program hangs in a CUDA call, and no `cogpu status`, because of
+ * another process. Unbounded in the daemon. */
+int cogpu__ledger_lock_bounded(struct cogpu_s *h);
 void cogpu__ledger_unlock(struct cogpu_s *h);
 /* Wake this waiter when the lock is next released by this thread. */
 void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter);
@@ -208,6 +222,16 @@ void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value);
 void cogpu__ledger_tx_commit(struct cogpu_s *h);
 /* Roll back a dead holder's transaction and recompute derived counters. */
 void cogpu__ledger_repair(struct cogpu_s *h);
+/* 0 if the ledger's invariants hold; otherwise says which does not (why,
+ * len) and returns nonzero. Lock held. */
+int cogpu__ledger_invariants(struct cogpu_s *h, char *why, size_t len);
+/* Lock held: check the invariants; if they do not hold (a counter went
+ * wrong: a bug, or a process that wrote the state), recount and say so.
+ * Returns whether they held. */
+bool cogpu__ledger_verify(struct cogpu_s *h);
+/* Recompute the derived counters from the slots and waiters (lock held,
+ * no transaction open); logs a warning for each that was wrong. */
+void cogpu__ledger_recount(struct cogpu_s *h);
 /* Free one slot: its reservations, exclusivity and waiters. */
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s);
 /* Record that a client left or released all it held (hdr.left_ms). */
@@ -221,8 +245,9 @@ uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g);
 bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                         uint64_t bytes, bool exclusive);
 /* Grant to `slot` on GPU gi (transactional; no commit), for the process
- * of slot `member` (the job's own slot, or one of its processes). */
-void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+ * of slot `member` (the job's own slot, or one of its processes). Refuses
+ * (false, nothing written) a slot that is not active. */
+bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                          uint32_t member, uint64_t bytes, bool exclusive);
 /* Serve every waiter the node's policy allows now, waking each. */
 void cogpu__ledger_serve(struct cogpu_s *h);
@@ -234,6 +259,10 @@ size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
  * a client. */
 int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
                          struct cogpu_s **out);
+
+/* With the lock held: is h still attached (not done, its slot active with
+ * its generation)? Otherwise sets the error and returns it. */
+int cogpu__ledger_handle_live(struct cogpu_s *h);
 
 /* With the lock held: if the joined job's slot is gone (its process died
  * and the slot was reclaimed), fall back to the handle's own slot. */

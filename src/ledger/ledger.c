@@ -132,6 +132,26 @@ static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
                           o ? o->priority : 0, cmd, o ? o->job_id : NULL);
 }
 
+/* A free slot holds nothing. One that does (a grant into a freed slot by an
+ * older build, a corrupting bug) is never inherited: its bytes are dropped
+ * and the derived counters recounted from the active slots. */
+static void slot_check_reuse(struct cogpu_s *h) {
+  ledger_slot_t *s = &h->st->slots[h->slot];
+  bool dirty = false;
+  for (uint32_t g = 0; g < LEDGER_MAX_GPUS; g++)
+    dirty |= s->held[g] || s->claim[g] || s->lent[g];
+  if (!dirty)
+    return;
+  cogpu__log(COGPU_LOG_WARN,
+             "slot %u was free but still held memory: dropped, and the "
+             "node's counters recounted",
+             h->slot);
+  memset(s->held, 0, sizeof s->held);
+  memset(s->claim, 0, sizeof s->claim);
+  memset(s->lent, 0, sizeof s->lent);
+  cogpu__ledger_recount(h);
+}
+
 /* Settings that are the node's, fixed when the state was created: say so
  * when this process was configured otherwise, instead of silently
  * ignoring it. */
@@ -177,9 +197,16 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
   }
   cogpu__fault(COGPU_FP_ATTACH);
   h->priority = opts ? opts->priority : 0;
-  cogpu__ledger_lock(h);
+  rc = cogpu__ledger_lock_bounded(h);
+  if (rc) {
+    cogpu__ledger_shm_close(h);
+    free(h);
+    return rc;
+  }
   if (h->st->slots[h->slot].state == SLOT_ACTIVE)
     cogpu__ledger_slot_free(h, h->slot); /* left by a dead previous owner */
+  else
+    slot_check_reuse(h);
   cogpu__ledger_sweep(h);
   if (!observer) {
     slot_fill(h, opts);
@@ -206,6 +233,15 @@ static int check_handle(cogpu_t *h) {
   return 0;
 }
 
+int cogpu__ledger_handle_live(struct cogpu_s *h) {
+  const ledger_slot_t *me = &h->st->slots[h->slot];
+  if (!atomic_load(&h->done) && me->state == SLOT_ACTIVE &&
+      atomic_load(&me->gen) == h->gen)
+    return 0;
+  return cogpu__seterr(-EINVAL, "this handle is detached (the process is "
+                                "exiting, or its slot was reclaimed)");
+}
+
 void cogpu__ledger_check_job(struct cogpu_s *h) {
   if (h->res_slot == h->slot)
     return;
@@ -226,7 +262,9 @@ static int attach_join(struct cogpu_s *h, const char *token) {
       slot >= LEDGER_MAX_SLOTS)
     return cogpu__seterr(-EINVAL, "invalid job token '%s'", token);
   ledger_slot_t *s = &h->st->slots[slot];
-  cogpu__ledger_lock(h);
+  int rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
   bool live = s->state == SLOT_ACTIVE && atomic_load(&s->gen) == gen &&
               cogpu__ledger_slot_alive(h, slot, gen);
   if (live) {
@@ -332,8 +370,14 @@ int cogpu_detach(cogpu_t *h) {
     free(h);
     return 0;
   }
-  if (!h->forked && h->st) {
-    cogpu__ledger_lock(h);
+  /* A stopped lock holder: the slot is left to the others' sweep, which
+   * finds it dead once our liveness lock goes with the descriptor. */
+  /* An observer (status) never made its slot active: nothing to free. */
+  bool active = h->st && h->st->slots[h->slot].state == SLOT_ACTIVE &&
+                atomic_load(&h->st->slots[h->slot].gen) == h->gen;
+  if (!h->forked && active && !atomic_load(&h->done) &&
+      cogpu__ledger_lock_bounded(h) == 0) {
+    atomic_store(&h->done, true);
     cogpu__ledger_slot_free(h, h->slot);
     cogpu__ledger_serve(h);
     cogpu__ledger_unlock(h);
@@ -410,7 +454,14 @@ static int claims_lock(cogpu_t *h, int gpu) {
     rc = check_gpu(h, gpu);
   if (rc)
     return rc;
-  cogpu__ledger_lock(h);
+  rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
+  rc = cogpu__ledger_handle_live(h);
+  if (rc) {
+    cogpu__ledger_unlock(h);
+    return rc;
+  }
   cogpu__ledger_check_job(h);
   return 0;
 }
@@ -450,6 +501,14 @@ int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
   return 0;
 }
 
+/* A process whose job ended (its slot names itself as its job): what it
+ * claimed became its own reservation, so giving a claim back releases it
+ * from there. */
+static bool job_ended(cogpu_t *h) {
+  const ledger_slot_t *me = &h->st->slots[h->slot];
+  return me->job == (uint64_t)h->slot + 1;
+}
+
 int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
   if (h && h->node)
     return cogpu__node_unclaim(h->node, gpu, bytes);
@@ -461,9 +520,12 @@ int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
     uint64_t n = bytes < mine ? bytes : mine;
     if (n)
       claim_move(h, gpu, -(int64_t)n);
+  } else if (job_ended(h)) {
+    uint64_t held = h->st->slots[h->slot].held[gpu];
+    rc = cogpu__ledger_release_locked(h, gpu, bytes < held ? bytes : held);
   }
   cogpu__ledger_unlock(h);
-  return 0;
+  return rc;
 }
 
 int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
@@ -475,8 +537,9 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
     return rc;
   if (!job_id || !*job_id || len < 24)
     return cogpu__seterr(-EINVAL, "find_job: empty job id or short buffer");
+  if (cogpu__ledger_lock_bounded(h))
+    return -EBUSY;
   rc = -ESRCH;
-  cogpu__ledger_lock(h);
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS && rc; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
     uint32_t gen = atomic_load(&sl->gen);
@@ -549,9 +612,14 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
     rc = check_gpu(h, gpu);
   if (rc)
     return rc;
-  cogpu__ledger_lock(h);
-  cogpu__ledger_check_job(h);
-  rc = cogpu__ledger_release_locked(h, gpu, bytes);
+  rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
+  rc = cogpu__ledger_handle_live(h);
+  if (rc == 0) {
+    cogpu__ledger_check_job(h);
+    rc = cogpu__ledger_release_locked(h, gpu, bytes);
+  }
   cogpu__ledger_unlock(h);
   return rc;
 }
@@ -562,9 +630,11 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
 __attribute__((destructor)) static void ledger_at_exit(void) {
   pthread_mutex_lock(&handles_mu);
   for (struct cogpu_s *h = handles; h; h = h->next) {
-    if (h->forked || !h->st || h->node)
+    if (h->forked || !h->st || h->node || atomic_load(&h->done) ||
+        cogpu__ledger_lock_bounded(h) != 0)
       continue;
-    cogpu__ledger_lock(h);
+    /* Other threads may still call in: from now on they are refused. */
+    atomic_store(&h->done, true);
     cogpu__ledger_slot_free(h, h->slot);
     cogpu__ledger_serve(h);
     cogpu__ledger_unlock(h);

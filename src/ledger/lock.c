@@ -10,12 +10,16 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "ledger-int.h"
 
 #define LOCK_CHECK_MS 50
+/* How long an entry point waits for a live holder (item 3 of issue 11):
+ * the lock is held for microseconds, so this is a holder that stopped. */
+#define LOCK_BOUND_MS 5000
 #define LOCK_SPINS 100
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -25,6 +29,8 @@
 #else
 #define cpu_relax() ((void)0)
 #endif
+
+static void repair_recount(struct cogpu_s *h);
 
 static uint32_t lockw_make(uint32_t slot, uint32_t gen) {
   return (slot + 1) | ((gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
@@ -62,8 +68,12 @@ static bool lock_owner_dead(struct cogpu_s *h, uint32_t w) {
   return !cogpu__ledger_slot_alive(h, slot1 - 1, w >> LOCKW_GEN_SHIFT);
 }
 
-void cogpu__ledger_lock(struct cogpu_s *h) {
+/* Takes the lock; bound_ms >= 0 gives up after that long if the holder is
+ * alive but does not let go (stopped by SIGSTOP, Ctrl-Z, a cgroup freezer
+ * or a debugger): -EBUSY, with a message naming it. */
+static int lock_take(struct cogpu_s *h, int64_t bound_ms) {
   _Atomic uint32_t *lk = &h->st->hdr.lock;
+  uint64_t start = 0;
   uint32_t me = lockw_make(h->slot, h->gen);
   uint32_t cur = 0;
   if (atomic_compare_exchange_strong_explicit(
@@ -80,6 +90,7 @@ void cogpu__ledger_lock(struct cogpu_s *h) {
       goto locked;
   }
   uint64_t since = cogpu__now_ns();
+  start = since;
   for (;;) {
     cur = atomic_load_explicit(lk, memory_order_relaxed);
     if (cur == 0) {
@@ -113,9 +124,42 @@ void cogpu__ledger_lock(struct cogpu_s *h) {
       goto locked;
     }
     since = cogpu__now_ns();
+    if (bound_ms >= 0 && w != 0 &&
+        since - start >= cogpu__ms_to_ns((uint64_t)bound_ms)) {
+      uint32_t s1 = w & LOCKW_SLOT_MASK;
+      int pid = s1 && s1 <= LEDGER_MAX_SLOTS ? h->st->slots[s1 - 1].pid : 0;
+      return cogpu__seterr(-EBUSY,
+                           "the node's ledger has been locked for %lld ms by "
+                           "pid %d (slot %u), which is alive but does not "
+                           "run (stopped?); gave up",
+                           (long long)bound_ms, pid, s1 ? s1 - 1 : 0);
+    }
   }
 locked:
   cogpu__fault(COGPU_FP_LOCK_HELD);
+  if (config_debug)
+    cogpu__ledger_verify(h);
+  return 0;
+}
+
+void cogpu__ledger_lock(struct cogpu_s *h) {
+  (void)lock_take(h, -1);
+}
+
+int cogpu__ledger_lock_bounded(struct cogpu_s *h) {
+  return lock_take(h, cogpu__ledger_trusted ? -1 : LOCK_BOUND_MS);
+}
+
+bool cogpu__ledger_verify(struct cogpu_s *h) {
+  char why[160];
+  if (cogpu__ledger_invariants(h, why, sizeof why) == 0)
+    return true;
+  cogpu__log(COGPU_LOG_WARN,
+             "the node's counters did not add up (%s): recounted from the "
+             "clients' slots",
+             why);
+  repair_recount(h);
+  return false;
 }
 
 /* Waiters served while this thread holds the lock, woken once it is
@@ -190,6 +234,84 @@ void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
 void cogpu__ledger_tx_commit(struct cogpu_s *h) {
   atomic_signal_fence(memory_order_seq_cst);
   atomic_store_explicit(&h->st->hdr.tx_n, 0, memory_order_release);
+  if (config_debug) {
+    /* Every transaction keeps the ledger consistent on its own. */
+    char why[160];
+    cogpu__assert_why(cogpu__ledger_invariants(h, why, sizeof why) == 0, why);
+  }
+}
+
+/* The ledger's invariants: each GPU's reserved is the sum of what the
+ * active slots hold there and nclients the number of those holding
+ * something (or exclusive use); no free slot holds bytes; nwaiting is the
+ * number of waiting entries; a job lends exactly its members' claims. */
+int cogpu__ledger_invariants(struct cogpu_s *h, char *why, size_t len) {
+  const ledger_state_t *st = h->st;
+  const ledger_hdr_t *hd = &st->hdr;
+  uint32_t ng = hd->ngpus < LEDGER_MAX_GPUS ? hd->ngpus : LEDGER_MAX_GPUS;
+  uint64_t reserved[LEDGER_MAX_GPUS] = {0}, nclients[LEDGER_MAX_GPUS] = {0};
+  bool lends = false;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    for (uint32_t g = 0; g < ng; g++) {
+      if (sl->state != SLOT_ACTIVE) {
+        if (sl->held[g])
+          return snprintf(why, len, "free slot %u holds %llu bytes on GPU %u",
+                          s, (unsigned long long)sl->held[g], g);
+        continue;
+      }
+      reserved[g] += sl->held[g];
+      nclients[g] += sl->held[g] > 0 || hd->gpus[g].excl_slot == s + 1;
+      lends |= sl->lent[g] > 0 || sl->claim[g] > 0;
+    }
+  }
+  for (uint32_t g = 0; g < ng; g++) {
+    if (reserved[g] != hd->gpus[g].reserved)
+      return snprintf(why, len, "GPU %u: reserved %llu, slots hold %llu", g,
+                      (unsigned long long)hd->gpus[g].reserved,
+                      (unsigned long long)reserved[g]);
+    if (nclients[g] != hd->gpus[g].nclients)
+      return snprintf(why, len, "GPU %u: nclients %llu, %llu slots hold", g,
+                      (unsigned long long)hd->gpus[g].nclients,
+                      (unsigned long long)nclients[g]);
+  }
+  uint64_t nw = 0;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+    nw += st->waiters[w].state == W_WAITING;
+  if (nw != hd->nwaiting)
+    return snprintf(why, len, "nwaiting %llu, %llu waiting entries",
+                    (unsigned long long)hd->nwaiting, (unsigned long long)nw);
+  if (!lends)
+    return 0;
+  /* Jobs' lent against their members' claims: summed per job in a pass
+   * over the members, then compared (only when anybody lends or claims). */
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *job = &st->slots[s];
+    if (job->state != SLOT_ACTIVE)
+      continue;
+    bool any = false;
+    for (uint32_t g = 0; g < ng; g++)
+      any |= job->lent[g] > 0;
+    if (!any)
+      continue;
+    uint64_t sum[LEDGER_MAX_GPUS] = {0};
+    for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+      const ledger_slot_t *ms = &st->slots[m];
+      if (m == s || ms->state != SLOT_ACTIVE || ms->job != (uint64_t)s + 1 ||
+          ms->job_gen != atomic_load(&job->gen))
+        continue;
+      for (uint32_t g = 0; g < ng; g++)
+        sum[g] += ms->claim[g];
+    }
+    for (uint32_t g = 0; g < ng; g++)
+      if (sum[g] != job->lent[g])
+        return snprintf(why, len,
+                        "job slot %u lends %llu on GPU %u, its members "
+                        "claim %llu",
+                        s, (unsigned long long)job->lent[g], g,
+                        (unsigned long long)sum[g]);
+  }
+  return 0;
 }
 
 static void repair_rollback(struct cogpu_s *h) {
@@ -249,6 +371,14 @@ static void repair_recount(struct cogpu_s *h) {
     ledger_waiter_t *wt = &h->st->waiters[w];
     if (wt->state == W_FREE)
       continue;
+    /* A waiter whose job's slot is gone waits on for its own process. */
+    if (wt->state == W_WAITING && wt->owner < LEDGER_MAX_SLOTS &&
+        h->st->slots[wt->owner].state == SLOT_ACTIVE &&
+        (wt->slot >= LEDGER_MAX_SLOTS ||
+         h->st->slots[wt->slot].state != SLOT_ACTIVE)) {
+      wt->slot = wt->owner;
+      wt->gen = atomic_load(&h->st->slots[wt->owner].gen);
+    }
     bool ok = wt->slot < LEDGER_MAX_SLOTS && wt->owner < LEDGER_MAX_SLOTS &&
               h->st->slots[wt->slot].state == SLOT_ACTIVE &&
               h->st->slots[wt->owner].state == SLOT_ACTIVE &&
@@ -278,12 +408,22 @@ void cogpu__ledger_repair(struct cogpu_s *h) {
   repair_recount(h);
 }
 
+void cogpu__ledger_recount(struct cogpu_s *h) {
+  repair_recount(h);
+}
+
 /* Frees one dead slot: its reservations, exclusivity and waiters. */
 /* A member leaving its job gives back what it claimed of the job's
  * reservation, for the job's other processes. */
 static void slot_unclaim(struct cogpu_s *h, ledger_slot_t *sl) {
-  if (!sl->job || sl->job > LEDGER_MAX_SLOTS)
+  if (!sl->job || sl->job > LEDGER_MAX_SLOTS) {
+    for (uint32_t g = 0; g < h->st->hdr.ngpus; g++)
+      if (sl->claim[g]) { /* a claim without a job: nothing to give it to */
+        cogpu__ledger_tx_set(h, &sl->claim[g], 0);
+        cogpu__ledger_tx_commit(h);
+      }
     return;
+  }
   ledger_slot_t *job = &h->st->slots[sl->job - 1];
   bool same =
       job->state == SLOT_ACTIVE && atomic_load(&job->gen) == sl->job_gen;
@@ -301,19 +441,82 @@ static void slot_unclaim(struct cogpu_s *h, ledger_slot_t *sl) {
   cogpu__ledger_tx_commit(h);
 }
 
+/* A waiter of a process whose job's slot goes away waits on for the
+ * process's own slot instead (the process still sleeps on it), and is
+ * woken to notice. Returns false when the process is not there either. */
+static bool waiter_retarget(struct cogpu_s *h, ledger_waiter_t *wt,
+                            uint32_t w) {
+  uint64_t o = wt->owner;
+  if (o >= LEDGER_MAX_SLOTS || h->st->slots[o].state != SLOT_ACTIVE)
+    return false;
+  cogpu__ledger_tx_set(h, &wt->slot, o);
+  cogpu__ledger_tx_set(h, &wt->gen, atomic_load(&h->st->slots[o].gen));
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_wake_later(h, w);
+  return true;
+}
+
 void cogpu__ledger_note_left(struct cogpu_s *h) {
   uint32_t ms = (uint32_t)(cogpu__now_ns() / 1000000u);
   atomic_store_explicit(&h->st->hdr.left_ms, ms ? ms : 1, memory_order_release);
 }
 
+/* A job's slot is being freed while processes of the job live on (a
+ * grandchild of `cogpu run`, which PR_SET_PDEATHSIG does not reach). What
+ * each one claimed of the job's reservation becomes its own reservation,
+ * so that memory it still uses stays counted, and it is marked as a
+ * process whose job ended (job = its own slot): what it later gives back
+ * of those claims leaves its own reservation (cogpu__ledger_unclaim). One
+ * transaction per GPU, each clearing the claim it moved: a holder killed
+ * in between leaves a state that the next attempt completes, never one
+ * that counts a claim twice. No system call: dead members are reclaimed by
+ * the sweep as usual. */
+static void slot_orphan_members(struct cogpu_s *h, uint32_t s) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_slot_t *job = &h->st->slots[s];
+  uint32_t gen = atomic_load(&job->gen);
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    ledger_slot_t *ms = &h->st->slots[m];
+    if (m == s || ms->state != SLOT_ACTIVE || ms->job != (uint64_t)s + 1 ||
+        ms->job_gen != gen)
+      continue;
+    for (uint32_t g = 0; g < hd->ngpus; g++) {
+      uint64_t c = ms->claim[g];
+      if (!c)
+        continue;
+      ledger_gpu_t *gp = &hd->gpus[g];
+      if (ms->held[g] == 0 && gp->excl_slot != m + 1)
+        cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients + 1);
+      cogpu__ledger_tx_set(h, &ms->held[g], ms->held[g] + c);
+      cogpu__ledger_tx_set(h, &gp->reserved, gp->reserved + c);
+      cogpu__ledger_tx_set(h, &job->lent[g],
+                           job->lent[g] > c ? job->lent[g] - c : 0);
+      cogpu__ledger_tx_set(h, &ms->claim[g], 0);
+      cogpu__ledger_tx_commit(h);
+    }
+    cogpu__ledger_tx_set(h, &ms->job, (uint64_t)m + 1);
+    cogpu__ledger_tx_set(h, &ms->job_gen, atomic_load(&ms->gen));
+    cogpu__ledger_tx_commit(h);
+    cogpu__log(COGPU_LOG_INFO,
+               "job of pid %d ended while its process pid %d lives: that "
+               "process's share is now its own reservation",
+               job->pid, ms->pid);
+  }
+}
+
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
+  bool lends = false;
   for (uint32_t g = 0; g < hd->ngpus; g++)
     if (sl->held[g] || sl->claim[g]) {
       cogpu__ledger_note_left(h); /* it may have had memory on the GPU */
       break;
     }
+  for (uint32_t g = 0; g < hd->ngpus && !lends; g++)
+    lends = sl->lent[g] > 0;
+  if (lends)
+    slot_orphan_members(h, s);
   slot_unclaim(h, sl);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     ledger_gpu_t *gp = &hd->gpus[g];
@@ -331,6 +534,9 @@ void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
     if (wt->state == W_FREE || (wt->slot != s && wt->owner != s))
+      continue;
+    if (wt->state == W_WAITING && wt->owner != s &&
+        waiter_retarget(h, wt, (uint32_t)w))
       continue;
     if (wt->state == W_WAITING)
       cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);

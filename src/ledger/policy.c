@@ -10,6 +10,7 @@
  * priority-fifo, priority-mmu: the same, ordered by priority (higher first),
  * then by arrival.
  */
+#include <assert.h>
 #include <string.h>
 
 #include "ledger-int.h"
@@ -38,10 +39,17 @@ bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
   return bytes <= gpu_free(g);
 }
 
-void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
+bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                          uint32_t member, uint64_t bytes, bool exclusive) {
   ledger_gpu_t *g = &h->st->hdr.gpus[gi];
   ledger_slot_t *s = &h->st->slots[slot];
+  /* Bytes in a free slot would be counted by no sweep, ever. */
+  if (slot >= LEDGER_MAX_SLOTS || member >= LEDGER_MAX_SLOTS ||
+      s->state != SLOT_ACTIVE || h->st->slots[member].state != SLOT_ACTIVE) {
+    cogpu__log(COGPU_LOG_WARN, "refused a grant into slot %u: not active",
+               slot);
+    return false;
+  }
   if (member != slot && bytes) {
     /* Grown for one process of the job: that process's share, not free
      * for the job's other processes to claim. */
@@ -58,6 +66,7 @@ void cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
   }
   if (!was_client)
     cogpu__ledger_tx_set(h, &g->nclients, g->nclients + 1);
+  return true;
 }
 
 static bool policy_by_priority(uint32_t p) {
@@ -134,11 +143,34 @@ static size_t waiter_gpus(struct cogpu_s *h, const ledger_waiter_t *wt,
   return n;
 }
 
+/* A waiter whose slot is not the one it was queued for (freed, or claimed
+ * again since) can never be served: it leaves the queue. */
+static bool waiter_stale(struct cogpu_s *h, const ledger_waiter_t *wt) {
+  if (wt->slot >= LEDGER_MAX_SLOTS || wt->owner >= LEDGER_MAX_SLOTS)
+    return true;
+  const ledger_slot_t *s = &h->st->slots[wt->slot];
+  return s->state != SLOT_ACTIVE || atomic_load(&s->gen) != wt->gen ||
+         h->st->slots[wt->owner].state != SLOT_ACTIVE;
+}
+
+static void drop_stale(struct cogpu_s *h, uint32_t w) {
+  ledger_waiter_t *wt = &h->st->waiters[w];
+  ledger_hdr_t *hd = &h->st->hdr;
+  cogpu__log(COGPU_LOG_WARN, "dropped a queue entry of a slot that is gone");
+  cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+  cogpu__ledger_tx_set(h, &wt->state, W_FREE);
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_wake_later(h, w);
+}
+
 static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
   ledger_waiter_t *wt = &h->st->waiters[w];
   ledger_hdr_t *hd = &h->st->hdr;
-  cogpu__ledger_grant(h, g, (uint32_t)wt->slot, (uint32_t)wt->owner, wt->bytes,
-                      wt->exclusive);
+  if (!cogpu__ledger_grant(h, g, (uint32_t)wt->slot, (uint32_t)wt->owner,
+                           wt->bytes, wt->exclusive)) {
+    drop_stale(h, w);
+    return;
+  }
   cogpu__ledger_tx_set(h, (uint64_t *)&wt->granted_gpu, g);
   cogpu__ledger_tx_set(h, &wt->state, W_GRANTED);
   cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
@@ -166,30 +198,67 @@ static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
          now - wt->since_ns >= cogpu__ms_to_ns(h->st->hdr.sweep_interval_ms);
 }
 
+#define BIT_SET(map, i) ((map)[(i) / 8] |= (uint8_t)(1u << ((i) % 8)))
+#define BIT_GET(map, i) (((map)[(i) / 8] >> ((i) % 8)) & 1u)
+
+/* The job slot a member slot belongs to, or -1 (not a member, or its job
+ * is gone, or it is a process whose job ended: then it is its own). */
+static int64_t member_of(struct cogpu_s *h, uint32_t m) {
+  const ledger_slot_t *ms = &h->st->slots[m];
+  if (ms->state != SLOT_ACTIVE || !ms->job || ms->job > LEDGER_MAX_SLOTS ||
+      ms->job == (uint64_t)m + 1)
+    return -1;
+  const ledger_slot_t *job = &h->st->slots[ms->job - 1];
+  if (job->state != SLOT_ACTIVE || atomic_load(&job->gen) != ms->job_gen)
+    return -1;
+  return (int64_t)ms->job - 1;
+}
+
 /* The waiter to fail on GPU g if every job holding memory there waits for
- * more there: nobody would ever release, so nobody could proceed. The
- * victim is the waiting holder of lowest priority, then the newest. One
- * pass over the waiters marks the slots that wait, one pass over the slots
- * looks for a holder that does not: O(slots + waiters), not their product. */
+ * more there: nobody would ever release, so nobody could proceed. A job
+ * waits only when all of its processes do: each live member process, and
+ * its own process if that holds memory of its own (what no member
+ * claimed); one member waiting while another runs may yet see the other
+ * release. The victim is the waiting holder of lowest priority, then the
+ * newest. A pass over the waiters marks the processes that wait and the
+ * slots waited for, a pass over the members marks the jobs with a running
+ * member, and a pass over the slots looks for a holder that does not wait:
+ * O(slots + waiters), not their product, and no system call. */
 static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
   int64_t victim = -1;
   uint64_t now = cogpu__now_ns();
-  uint8_t waits[LEDGER_MAX_SLOTS / 8] = {0};
+  static_assert(LEDGER_MAX_SLOTS % 8 == 0, "bitmaps");
+  uint8_t waits[LEDGER_MAX_SLOTS / 8] = {0};   /* slots waited for */
+  uint8_t owner_w[LEDGER_MAX_SLOTS / 8] = {0}; /* processes that wait */
+  uint8_t running[LEDGER_MAX_SLOTS / 8] = {0}; /* jobs with a running member */
   bool any = false;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     const ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->slot < LEDGER_MAX_SLOTS && guard_waiting(h, wt, g, now)) {
-      waits[wt->slot / 8] |= (uint8_t)(1u << (wt->slot % 8));
+    if (wt->slot < LEDGER_MAX_SLOTS && wt->owner < LEDGER_MAX_SLOTS &&
+        guard_waiting(h, wt, g, now)) {
+      BIT_SET(waits, wt->slot);
+      BIT_SET(owner_w, wt->owner);
       any = true;
     }
   }
   if (!any)
     return -1;
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    int64_t job = member_of(h, m);
+    if (job >= 0 && !BIT_GET(owner_w, m))
+      BIT_SET(running, (uint32_t)job);
+  }
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     const ledger_slot_t *sl = &h->st->slots[s];
     bool holds = sl->state == SLOT_ACTIVE &&
                  (sl->held[g] > 0 || h->st->hdr.gpus[g].excl_slot == s + 1);
-    if (holds && !(waits[s / 8] & (1u << (s % 8))))
+    if (!holds)
+      continue;
+    bool own =
+        sl->held[g] > sl->lent[g] || h->st->hdr.gpus[g].excl_slot == s + 1;
+    bool stuck = BIT_GET(waits, s) && !BIT_GET(running, s) &&
+                 (!own || BIT_GET(owner_w, s));
+    if (!stuck)
       return -1; /* someone can still make progress and release */
   }
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
@@ -245,6 +314,10 @@ void cogpu__ledger_serve(struct cogpu_s *h) {
   bool first_fit = policy_first_fit(hd->policy);
   for (size_t i = 0; i < n; i++) {
     ledger_waiter_t *wt = &h->st->waiters[order[i]];
+    if (waiter_stale(h, wt)) {
+      drop_stale(h, order[i]);
+      continue;
+    }
     size_t ng = waiter_gpus(h, wt, gpus);
     bool served = false;
     for (size_t k = 0; k < ng && !served; k++) {

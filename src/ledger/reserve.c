@@ -74,11 +74,10 @@ int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
       best_free = fr;
     }
   }
-  if (best >= 0) {
-    cogpu__ledger_grant(h, (uint32_t)best, h->res_slot, h->slot, r->bytes,
-                        r->exclusive);
-    cogpu__ledger_tx_commit(h);
-  }
+  if (best >= 0 && !cogpu__ledger_grant(h, (uint32_t)best, h->res_slot, h->slot,
+                                        r->bytes, r->exclusive))
+    return -1;
+  cogpu__ledger_tx_commit(h);
   return best;
 }
 
@@ -151,13 +150,32 @@ static bool is_answered(const ledger_waiter_t *wt) {
   return wt->state == W_GRANTED || wt->state == W_REFUSED;
 }
 
+/* Is entry w still this request? An entry is named by its index and its
+ * ticket (never reused): an entry freed under a sleeper (its process's
+ * slot was reclaimed, or a repair dropped it) may already be another
+ * process's request, which must be neither taken nor cancelled. */
+static bool waiter_mine(cogpu_t *h, uint32_t w, uint64_t ticket) {
+  const ledger_waiter_t *wt = &h->st->waiters[w];
+  return wt->state != W_FREE && wt->ticket == ticket && wt->owner == h->slot;
+}
+
+static int waiter_lost(const reserve_req_t *r) {
+  char need[32];
+  return cogpu__seterr(
+      -ECANCELED,
+      "the request for %s left the queue without an answer (the node "
+      "reclaimed this process's entry); ask again",
+      r->exclusive ? "exclusive use"
+                   : cogpu__fmt_size(r->bytes, need, sizeof need));
+}
+
 static int64_t ms_left(uint64_t deadline_ns) {
   uint64_t now = cogpu__now_ns();
   return now >= deadline_ns ? 0 : (int64_t)((deadline_ns - now) / 1000000u);
 }
 
-static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
-                        int *gpu_out) {
+static int reserve_wait(cogpu_t *h, uint32_t w, uint64_t ticket,
+                        const reserve_req_t *r, int *gpu_out) {
   ledger_waiter_t *wt = &h->st->waiters[w];
   /* Saturated: a bound of centuries waits, it does not wrap into the past;
    * one past 584 years is no bound at all. */
@@ -172,7 +190,12 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
     if (atomic_load_explicit(&wt->futex, memory_order_acquire) == 0 && left > 0)
       cogpu__ledger_futex_wait(&wt->futex, 0, left < tick ? left : tick);
     cogpu__ledger_lock(h);
+    if (!waiter_mine(h, w, ticket)) {
+      cogpu__ledger_unlock(h);
+      return waiter_lost(r);
+    }
     if (is_answered(wt)) {
+      cogpu__ledger_check_job(h); /* granted to its own slot if it ended */
       int rc = answered(h, w, r, gpu_out);
       cogpu__ledger_unlock(h);
       cogpu__fault(COGPU_FP_GRANTED);
@@ -202,6 +225,14 @@ static int reserve_wait(cogpu_t *h, uint32_t w, const reserve_req_t *r,
  * -1 when not served yet (*w is its waiter), or a negative error. */
 int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
                                 int64_t *w) {
+  /* It did not fit: were the figures right? A counter gone wrong would
+   * keep an idle node at "0 B free" for good. Recounted, it may fit now. */
+  *w = -1;
+  if (!cogpu__ledger_verify(h)) {
+    int g = cogpu__ledger_reserve_fast(h, r);
+    if (g >= 0)
+      return g;
+  }
   *w = cogpu__ledger_enqueue(h, r);
   if (*w < 0)
     return cogpu__seterr(-ENOSPC, "the wait queue is full (%u waiters)",
@@ -217,11 +248,15 @@ int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
  * foreign processes that went away) before answering "not now" or
  * sleeping. The request stays queued meanwhile, keeping its place. */
 static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
-                        int *gpu_out) {
+                        uint64_t ticket, int *gpu_out) {
   cogpu__ledger_foreign_refresh(h, false);
   cogpu__ledger_lock(h);
   if (cogpu__ledger_sweep(h))
     cogpu__ledger_serve(h);
+  if (!waiter_mine(h, w, ticket)) {
+    cogpu__ledger_unlock(h);
+    return waiter_lost(r);
+  }
   if (is_answered(&h->st->waiters[w]) || r->timeout_ms == 0) {
     int g = cogpu__ledger_dequeue(h, w);
     cogpu__ledger_unlock(h);
@@ -238,7 +273,7 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
                              : cogpu__fmt_size(r->bytes, need, sizeof need));
   }
   cogpu__ledger_unlock(h);
-  return reserve_wait(h, w, r, gpu_out);
+  return reserve_wait(h, w, ticket, r, gpu_out);
 }
 
 int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
@@ -251,16 +286,26 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
   if (rc)
     return rc;
   int64_t w = -1;
-  cogpu__ledger_lock(h);
+  uint64_t ticket = 0;
+  rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
+  rc = cogpu__ledger_handle_live(h);
+  if (rc) {
+    cogpu__ledger_unlock(h);
+    return rc;
+  }
   cogpu__ledger_check_job(h);
   int g = cogpu__ledger_reserve_fast(h, &r);
   if (g < 0)
     g = cogpu__ledger_reserve_queue(h, &r, &w);
+  if (g == -1)
+    ticket = h->st->waiters[w].ticket;
   cogpu__ledger_unlock(h);
   if (g < -1)
     return g;
   if (g == -1) {
-    rc = reserve_slow(h, &r, (uint32_t)w, &g);
+    rc = reserve_slow(h, &r, (uint32_t)w, ticket, &g);
     if (rc)
       return rc;
   }

@@ -397,6 +397,9 @@ static int shm_claim_slot(struct cogpu_s *h) {
         h->slot = s;
         h->res_slot = s;
         h->gen = atomic_fetch_add(&h->st->slots[s].gen, 1) + 1;
+        /* Named at once, even as an observer: a process that stops while
+         * holding the lock is named to those it blocks. */
+        h->st->slots[s].pid = getpid();
         return 0;
       }
       if (errno != EAGAIN && errno != EACCES)

@@ -154,19 +154,24 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
   int rc = st ? 0 : -ENOMEM;
   if (rc == 0) {
     cogpu__ledger_foreign_refresh(h, false);
-    cogpu__ledger_lock(h);
-    if (cogpu__ledger_sweep(h))
-      cogpu__ledger_serve(h);
-    rc = cogpu__ledger_status_fill(h, st);
-    cogpu__ledger_unlock(h);
-    if (rc == 0)
-      status_names(st);
+    rc = cogpu__ledger_lock_bounded(h);
+    if (rc == 0) {
+      if (cogpu__ledger_sweep(h))
+        cogpu__ledger_serve(h);
+      rc = cogpu__ledger_status_fill(h, st);
+      cogpu__ledger_unlock(h);
+      if (rc == 0)
+        status_names(st);
+    }
   }
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s",
+           rc == -ENOMEM ? "cogpu_status: out of memory" : cogpu_last_error());
   if (own)
     cogpu_detach(own);
   if (rc) {
     cogpu_status_free(st);
-    return cogpu__seterr(rc, "cogpu_status: out of memory");
+    return cogpu__seterr(rc, "%s", msg);
   }
   *out = st;
   return 0;

@@ -916,3 +916,47 @@ TEST_IMPL(preload_array_packed_format) {
   lt_fake_cuda_stats(&peak, &ooms);
   ASSERT_UEQ(peak, 300 * MiB + 4 * MiB); /* the driver's own figure */
 }
+
+/* Issue 11, item 1: a program of a job outlives the job (a grandchild: the
+ * job's shell has exited, so `cogpu run` ended and its slot was freed)
+ * while it waits to grow. Its wait moves to its own slot, what it had
+ * claimed of the job's reservation stays counted as its own, and it is
+ * served once the neighbour leaves: it neither hangs nor runs uncounted. */
+TEST_IMPL_T(preload_member_outlives_its_job, 60) {
+  preload_env();
+  const char *big[] = {"cogpu", "run",   "--mem", "14G",
+                       "--",    "sleep", "3",     NULL};
+  pid_t b = spawn("big", big);
+  expect_job("sleep", 14 * GiB, 0);
+  char script[9000];
+  snprintf(script, sizeof script,
+           "(%s direct init ctx alloc:1G alloc:1G alloc:1G hold:200; "
+           "echo member-exit=$?) > %s 2>&1 & sleep 1",
+           prog(), th_path("member"));
+  const char *job[] = {"cogpu", "run", "--mem", "1G", "--",
+                       "sh",    "-c",  script,  NULL};
+  setenv("COGPU_GROW_WAIT", "yes", 1);
+  pid_t j = spawn("job", job);
+  unsetenv("COGPU_GROW_WAIT");
+  ASSERT_EQ(finish(j, "job"), 0);
+  /* The job is gone; its program still holds what it claimed (1.3G and
+   * more), counted as its own, and still waits. */
+  char name[4200];
+  snprintf(name, sizeof name, "%s direct", prog());
+  expect_job_within(name, 1300 * MiB, GiB, th_ms(2000));
+  ASSERT_EQ(lt_nwaiting(0), 1);
+  lt_check_invariants();
+  ASSERT_EQ(finish(b, "big"), 0);
+  const char *out = "";
+  for (int i = 0; i < th_ms(15000) / 50; i++) {
+    out = slurp("member");
+    if (strstr(out, "member-exit="))
+      break;
+    th_sleep_ms(50);
+  }
+  ASSERT_CONTAINS(out, "member-exit=0");
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  ASSERT_EQ(st->gpus[0].nclients, 0);
+  cogpu_status_free(st);
+}

@@ -1,0 +1,310 @@
+/*
+ * test-lifecycle.c: lifecycle edges of the ledger (issue 11): a waiter
+ * whose job ends, a queue entry reused under a sleeper, grants racing the
+ * exit destructor, derived counters gone wrong, a deleted state file and a
+ * stopped lock holder. After each, the ledger must be consistent and
+ * usable.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "ledger-helpers.h"
+#include "ledger/ledger-int.h"
+
+static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
+  return (cogpu_request_t){.gpu = gpu,
+                           .bytes = bytes,
+                           .priority = COGPU_PRIORITY_DEFAULT,
+                           .timeout_ms = timeout_ms};
+}
+
+typedef struct waiting_s {
+  cogpu_t *h;
+  cogpu_request_t r;
+  int rc;
+  int gpu;
+  pthread_t t;
+} waiting_t;
+
+static void *waiting_run(void *arg) {
+  waiting_t *w = arg;
+  w->rc = cogpu_reserve(w->h, &w->r, &w->gpu);
+  return NULL;
+}
+
+static void waiting_start(waiting_t *w, cogpu_t *h, cogpu_request_t r) {
+  w->h = h;
+  w->r = r;
+  w->rc = 1;
+  ASSERT_EQ(pthread_create(&w->t, NULL, waiting_run, w), 0);
+}
+
+/* Item 1: a process of a job waits to grow when the job's own process
+ * leaves. Its request waits on, for its own slot; what it claimed of the
+ * job stays counted, as its own; it is served when memory frees, and what
+ * it gives back of its former claims leaves its own reservation. */
+TEST_IMPL(lifecycle_member_waits_after_its_job_ends) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *job, *member, *other;
+  ASSERT_OK(cogpu_attach(&o, &job));
+  cogpu_request_t r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(job, &r, NULL));
+  cogpu_attach_opts_t oo = {.command = "other"};
+  ASSERT_OK(cogpu_attach(&oo, &other));
+  r = req(0, 12 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(other, &r, NULL));
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
+  ASSERT_OK(cogpu_attach(&m, &member));
+  uint64_t got;
+  ASSERT_OK(cogpu__ledger_claim(member, 0, 3 * GiB, &got));
+  ASSERT_UEQ(got, 3 * GiB);
+  waiting_t w;
+  waiting_start(&w, member, req(0, 2 * GiB, COGPU_WAIT_FOREVER));
+  lt_wait_nwaiting(0, 1, 5000);
+  ASSERT_OK(cogpu_detach(job));
+  /* The member's 3G stay counted, as its own; its request still waits. */
+  th_sleep_ms(300);
+  ASSERT_EQ(w.rc, 1);
+  ASSERT_EQ(lt_nwaiting(0), 1);
+  ASSERT_UEQ(lt_reserved_by(0, "member"), 3 * GiB);
+  lt_check_invariants();
+  ASSERT_OK(cogpu_release(other, 0, 12 * GiB));
+  ASSERT_EQ(pthread_join(w.t, NULL), 0);
+  ASSERT_OK(w.rc);
+  ASSERT_UEQ(lt_reserved_by(0, "member"), 5 * GiB);
+  /* Its former claims are its own now: given back, they leave it. */
+  ASSERT_OK(cogpu__ledger_unclaim(member, 0, 3 * GiB));
+  ASSERT_UEQ(lt_reserved_by(0, "member"), 2 * GiB);
+  ASSERT_OK(cogpu_release(member, 0, COGPU_ALL));
+  lt_check_invariants();
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+  cogpu_detach(member);
+  cogpu_detach(other);
+}
+
+/* Item 1: a sleeper's queue entry is dropped under it (a repair, a
+ * reclaim) and the same index is taken by another request. The sleeper
+ * notices (the entry's ticket is not its own) and leaves with -ECANCELED;
+ * it never takes, nor on its timeout cancels, the other request. */
+TEST_IMPL_SINGLE(lifecycle_waiter_identity) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  cogpu_t *holder = lt_attach(0), *a = lt_attach(0), *b = lt_attach(0);
+  cogpu_request_t r = req(0, 16 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(holder, &r, NULL));
+  waiting_t wa, wb;
+  waiting_start(&wa, a, req(0, GiB, 2000));
+  lt_wait_nwaiting(0, 1, 5000);
+  /* Drop a's entry, as a repair would, then b's request takes its index. */
+  ledger_state_t *st = holder->st;
+  cogpu__ledger_lock(holder);
+  uint32_t idx = LEDGER_MAX_WAITERS;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+    if (st->waiters[w].state == W_WAITING)
+      idx = w;
+  ASSERT(idx < LEDGER_MAX_WAITERS);
+  st->waiters[idx].state = W_FREE;
+  st->hdr.nwaiting--;
+  cogpu__ledger_unlock(holder);
+  waiting_start(&wb, b, req(0, 2 * GiB, COGPU_WAIT_FOREVER));
+  lt_wait_nwaiting(0, 1, 5000);
+  ASSERT_EQ(st->waiters[idx].owner, b->slot);
+  ASSERT_EQ(pthread_join(wa.t, NULL), 0);
+  ASSERT_EQ(wa.rc, -ECANCELED);
+  /* b's request is untouched, and served when memory frees. */
+  ASSERT_EQ(lt_nwaiting(0), 1);
+  ASSERT_OK(cogpu_release(holder, 0, 4 * GiB));
+  ASSERT_EQ(pthread_join(wb.t, NULL), 0);
+  ASSERT_OK(wb.rc);
+  cogpu_status_t *s = lt_status();
+  ASSERT_UEQ(s->gpus[0].reserved_bytes, 14 * GiB);
+  cogpu_status_free(s);
+  lt_check_invariants();
+  cogpu_detach(a);
+  cogpu_detach(b);
+  cogpu_detach(holder);
+}
+
+/* Item 2: threads reserving while main returns. The exit destructor
+ * detaches the handle; a thread that reserves after that is refused, and
+ * nothing is ever granted into the freed slot. */
+static void *exit_race_worker(void *arg) {
+  cogpu_t *h = arg;
+  for (;;) {
+    cogpu_request_t r = req(0, GiB, COGPU_NOWAIT);
+    int gpu;
+    if (cogpu_reserve(h, &r, &gpu) == 0) {
+      usleep(200);
+      cogpu_release(h, gpu, COGPU_ALL);
+    }
+  }
+  return NULL;
+}
+
+HELPER_IMPL(exit_race) {
+  (void)argc;
+  (void)argv;
+  cogpu_t *h;
+  if (cogpu_attach(NULL, &h) != 0)
+    return 2;
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++)
+    pthread_create(&t[i], NULL, exit_race_worker, h);
+  th_sleep_ms(5 + rand() % 10);
+  return 0; /* exit() runs the destructor while the workers reserve */
+}
+
+TEST_IMPL_T(lifecycle_grant_races_exit, 120) {
+  for (int i = 0; i < 50; i++) {
+    int st = th_wait(th_spawn_helper("exit_race", NULL), th_ms(10000));
+    ASSERT(WIFEXITED(st) || WIFSIGNALED(st));
+  }
+  cogpu_status_t *s = lt_status();
+  ASSERT_UEQ(s->gpus[0].reserved_bytes, 0);
+  ASSERT_EQ(s->gpus[0].nclients, 0);
+  cogpu_status_free(s);
+  cogpu_t *h = lt_attach(0);
+  s = lt_status();
+  cogpu_request_t r = req(0, s->gpus[0].capacity_bytes, 0);
+  cogpu_status_free(s);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  cogpu_detach(h);
+}
+
+/* Item 9: derived counters written wrong in the state file (a bug, a
+ * process that scribbled on it) do not keep an idle node at "0 B free":
+ * the request that does not fit finds that the figures do not add up,
+ * recounts them from the slots and is granted. */
+TEST_IMPL_SINGLE(lifecycle_wrong_counters_recounted) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_MAX_CLIENTS", "2");
+  cogpu_t *h = lt_attach(0);
+  ledger_state_t *st = h->st;
+  cogpu__ledger_lock(h);
+  st->hdr.gpus[0].reserved = 16 * GiB;
+  st->hdr.gpus[0].nclients = 2;
+  st->hdr.nwaiting = 3;
+  cogpu__ledger_unlock(h);
+  cogpu_request_t r = req(0, 16 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  ASSERT_UEQ(st->hdr.gpus[0].reserved, 16 * GiB);
+  ASSERT_UEQ(st->hdr.gpus[0].nclients, 1);
+  ASSERT_UEQ(st->hdr.nwaiting, 0);
+  ASSERT_OK(cogpu_release(h, 0, COGPU_ALL));
+  /* A job's lent counter gone wrong: its member could claim nothing. */
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *job, *member;
+  ASSERT_OK(cogpu_attach(&o, &job));
+  r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(job, &r, NULL));
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
+  ASSERT_OK(cogpu_attach(&m, &member));
+  cogpu__ledger_lock(h);
+  st->slots[job->slot].lent[0] = 4 * GiB;
+  cogpu__ledger_unlock(h);
+  /* Wrong: the member cannot claim, and growing does not fit either (the
+   * node is full), so the request is checked and the job recounted. */
+  r = req(0, 12 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  r = req(0, 1 * GiB, 0);
+  ASSERT_EQ(cogpu_reserve(member, &r, NULL), -EAGAIN);
+  uint64_t got;
+  ASSERT_OK(cogpu__ledger_claim(member, 0, 4 * GiB, &got));
+  ASSERT_UEQ(got, 4 * GiB);
+  lt_check_invariants();
+  cogpu_detach(member);
+  cogpu_detach(job);
+  cogpu_detach(h);
+}
+
+/* Item 7: the deadlock guard counts a job as waiting only when all of its
+ * processes wait. Here one process of a job waits while another runs (and
+ * then releases), and another job waits too: nobody is refused, and the
+ * release serves the waiting process. */
+TEST_IMPL(lifecycle_guard_waits_for_all_members) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  cogpu_attach_opts_t o = {.command = "job"};
+  cogpu_t *job, *a, *b, *other;
+  ASSERT_OK(cogpu_attach(&o, &job));
+  cogpu_request_t r = req(0, 8 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(job, &r, NULL));
+  cogpu_attach_opts_t oo = {.command = "other"};
+  ASSERT_OK(cogpu_attach(&oo, &other));
+  ASSERT_OK(cogpu_reserve(other, &r, NULL));
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
+  ASSERT_OK(cogpu_attach(&m, &a));
+  ASSERT_OK(cogpu_attach(&m, &b));
+  uint64_t got;
+  ASSERT_OK(cogpu__ledger_claim(a, 0, 4 * GiB, &got));
+  ASSERT_OK(cogpu__ledger_claim(b, 0, 4 * GiB, &got));
+  waiting_t wa, wo;
+  waiting_start(&wa, a, req(0, 4 * GiB, COGPU_WAIT_FOREVER));
+  lt_wait_nwaiting(0, 1, 5000);
+  waiting_start(&wo, other, req(0, 4 * GiB, 2000));
+  lt_wait_nwaiting(0, 2, 5000);
+  /* Several housekeeping ticks: b runs, so the job does not wait. */
+  th_sleep_ms(600);
+  ASSERT_EQ(wa.rc, 1);
+  ASSERT_EQ(wo.rc, 1);
+  ASSERT_OK(cogpu_release(b, 0, 4 * GiB));
+  ASSERT_EQ(pthread_join(wa.t, NULL), 0);
+  ASSERT_OK(wa.rc);
+  ASSERT_EQ(pthread_join(wo.t, NULL), 0);
+  ASSERT_EQ(wo.rc, -ETIMEDOUT);
+  lt_check_invariants();
+  cogpu_detach(a);
+  cogpu_detach(b);
+  cogpu_detach(other);
+  cogpu_detach(job);
+}
+
+/* Item 3: a lock holder stopped (SIGSTOP, Ctrl-Z, a cgroup freezer) does
+ * not stall the node's users for ever: a reservation and `cogpu status`
+ * give up after a bound, with a message naming the holder; once it runs
+ * again, all is well. */
+TEST_IMPL_SINGLE_T(lifecycle_stopped_lock_holder, 90) {
+  th_setenv("COGPU_MARGIN", "0");
+  cogpu_t *h = lt_attach(0);
+  setenv("COGPU_FAULT", "lock_held:1:stall", 1);
+  pid_t p = lt_hold("stopped", 0, GiB, 0, 0, 0);
+  unsetenv("COGPU_FAULT");
+  th_sleep_ms(500); /* inside its 2 s stall, holding the lock */
+  ASSERT_EQ(kill(p, SIGSTOP), 0);
+  char pid[32];
+  snprintf(pid, sizeof pid, "pid %d", (int)p);
+  cogpu_request_t r = req(0, GiB, COGPU_NOWAIT);
+  uint64_t t0 = cogpu__now_ns();
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -EBUSY);
+  ASSERT_CONTAINS(cogpu_last_error(), pid);
+  ASSERT_LT((cogpu__now_ns() - t0) / 1000000, th_ms(8000));
+  char cli[4096], out[4096], err[4096];
+  snprintf(cli, sizeof cli, "%s/cogpu", th_build_dir());
+  const char *argv[] = {cli, "status", NULL};
+  ASSERT_NE(th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(15000)),
+            0);
+  ASSERT_CONTAINS(err, pid);
+  ASSERT_EQ(kill(p, SIGCONT), 0);
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), HOLD_OK);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  lt_check_invariants();
+  cogpu_detach(h);
+}
