@@ -39,8 +39,8 @@ typedef struct dconn_s {
   int grant_gpu;
   uint64_t grant_bytes;
   bool grant_excl;
-  bool closing; /* to be ended after this batch of events */
-  bool dead;    /* ended: its record is freed after this batch */
+  bool closing;                /* to be ended after this batch of events */
+  bool dead;                   /* ended: its record is freed after this batch */
   struct dconn_s *prev, *next; /* every connection, for reset and exit */
 } dconn_t;
 
@@ -79,6 +79,9 @@ void cogpu__daemon_fini(cogpu__daemon_t *d);
  * be closed (a protocol violation or a finished exchange). */
 int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
                          size_t len);
+/* Frees the records of connections that ended during a batch of events
+ * (a reset ends every client's), and ends those marked closing. */
+void cogpu__daemon_reap(cogpu__daemon_t *d);
 /* A connection ended: frees what it held (slot, queue entry, grant). */
 void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c);
 /* Checks the ledger's invariants; returns 0 or a description's length. */

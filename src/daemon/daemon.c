@@ -61,7 +61,7 @@ static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
 }
 
 /* Ends a connection: what it held is freed at once, but the record itself
- * only after the current batch of events (conn_reap), which may still
+ * only after the current batch of events (cogpu__daemon_reap), which may still
  * name it. */
 static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
   if (c->dead)
@@ -77,7 +77,7 @@ static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
 }
 
 /* Frees the records of ended connections (and ends those marked for it). */
-static void conn_reap(cogpu__daemon_t *d) {
+void cogpu__daemon_reap(cogpu__daemon_t *d) {
   /* Ending one may mark others (a process's waits end with it). */
   for (bool again = true; again;) {
     again = false;
@@ -501,7 +501,7 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
     }
     /* Connections that ended or must end (replies that could not be
      * sent), now that no event of this batch can name them. */
-    conn_reap(d);
+    cogpu__daemon_reap(d);
   }
   sd_notify(0, "STOPPING=1");
   if (d->failed)

@@ -218,7 +218,11 @@ int fz_feed(const uint8_t *buf, size_t len, const char **why) {
     int before = c->kind;
     fz_st.msgs++;
     int rc = cogpu__daemon_handle(&fz_d, c, &m, sizeof m);
-    /* A RESET frees every main and wait connection, as it does real ones. */
+    /* A RESET ends every main and wait connection, as it does real ones;
+     * their records go when the daemon's loop would free them. */
+    if (c->dead)
+      c->closing = false; /* the harness frees the asker's own record */
+    cogpu__daemon_reap(&fz_d);
     bool gone = false;
     for (int k = 0; k < FZ_CONNS; k++)
       if (!fz_listed(fz_conn[k])) {
