@@ -246,6 +246,11 @@ static int opt_set(cogpu__config_t *cfg, int id, const char *text, int source,
     for (int64_t k = 0; k < nv.i; k++)
       alt += strcspn(alt, "|") + 1;
     snprintf(nv.s, sizeof nv.s, "%.*s", (int)strcspn(alt, "|"), alt);
+  } else if (id == COGPU_OPT_STATE_DIR && strstr(text, "%u")) {
+    /* "%u" is the user's uid: a single-user ledger is each user's own. */
+    const char *at = strstr(text, "%u");
+    snprintf(nv.s, sizeof nv.s, "%.*s%u%s", (int)(at - text), text,
+             (unsigned)geteuid(), at + 2);
   } else {
     snprintf(nv.s, sizeof nv.s, "%s", text);
   }

@@ -105,6 +105,15 @@ static int shm_check_file(struct cogpu_s *h, int fd, mode_t want) {
                          "state file %s belongs to uid %u, which is neither "
                          "root, you, nor the owner of its directory: refused",
                          h->path, (unsigned)sb.st_uid);
+  if (sb.st_mode & 0022)
+    return cogpu__seterr(-EPERM,
+                         "state file %s can be written by other users (mode "
+                         "%04o): a ledger that several users write cannot "
+                         "be trusted by any of them; a node shared by "
+                         "several users runs the node daemon, cogpud (see "
+                         "README), and single-user mode keeps a ledger of "
+                         "your own (state_dir, state_mode 0600)",
+                         h->path, sb.st_mode & 0777);
   if ((sb.st_mode & 0777) != want)
     return cogpu__seterr(-EPERM,
                          "state file %s has mode %04o but state_mode is %04o: "

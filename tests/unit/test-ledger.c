@@ -28,7 +28,7 @@ TEST_IMPL(ledger_attach_creates_state) {
   ASSERT_EQ(cogpu_gpu_count(h), 2);
   struct stat sb;
   ASSERT_EQ(stat(th_path("state/state"), &sb), 0);
-  ASSERT_EQ(sb.st_mode & 0777, 0666);
+  ASSERT_EQ(sb.st_mode & 0777, 0600); /* this user's own */
   cogpu_status_t *st = lt_status();
   ASSERT_EQ(st->ngpus, 2);
   ASSERT_STREQ(st->policy, "fifo");

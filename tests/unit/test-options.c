@@ -85,10 +85,15 @@ TEST_IMPL(options_defaults) {
   for (int i = 0; i < COGPU_OPT__COUNT; i++) {
     ASSERT_EQ(cfg.v[i].source, COGPU_SRC_DEFAULT);
     ASSERT_STREQ(cfg.v[i].where, "default");
-    ASSERT_STREQ(cfg.v[i].s, cogpu__opt_table[i].def);
+    if (i != COGPU_OPT_STATE_DIR)
+      ASSERT_STREQ(cfg.v[i].s, cogpu__opt_table[i].def);
   }
   ASSERT_STREQ(cfg.v[COGPU_OPT_CONFIG].s, "/etc/cogpu.conf");
-  ASSERT_STREQ(cfg.v[COGPU_OPT_STATE_DIR].s, "/dev/shm/cogpu");
+  /* The single-user ledger is each user's own: "%u" is the uid. */
+  char own[64];
+  snprintf(own, sizeof own, "/dev/shm/cogpu-%u", (unsigned)geteuid());
+  ASSERT_STREQ(cfg.v[COGPU_OPT_STATE_DIR].s, own);
+  ASSERT_EQ(cfg.v[COGPU_OPT_STATE_MODE].i, 0600);
   ASSERT_EQ(cfg.v[COGPU_OPT_POLICY].i, COGPU_POLICY_FIFO);
   ASSERT(cfg.v[COGPU_OPT_MARGIN].pct);
   ASSERT_EQ(cfg.v[COGPU_OPT_MARGIN].i, 2);
@@ -96,7 +101,7 @@ TEST_IMPL(options_defaults) {
   ASSERT_EQ(cfg.v[COGPU_OPT_MMU_MAX_AGE].i, 60000);
   ASSERT_EQ(cfg.v[COGPU_OPT_FOREIGN_REFRESH].i, 1000);
   ASSERT_EQ(cfg.v[COGPU_OPT_SWEEP_INTERVAL].i, 1000);
-  ASSERT_EQ(cfg.v[COGPU_OPT_STATE_MODE].i, 0666);
+  ASSERT_EQ(cfg.v[COGPU_OPT_STATE_MODE].i, 0600);
   ASSERT_STREQ(cfg.v[COGPU_OPT_STATE_GROUP].s, "");
   ASSERT_EQ(cfg.v[COGPU_OPT_LOG].i, COGPU_LOG_WARN);
   ASSERT_EQ(cfg.v[COGPU_OPT_TIMEOUT].i, -1);
@@ -260,12 +265,13 @@ TEST_IMPL(options_ranges_from_table_columns) {
 TEST_IMPL(options_set_mode) {
   cogpu__config_t cfg;
   ASSERT_OK(cogpu__config_load(&cfg));
-  const char *good[] = {"0600", "0640", "0644", "0660", "0666", "660", NULL};
-  const int bits[] = {0600, 0640, 0644, 0660, 0666, 0660};
+  const char *good[] = {"0600", "0640", "0644", "640", NULL};
+  const int bits[] = {0600, 0640, 0644, 0640};
   for (int i = 0; good[i]; i++)
     ASSERT_EQ(opt_ok(&cfg, COGPU_OPT_STATE_MODE, good[i])->i, bits[i]);
-  const char *bad[] = {"0777",      "0700",  "0", "0668",  "438",
-                       "rw-rw-rw-", "00660", "",  "0x1b6", NULL};
+  /* A ledger other users can write is refused: that needs the daemon. */
+  const char *bad[] = {"0777", "0700",      "0",     "0668", "438",   "0660",
+                       "0666", "rw-rw-rw-", "00660", "",     "0x1b6", NULL};
   for (int i = 0; bad[i]; i++)
     opt_bad(&cfg, COGPU_OPT_STATE_MODE, bad[i]);
 }
@@ -297,7 +303,7 @@ TEST_IMPL(options_precedence) {
   cogpu__config_t cfg;
   opt_clear_env();
   const char *path = th_path("cogpu.conf");
-  th_setenv("COGPU_POLICY", "priority-fifo");
+  setenv("COGPU_POLICY", "priority-fifo", 1);
   setenv("COGPU_TIMEOUT", "5m", 1);
   ASSERT_OK(opt_load_file(&cfg, "policy = mmu\n"
                                 "margin = 1G\n"
@@ -340,7 +346,7 @@ TEST_IMPL(options_file_format) {
                                 "max-clients=4\n"
                                 "timeout = 1m\n"
                                 "timeout = 2m\n" /* the last one wins */
-                                "state_mode = '0660'\n"
+                                "state_mode = '0640'\n"
                                 "sweep_interval = 250ms")); /* no newline */
   ASSERT_EQ(cfg.v[COGPU_OPT_POLICY].i, COGPU_POLICY_MMU);
   ASSERT(cfg.v[COGPU_OPT_MARGIN].pct && cfg.v[COGPU_OPT_MARGIN].i == 3);
@@ -352,7 +358,7 @@ TEST_IMPL(options_file_format) {
   char where[512];
   snprintf(where, sizeof where, "%s:10", th_path("cogpu.conf"));
   ASSERT_STREQ(cfg.v[COGPU_OPT_TIMEOUT].where, where);
-  ASSERT_EQ(cfg.v[COGPU_OPT_STATE_MODE].i, 0660);
+  ASSERT_EQ(cfg.v[COGPU_OPT_STATE_MODE].i, 0640);
   ASSERT_EQ(cfg.v[COGPU_OPT_SWEEP_INTERVAL].i, 250);
   /* An empty file is fine. */
   ASSERT_OK(opt_load_file(&cfg, ""));
@@ -481,8 +487,8 @@ TEST_IMPL(options_env_values) {
   cogpu__config_t cfg;
   opt_clear_env();
   setenv("COGPU_STATE_DIR", "/tmp/x", 1);
-  th_setenv("COGPU_MARGIN", "256M");
-  th_setenv("COGPU_MAX_CLIENTS", " 8 ");
+  setenv("COGPU_MARGIN", "256M", 1);
+  setenv("COGPU_MAX_CLIENTS", " 8 ", 1);
   setenv("COGPU_STATE_MODE", "0600", 1);
   setenv("COGPU_STATE_GROUP", "gpu", 1);
   setenv("COGPU_LOG", "debug", 1);
@@ -502,16 +508,16 @@ TEST_IMPL(options_env_values) {
 TEST_IMPL(options_env_bad) {
   cogpu__config_t cfg;
   opt_clear_env();
-  th_setenv("COGPU_POLICY", "lifo");
+  setenv("COGPU_POLICY", "lifo", 1);
   ASSERT_EQ(cogpu__config_load(&cfg), COGPU_ECONFIG);
   ASSERT_STREQ(cogpu_last_error(),
                "policy: invalid value 'lifo' (from env COGPU_POLICY); "
                "accepted: fifo|mmu|priority-fifo|priority-mmu");
-  th_setenv("COGPU_POLICY", NULL);
-  th_setenv("COGPU_MARGIN", "lots");
+  unsetenv("COGPU_POLICY");
+  setenv("COGPU_MARGIN", "lots", 1);
   ASSERT_EQ(cogpu__config_load(&cfg), COGPU_ECONFIG);
   ASSERT_CONTAINS(cogpu_last_error(), "env COGPU_MARGIN");
-  th_setenv("COGPU_MARGIN", NULL);
+  unsetenv("COGPU_MARGIN");
   setenv("COGPU_STATE_DIR", "", 1);
   ASSERT_EQ(cogpu__config_load(&cfg), COGPU_ECONFIG);
   ASSERT_CONTAINS(cogpu_last_error(), "env COGPU_STATE_DIR");
