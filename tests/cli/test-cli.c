@@ -105,6 +105,17 @@ static const char *state_file(void) {
   return buf;
 }
 
+/* What status names as the node's state: the daemon's socket in node
+ * mode, the state file otherwise. */
+static const char *status_state(void) {
+  static char buf[PATH_MAX + 16];
+  if (th_node_mode())
+    snprintf(buf, sizeof buf, "cogpud %s", getenv("COGPU_SOCKET"));
+  else
+    snprintf(buf, sizeof buf, "%s", state_file());
+  return buf;
+}
+
 /* Points the following cogpu commands at a fresh state directory. */
 static void use_state_dir(const char *name) {
   setenv("COGPU_STATE_DIR", tp(name), 1);
@@ -1666,6 +1677,8 @@ TEST_IMPL(cli_config_file_syntax_errors) {
   /* Comments, blank lines, quotes and odd spacing are fine. */
   th_write_file(conf, "# cogpu\n\n  policy=\"mmu\"   # the policy\n"
                       "state_group = ''\nmargin\t=\t1G\n");
+  if (th_node_mode()) /* node settings are the daemon's to read */
+    th_daemon_restart_fresh();
   jv_t *st = STATUS();
   ASSERT_STREQ(js(st, "policy"), "mmu");
   ASSERT_UEQ(ju(st, "gpus.0.margin_bytes"), GIB);
@@ -1868,7 +1881,7 @@ TEST_IMPL(cli_config_sweep_interval_inf_honours_timeout) {
             cpu);
 }
 
-TEST_IMPL(cli_config_state_group_unknown) {
+TEST_IMPL_SINGLE(cli_config_state_group_unknown) {
   setenv("COGPU_STATE_GROUP", "cogpu-test-no-such-group", 1);
   res_t *r = COGPU("status");
   EXPECT_RC(r, 125);
@@ -1887,7 +1900,7 @@ TEST_IMPL(cli_config_state_group_unknown) {
 static void check_status_shape(jv_t *st) {
   ASSERT(st->t == '{');
   ASSERT_STREQ(js(st, "policy"), "fifo");
-  ASSERT_STREQ(js(st, "state"), state_file());
+  ASSERT_STREQ(js(st, "state"), status_state());
   ASSERT_GE(ju(st, "layout_version"), 1);
   for (size_t g = 0; g < jlen(st, "gpus"); g++) {
     ASSERT_EQ(ju(st, "gpus.%zu.index", g), g);
@@ -1946,7 +1959,7 @@ TEST_IMPL(cli_status_table) {
   res_t *r = COGPU("status");
   EXPECT_RC(r, 0);
   ASSERT_CONTAINS(r->out, "policy fifo");
-  ASSERT_CONTAINS(r->out, state_file());
+  ASSERT_CONTAINS(r->out, status_state());
   ASSERT_CONTAINS(r->out, "GPU 0  Fake GPU 16G  GPU-");
   ASSERT_CONTAINS(r->out, "total 16.0 GiB");
   ASSERT_CONTAINS(r->out, "reserved 0 B");
@@ -2153,14 +2166,22 @@ TEST_IMPL(cli_doctor_healthy) {
   ASSERT_CONTAINS(r->out, "ok       CUDA driver: libcuda.so.1, CUDA 13.0");
   ASSERT_CONTAINS(r->out, "ok       CUDA entry points: cuGetProcAddress "
                           "gives the driver's exported functions");
-  ASSERT_CONTAINS(r->out, "not created yet");
+  if (th_node_mode()) {
+    ASSERT_CONTAINS(r->out, "ok       mode: node");
+    ASSERT_CONTAINS(r->out, "ok       daemon: cogpud answers at");
+    ASSERT_CONTAINS(r->out, getenv("COGPU_SOCKET"));
+  } else {
+    ASSERT_CONTAINS(r->out, "ok       mode: single-user");
+    ASSERT_CONTAINS(r->out, "not created yet");
+    ASSERT(access(state_file(), F_OK) != 0); /* doctor only looks */
+  }
   ASSERT(!strstr(r->out, "PROBLEM"));
-  ASSERT(access(state_file(), F_OK) != 0); /* doctor only looks */
   EXPECT_RC(COGPU("status"), 0);
   r = COGPU("doctor");
   EXPECT_RC(r, 0);
   ASSERT_CONTAINS(r->out, "all checks passed");
-  ASSERT_CONTAINS(r->out, state_file());
+  ASSERT_CONTAINS(r->out,
+                  th_node_mode() ? getenv("COGPU_SOCKET") : state_file());
   ASSERT(!strstr(r->out, "PROBLEM"));
   r = COGPU("doctor", "extra");
   EXPECT_RC(r, 2);
@@ -2206,7 +2227,7 @@ TEST_IMPL(cli_doctor_cuda_problems) {
   ASSERT(!strstr(r->out, "CUDA entry points"));
 }
 
-TEST_IMPL(cli_doctor_corrupt_state) {
+TEST_IMPL_SINGLE(cli_doctor_corrupt_state) {
   EXPECT_RC(COGPU("status"), 0);
   th_write_file(state_file(), "garbage garbage garbage\n");
   res_t *r = COGPU("doctor");
@@ -2227,7 +2248,7 @@ TEST_IMPL(cli_doctor_corrupt_state) {
   ASSERT_CONTAINS(r->out, "PROBLEM  state");
 }
 
-TEST_IMPL(cli_doctor_gpu_and_policy_mismatch) {
+TEST_IMPL_SINGLE(cli_doctor_gpu_and_policy_mismatch) {
   EXPECT_RC(COGPU("status"), 0);
   res_t *r = COGPU_ENV(((const char *const[]){"FAKE_NVML_GPUS=8G,8G", NULL}),
                        "doctor");
@@ -2249,7 +2270,7 @@ TEST_IMPL(cli_doctor_gpu_and_policy_mismatch) {
 /* cogpu reset                                                               */
 /* ------------------------------------------------------------------------ */
 
-TEST_IMPL(cli_reset_idle) {
+TEST_IMPL_SINGLE(cli_reset_idle) {
   /* Nothing to reset yet. */
   EXPECT_RC(COGPU("reset"), 0);
   EXPECT_RC(COGPU("status"), 0);
@@ -2266,7 +2287,7 @@ TEST_IMPL(cli_reset_idle) {
   ASSERT(file_exists(state_file()));
 }
 
-TEST_IMPL(cli_reset_refused_while_in_use) {
+TEST_IMPL_SINGLE(cli_reset_refused_while_in_use) {
   holder_t h;
   HOLD(&h, "h", "--mem", "1G");
   res_t *r = COGPU("reset");
@@ -2298,7 +2319,7 @@ static size_t count_bad_states(void) {
   return count_glob(pattern);
 }
 
-TEST_IMPL(cli_state_garbage_set_aside) {
+TEST_IMPL_SINGLE(cli_state_garbage_set_aside) {
   EXPECT_RC(COGPU("status"), 0);
   th_write_file(state_file(), "garbage\n");
   res_t *r = COGPU_ENV(((const char *const[]){"COGPU_LOG=warn", NULL}),
@@ -2328,7 +2349,7 @@ TEST_IMPL(cli_state_garbage_set_aside) {
 }
 
 /* Each unusable state set aside is kept, even several in one second. */
-TEST_IMPL(cli_state_bad_files_all_kept) {
+TEST_IMPL_SINGLE(cli_state_bad_files_all_kept) {
   EXPECT_RC(COGPU("status"), 0);
   for (int i = 0; i < 3; i++) {
     char text[32];
@@ -2377,7 +2398,7 @@ TEST_IMPL_SINGLE(cli_state_wrong_mode_refused) {
   ASSERT_IDLE();
 }
 
-TEST_IMPL(cli_state_foreign_owner_refused) {
+TEST_IMPL_SINGLE(cli_state_foreign_owner_refused) {
   if (geteuid() != 0)
     SKIP("needs root to give the state file away");
   EXPECT_RC(COGPU("status"), 0);
@@ -2391,7 +2412,7 @@ TEST_IMPL(cli_state_foreign_owner_refused) {
   ASSERT_EQ(count_bad_states(), 0);
 }
 
-TEST_IMPL(cli_state_corrupt_in_use_left_alone) {
+TEST_IMPL_SINGLE(cli_state_corrupt_in_use_left_alone) {
   holder_t h;
   HOLD(&h, "h", "--mem", "1G");
   int fd = open(state_file(), O_RDWR);
@@ -2417,7 +2438,7 @@ TEST_IMPL(cli_state_corrupt_in_use_left_alone) {
   ASSERT_IDLE();
 }
 
-TEST_IMPL(cli_state_dir_refused) {
+TEST_IMPL_SINGLE(cli_state_dir_refused) {
   /* World-writable without the sticky bit. */
   const char *dir = tp("open-dir");
   ASSERT_EQ(mkdir(dir, 0777), 0);
@@ -2451,7 +2472,7 @@ TEST_IMPL(cli_state_dir_refused) {
 
 /* The lines an admin pastes into slurm.conf and gres.conf: the node's GPU
  * memory less the margin, in Slurm's binary units; bad flags refused. */
-TEST_IMPL(cli_slurm_conf) {
+TEST_IMPL_SINGLE(cli_slurm_conf) {
   const char *env[] = {"FAKE_NVML_GPUS=80G,40G", "COGPU_MARGIN=1G", NULL};
   res_t *r = COGPU_ENV(env, "slurm-conf", "--node", "gpu07");
   EXPECT_RC(r, 0);

@@ -22,7 +22,7 @@ static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
                            .timeout_ms = timeout_ms};
 }
 
-TEST_IMPL(ledger_attach_creates_state) {
+TEST_IMPL_SINGLE(ledger_attach_creates_state) {
   th_setenv("FAKE_NVML_GPUS", "16G,8G");
   cogpu_t *h = lt_attach(0);
   ASSERT_EQ(cogpu_gpu_count(h), 2);

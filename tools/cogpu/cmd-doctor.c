@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "ledger/admin.h"
+#include "node/node.h"
 #include "nvml/nvml.h"
 #include "preload/cuda-abi.h"
 
@@ -92,6 +93,47 @@ static void doctor_state(doctor_t *d, const cogpu__config_t *cfg,
              "uses %s",
              pol, cfg->v[COGPU_OPT_POLICY].where, st->policy);
     doc_bad(d, "policy", line, "`cogpu reset` when no job runs");
+  }
+  cogpu_status_free(st);
+}
+
+/* Node mode: the daemon answers, and its GPUs are NVML's. */
+static void doctor_daemon(doctor_t *d, const cogpu__config_t *cfg,
+                          const cogpu__gpu_desc_t *gpus, size_t n, bool nvml) {
+  char line[2048];
+  const char *sock = cfg->v[COGPU_OPT_SOCKET].s;
+  snprintf(line, sizeof line,
+           "node (the node daemon cogpud keeps the ledger; socket %s)", sock);
+  doc_ok("mode", line);
+  cogpu_status_t *st;
+  if (cogpu_status(NULL, &st) != 0) {
+    doc_bad(d, "daemon", cogpu_last_error(),
+            "start it: `systemctl start cogpud.socket` (or `cogpud` in the "
+            "foreground); `journalctl -u cogpud` says why it stopped");
+    return;
+  }
+  int clients = 0;
+  for (size_t g = 0; g < st->ngpus; g++)
+    clients += (int)st->gpus[g].nclients;
+  snprintf(line, sizeof line,
+           "cogpud answers at %s, policy %s, %zu GPU(s), %d job(s) holding "
+           "memory",
+           sock, st->policy, st->ngpus, clients);
+  doc_ok("daemon", line);
+  bool same = !nvml || n == st->ngpus;
+  for (size_t i = 0; same && nvml && i < n; i++)
+    same = strcmp(gpus[i].uuid, st->gpus[i].uuid) == 0 &&
+           gpus[i].total == st->gpus[i].total_bytes;
+  if (!same)
+    doc_bad(d, "daemon", "the daemon's GPUs differ from NVML's",
+            "an admin runs `cogpu reset` when no job runs");
+  const cogpu__optval_t *pol = &cfg->v[COGPU_OPT_POLICY];
+  if (pol->source == COGPU_SRC_ENV) {
+    snprintf(line, sizeof line,
+             "policy %s from %s is not used: node settings come from "
+             "cogpud's configuration only",
+             pol->s, pol->where);
+    doc_ok("note", line);
   }
   cogpu_status_free(st);
 }
@@ -256,7 +298,18 @@ int cli_doctor(int argc, char **argv) {
   size_t n = 0;
   bool nvml = doctor_nvml(&d, gpus, &n);
   doctor_cuda(&d);
-  doctor_state(&d, &cfg, gpus, n, nvml);
+  if (cogpu__node_mode(&cfg) == 1) {
+    doctor_daemon(&d, &cfg, gpus, n, nvml);
+  } else {
+    char line[1024];
+    snprintf(line, sizeof line,
+             "single-user (a ledger of this user's own in %s; other users' "
+             "jobs are not coordinated with it: a shared node runs cogpud, "
+             "see README)",
+             cfg.v[COGPU_OPT_STATE_DIR].s);
+    doc_ok("mode", line);
+    doctor_state(&d, &cfg, gpus, n, nvml);
+  }
   if (d.problems)
     printf("%d problem(s)\n", d.problems);
   else
