@@ -48,6 +48,10 @@ typedef struct job_opts_s {
 
 static job_opts_t opts = {.whole_wait_ms = COGPU_WAIT_FOREVER};
 static cogpu_t *holder; /* this step's ledger handle (slurmstepd) */
+/* The job's user: slurmstepd is root, and in node mode the daemon books
+ * the job for this user, so that its tasks (running as the user) may join
+ * it and nobody else may. */
+static uint32_t job_uid = (uint32_t)-1;
 static char token[32];
 static int job_gpu = -1;
 static char job_uuid[96]; /* job_gpu's UUID, for CUDA_VISIBLE_DEVICES */
@@ -245,12 +249,12 @@ static int hold_reservation(const char *job_id, const char *cmd,
                             const char *cvd) {
   cogpu_attach_opts_t ao = {
       .priority = (int)opts.priority, .job_id = job_id, .command = cmd};
-  int rc = cogpu_attach(&ao, &holder);
+  int rc = cogpu__attach_as(&ao, job_uid, &holder);
   if (rc == 0 &&
       cogpu__ledger_find_job(holder, job_id, token, sizeof token) == 0) {
     cogpu_detach(holder);
     ao.join = token;
-    rc = cogpu_attach(&ao, &holder);
+    rc = cogpu__attach_as(&ao, job_uid, &holder);
     if (rc == 0) {
       job_gpu = joined_gpu();
       return 0;
@@ -313,7 +317,7 @@ static void note_gpu_uuid(void) {
 static void guard_whole_gpus(const char *job_id, const char *cmd,
                              const char *cvd) {
   cogpu_attach_opts_t ao = {.job_id = job_id, .command = cmd};
-  if (cogpu_attach(&ao, &holder) != 0) {
+  if (cogpu__attach_as(&ao, job_uid, &holder) != 0) {
     slurm_verbose("cogpu: GPUs of job %s not guarded: %s", job_id,
                   cogpu_last_error());
     return;
@@ -372,6 +376,9 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
     return -1;
   }
   snprintf(job_id, sizeof job_id, "%u", id);
+  uid_t uid;
+  if (spank_get_item(sp, S_JOB_UID, &uid) == ESPANK_SUCCESS)
+    job_uid = (uint32_t)uid;
   if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
       argc > 0)
     snprintf(cmd, sizeof cmd, "%s", argv[0]);

@@ -170,6 +170,13 @@ enum cogpu__fault_point {
 void cogpu__fault(int point);
 
 /* --- Ledger services for other components (ledger.c) ------------------- */
+/* Attach on behalf of user for_uid (root only; the Slurm plug-in in
+ * slurmstepd books a job for its user, whose tasks then join it). In node
+ * mode the daemon records the job as for_uid's; in single-user mode the
+ * ledger is the caller's own and for_uid is not used. */
+int cogpu__attach_as(const cogpu_attach_opts_t *opts, uint32_t for_uid,
+                     cogpu_t **out);
+
 /* Capacity of a GPU and what is free there now, read without the lock
  * (a moment's view, for reporting such as cuMemGetInfo). */
 int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,

@@ -164,8 +164,33 @@ static void warn_node_settings(struct cogpu_s *h) {
                p->s, p->where, cogpu_policy_name((int)h->st->hdr.policy));
 }
 
+static int ledger_attach_as(const cogpu_attach_opts_t *opts, bool observer,
+                            uint32_t for_uid, struct cogpu_s **out);
+static int attach_join(struct cogpu_s *h, const char *token);
+
 int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
                          struct cogpu_s **out) {
+  return ledger_attach_as(opts, observer, (uint32_t)-1, out);
+}
+
+int cogpu__attach_as(const cogpu_attach_opts_t *opts, uint32_t for_uid,
+                     cogpu_t **out) {
+  int rc = ledger_attach_as(opts, false, for_uid, out);
+  if (rc == 0 && !(*out)->node && opts && opts->join && *opts->join) {
+    rc = attach_join(*out, opts->join);
+    if (rc) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", cogpu_last_error());
+      cogpu_detach(*out);
+      *out = NULL;
+      return cogpu__seterr(rc, "%s", msg);
+    }
+  }
+  return rc;
+}
+
+static int ledger_attach_as(const cogpu_attach_opts_t *opts, bool observer,
+                            uint32_t for_uid, struct cogpu_s **out) {
   cogpu__clearerr();
   if (!out)
     return cogpu__seterr(-EINVAL, "cogpu_attach: out is NULL");
@@ -179,7 +204,7 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
     cogpu__log_set_level((int)h->cfg.v[COGPU_OPT_LOG].i);
   int node = rc == 0 && !observer ? cogpu__node_mode(&h->cfg) : 0;
   if (node == 1) {
-    rc = cogpu__node_attach(&h->cfg, opts, (uint32_t)-1, &h->node);
+    rc = cogpu__node_attach(&h->cfg, opts, for_uid, &h->node);
     if (rc) {
       free(h);
       return rc;
@@ -287,18 +312,7 @@ void cogpu__ledger_slot_join(struct cogpu_s *h, uint32_t slot, uint32_t job,
 }
 
 int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out) {
-  int rc = cogpu__ledger_attach(opts, false, out);
-  if (rc == 0 && !(*out)->node && opts && opts->join && *opts->join) {
-    rc = attach_join(*out, opts->join);
-    if (rc) {
-      char msg[1024];
-      snprintf(msg, sizeof msg, "%s", cogpu_last_error());
-      cogpu_detach(*out);
-      *out = NULL;
-      return cogpu__seterr(rc, "%s", msg);
-    }
-  }
-  return rc;
+  return cogpu__attach_as(opts, (uint32_t)-1, out);
 }
 
 static int check_gpu(cogpu_t *h, int gpu) {

@@ -132,15 +132,23 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
   if (!out)
     return cogpu__seterr(-EINVAL, "cogpu_status: out is NULL");
   struct cogpu_s *own = NULL;
-  if (h && h->node && !h->forked)
-    return cogpu__node_status(&h->cfg, h->node, out);
+  if (h && h->node && !h->forked) {
+    int rc = cogpu__node_status(&h->cfg, h->node, out);
+    if (rc == 0)
+      status_names(*out);
+    return rc;
+  }
   if (!h) {
     cogpu__config_t cfg;
     int rc = cogpu__config_load(&cfg);
     if (rc)
       return rc;
-    if (cogpu__node_mode(&cfg) == 1)
-      return cogpu__node_status(&cfg, NULL, out);
+    if (cogpu__node_mode(&cfg) == 1) {
+      rc = cogpu__node_status(&cfg, NULL, out);
+      if (rc == 0)
+        status_names(*out);
+      return rc;
+    }
   }
   if (!h) {
     int rc = cogpu__ledger_attach(NULL, true, &own);

@@ -42,6 +42,8 @@ struct cogpu__node_s {
   uint32_t slot, gen, res_slot, res_gen;
   uint64_t secret[2];
   uint32_t ngpus, policy;
+  uint32_t late_seq; /* a reserve that gave up waiting for its reply */
+  uint64_t late_bytes;
   cogpu__m_gpu_t gpus[NODE_MAX_GPUS];
 };
 
@@ -291,68 +293,96 @@ int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
   return 0;
 }
 
-/* The daemon went away: reconnect and re-register (mu held). */
-static int node_resume(cogpu__node_t *n) {
+/* The daemon went away: reconnect and re-register (mu held), trying again
+ * while it restarts (a daemon can die again between accept and reply),
+ * until the deadline. */
+static int node_resume(cogpu__node_t *n, uint64_t dl) {
   if (n->fd >= 0)
     close(n->fd);
   n->fd = -1;
   if (n->lost)
     return cogpu__seterr(-ENOTCONN, "the node daemon no longer knows this "
                                     "process");
-  uint64_t dl = deadline_after(n->daemon_wait_ms);
-  int fd = sock_connect(n->sock, dl);
-  if (fd < 0)
-    return fd;
-  cogpu__msg_t m, r;
-  cogpu__msg_init(&m, COGPU_M_RESUME, ++n->seq);
-  m.u.resume = (cogpu__m_resume_t){.slot = n->slot,
-                                   .gen = n->gen,
-                                   .secret = {n->secret[0], n->secret[1]},
-                                   .res_slot = n->res_slot,
-                                   .res_gen = n->res_gen};
-  int rc = msg_send(fd, &m);
-  if (rc == 0)
-    rc = msg_recv(fd, &r, dl, NULL);
-  if (rc == 0 && r.rc != 0) {
-    /* The daemon lost its state (a new node state): this process's
-     * reservations are gone with it, and nothing it does is accounted. */
-    n->lost = true;
-    cogpu__log(COGPU_LOG_ERROR,
-               "the node daemon restarted without this process's "
-               "registration (%s): its GPU memory is no longer accounted",
-               r.u.reply.msg);
+  for (;;) {
+    int fd = sock_connect(n->sock, dl);
+    if (fd < 0)
+      return fd;
+    cogpu__msg_t m, r;
+    cogpu__msg_init(&m, COGPU_M_RESUME, ++n->seq);
+    m.u.resume = (cogpu__m_resume_t){.slot = n->slot,
+                                     .gen = n->gen,
+                                     .secret = {n->secret[0], n->secret[1]},
+                                     .res_slot = n->res_slot,
+                                     .res_gen = n->res_gen};
+    int rc = msg_send(fd, &m);
+    if (rc == 0)
+      rc = msg_recv(fd, &r, dl, NULL);
+    if (rc == 0 && r.rc != 0) {
+      /* The daemon lost its state (a new node state): this process's
+       * reservations are gone with it, and nothing it does is accounted. */
+      n->lost = true;
+      cogpu__log(COGPU_LOG_ERROR,
+                 "the node daemon restarted without this process's "
+                 "registration (%s): its GPU memory is no longer accounted",
+                 r.u.reply.msg);
+      close(fd);
+      return cogpu__seterr(-ENOTCONN, "the node daemon no longer knows this "
+                                      "process");
+    }
+    if (rc == 0) {
+      n->fd = fd;
+      cogpu__log(COGPU_LOG_INFO, "reconnected to the node daemon");
+      return 0;
+    }
     close(fd);
-    return cogpu__seterr(-ENOTCONN, "the node daemon no longer knows this "
-                                    "process");
+    if ((rc != -EPIPE && rc != -ECONNRESET && rc != -EPROTO) ||
+        ms_until(dl) == 0)
+      return cogpu__seterr(rc, "cannot re-register with the node daemon: %s",
+                           strerror(-rc));
+    usleep(5000);
   }
-  if (rc) {
-    close(fd);
-    return cogpu__seterr(rc, "cannot re-register with the node daemon: %s",
-                         strerror(-rc));
-  }
-  n->fd = fd;
-  cogpu__log(COGPU_LOG_INFO, "reconnected to the node daemon");
-  return 0;
 }
 
-/* A request on the main connection and its reply; after a daemon restart,
- * re-register and send it again (same seq: done at most once). */
-static int rpc_fd(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r,
-                  int *fd_out) {
+/* A reply that came after its request gave up: a grant nobody took is
+ * given back at once. */
+static void late_reply(cogpu__node_t *n, const cogpu__msg_t *r) {
+  if (!n->late_seq || r->seq != n->late_seq)
+    return;
+  n->late_seq = 0;
+  if (r->rc != 0 || r->u.reply.gpu < 0)
+    return;
+  cogpu__msg_t rel;
+  cogpu__msg_init(&rel, COGPU_M_RELEASE, ++n->seq);
+  rel.u.amount.gpu = r->u.reply.gpu;
+  rel.u.amount.bytes = n->late_bytes;
+  if (msg_send(n->fd, &rel) == 0)
+    cogpu__log(COGPU_LOG_INFO, "gave back a grant that came too late");
+}
+
+/* A request on the main connection and its reply, within bound_ms (or
+ * daemon_wait, whichever is shorter; -1: daemon_wait); after a daemon
+ * restart, re-register and send it again (same seq: done at most once). */
+static int rpc_bounded(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r,
+                       int *fd_out, int64_t bound_ms) {
   if (n->forked)
     return cogpu__seterr(-EINVAL, "this handle belongs to the parent process "
                                   "(fork): attach again in the child");
+  int64_t ms = n->daemon_wait_ms;
+  if (bound_ms >= 0 && (ms < 0 || bound_ms < ms))
+    ms = bound_ms;
+  uint64_t dl = deadline_after(ms);
   pthread_mutex_lock(&n->mu);
   m->seq = ++n->seq;
   int rc = n->fd < 0 ? -EPIPE : 0;
-  for (int attempt = 0; attempt < 3; attempt++) {
+  for (;;) {
     if (rc == 0)
       rc = msg_send(n->fd, m);
-    uint64_t dl = deadline_after(n->daemon_wait_ms);
     while (rc == 0) {
       rc = msg_recv(n->fd, r, dl, fd_out);
       if (rc == 0 && r->type == COGPU_M_REPLY && r->seq == m->seq)
         break;
+      if (rc == 0 && r->type == COGPU_M_REPLY)
+        late_reply(n, r);
       if (fd_out && *fd_out >= 0) {
         close(*fd_out); /* came with a stale reply */
         *fd_out = -1;
@@ -360,9 +390,15 @@ static int rpc_fd(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r,
     }
     if (rc == 0 || (rc != -EPIPE && rc != -ECONNRESET && rc != -EPROTO))
       break;
-    rc = node_resume(n);
+    rc = node_resume(n, dl);
     if (rc)
       break;
+  }
+  if (rc == -ETIMEDOUT && m->type == COGPU_M_RESERVE &&
+      !(m->u.reserve.flags & COGPU_REQ_EXCLUSIVE)) {
+    /* The daemon may still grant it: remember to give it back. */
+    n->late_seq = m->seq;
+    n->late_bytes = m->u.reserve.bytes;
   }
   pthread_mutex_unlock(&n->mu);
   if (rc == -ETIMEDOUT)
@@ -370,6 +406,11 @@ static int rpc_fd(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r,
   if (rc)
     return rc < 0 ? rc : -EIO;
   return reply_rc(r);
+}
+
+static int rpc_fd(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r,
+                  int *fd_out) {
+  return rpc_bounded(n, m, r, fd_out, -1);
 }
 
 static int rpc(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r) {
@@ -479,7 +520,7 @@ static int node_wait(cogpu__node_t *n, const cogpu_request_t *req,
     /* The daemon restarted: re-register, then wait again, keeping the
      * queue entry if the daemon still has it. */
     pthread_mutex_lock(&n->mu);
-    rc = node_resume(n);
+    rc = node_resume(n, deadline_after(n->daemon_wait_ms));
     pthread_mutex_unlock(&n->mu);
     if (rc)
       return rc;
@@ -509,7 +550,10 @@ int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
                                      .bytes = req->bytes,
                                      .priority = req->priority,
                                      .timeout_ms = 0};
-  int rc = rpc(n, &m, &r);
+  /* The request's own bound covers the daemon's answer too. */
+  uint64_t t0 = cogpu__now_ns() / 1000000u;
+  int rc =
+      rpc_bounded(n, &m, &r, NULL, req->timeout_ms > 0 ? req->timeout_ms : -1);
   if (rc == 0) {
     if (gpu_out)
       *gpu_out = r.u.reply.gpu;
@@ -517,7 +561,14 @@ int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
   }
   if (rc != -EAGAIN || req->timeout_ms == COGPU_NOWAIT)
     return rc;
-  return node_wait(n, req, gpu_out);
+  cogpu_request_t rest = *req;
+  if (rest.timeout_ms > 0) {
+    uint64_t spent = cogpu__now_ns() / 1000000u - t0;
+    rest.timeout_ms = spent >= (uint64_t)rest.timeout_ms
+                          ? 1
+                          : rest.timeout_ms - (int64_t)spent;
+  }
+  return node_wait(n, &rest, gpu_out);
 }
 
 int cogpu__node_release(cogpu__node_t *n, int gpu, uint64_t bytes) {
