@@ -12,6 +12,11 @@ BINDIR ?= $(PREFIX)/bin
 INCDIR ?= $(PREFIX)/include
 DATADIR ?= $(PREFIX)/share
 PCDIR ?= $(LIBDIR)/pkgconfig
+SBINDIR ?= $(PREFIX)/sbin
+DOCDIR ?= $(DATADIR)/doc/cogpu
+# systemd reads units and tmpfiles.d snippets under /usr/local/lib too.
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 
 CC ?= cc
 SAN ?=
@@ -81,7 +86,7 @@ SLURM_H ?= $(wildcard /usr/include/slurm/spank.h)
 SPANK_OBJS := $(B)/objs/contrib/slurm/spank-cogpu.o $(LIB_SRCS:%.c=$(B)/objs/%.o)
 SPANK := $(if $(SLURM_H),$(B)/spank_cogpu.so)
 
-.PHONY: all lib cli daemon tests check check-all bench install uninstall clean \
+.PHONY: all lib cli daemon tests check check-node check-all bench install uninstall clean \
         format format-check
 
 all: lib cli daemon preload tests $(SPANK)
@@ -238,10 +243,20 @@ SAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 check: all
 	$(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) $(TEST_WRAP) $(B)/tests/run-tests $(T)
 
+# Every build runs the suite twice: daemonless (single-user mode) and in
+# node mode, each test against a private cogpud (tests of the daemonless
+# state file only run in the first pass).
+check-node: all
+	COGPU_TEST_NODE=1 $(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) \
+	    $(TEST_WRAP) $(B)/tests/run-tests $(T)
+
 check-all:
 	$(MAKE) check
+	$(MAKE) check-node
 	$(MAKE) SAN=asan check
+	$(MAKE) SAN=asan check-node
 	$(MAKE) SAN=tsan check
+	$(MAKE) SAN=tsan check-node
 
 bench: lib preload $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog
@@ -257,8 +272,18 @@ install: lib cli daemon preload $(SPANK) $(B)/cogpu.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
 	install -d $(DESTDIR)$(LIBDIR)/cogpu
 	install -m 0755 $(B)/cogpu $(DESTDIR)$(BINDIR)/cogpu
-	install -d $(DESTDIR)$(PREFIX)/sbin
-	install -m 0755 $(B)/cogpud $(DESTDIR)$(PREFIX)/sbin/cogpud
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(TMPFILESDIR) \
+	    $(DESTDIR)$(DOCDIR)
+	install -m 0755 $(B)/cogpud $(DESTDIR)$(SBINDIR)/cogpud
+	for u in cogpud.socket cogpud.service; do \
+	  sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	      contrib/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u; \
+	done
+	install -m 0644 contrib/systemd/cogpu-tmpfiles.conf \
+	    $(DESTDIR)$(TMPFILESDIR)/cogpu.conf
+	install -m 0644 docs/security.md docs/architecture.md docs/options.md \
+	    $(DESTDIR)$(DOCDIR)/
 	install -m 0755 $(B)/libcogpu-preload.so $(DESTDIR)$(LIBDIR)/cogpu/libcogpu-preload.so
 	install -m 0644 $(B)/libcogpu.a $(DESTDIR)$(LIBDIR)/libcogpu.a
 	install -m 0755 $(B)/libcogpu.so $(DESTDIR)$(LIBDIR)/libcogpu.so.$(VERSION)
@@ -276,6 +301,9 @@ install: lib cli daemon preload $(SPANK) $(B)/cogpu.pc
 
 uninstall:
 	rm -rf $(DESTDIR)$(LIBDIR)/cogpu
+	rm -f $(DESTDIR)$(SBINDIR)/cogpud $(DESTDIR)$(UNITDIR)/cogpud.socket \
+	      $(DESTDIR)$(UNITDIR)/cogpud.service $(DESTDIR)$(TMPFILESDIR)/cogpu.conf
+	rm -rf $(DESTDIR)$(DOCDIR)
 	rm -f $(DESTDIR)$(BINDIR)/cogpu $(DESTDIR)$(LIBDIR)/libcogpu.* \
 	      $(DESTDIR)$(INCDIR)/cogpu.h $(DESTDIR)$(INCDIR)/schedgpu.h \
 	      $(DESTDIR)$(PCDIR)/cogpu.pc

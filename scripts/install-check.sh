@@ -48,6 +48,24 @@ fi
 for f in cli_filter.lua job_submit.lua plugstack.conf slurm.conf; do
   test -r "$prefix/share/cogpu/slurm/$f"
 done
+# The node daemon, its systemd units (pointing at it) and the tmpfiles.d
+# snippet that makes /run/cogpu at boot.
+test -x "$prefix/sbin/cogpud"
+"$prefix/sbin/cogpud" --check >/dev/null
+for u in cogpud.socket cogpud.service; do
+  test -r "$prefix/lib/systemd/system/$u"
+  if grep -q '@' "$prefix/lib/systemd/system/$u"; then
+    echo "install-check: $u has unexpanded @...@ placeholders" >&2
+    exit 1
+  fi
+done
+grep -q "ExecStart=$prefix/sbin/cogpud" "$prefix/lib/systemd/system/cogpud.service"
+grep -q '^d /run/cogpu 0755 root root' "$prefix/lib/tmpfiles.d/cogpu.conf"
+if command -v systemd-analyze >/dev/null 2>&1; then
+  systemd-analyze verify "$prefix/lib/systemd/system/cogpud.socket" \
+    "$prefix/lib/systemd/system/cogpud.service" 2>&1 |
+    grep -v -e 'not executable' -e 'No such file' || true
+fi
 # Nothing installed needs a glibc newer than 2.28 (RHEL/Rocky 8).
 "$(dirname "$0")/check-glibc.sh" "$prefix"
 echo "install-check: ok ($prefix)"

@@ -145,9 +145,8 @@ TEST_IMPL_T(daemon_kill9_under_load, 90) {
     wait_file(ready[i], 10000);
   /* 16 GiB: 6 held, up to 1.5 churning; 10 GiB must wait for them. */
   const char *wready = th_path("w");
-  pid_t w =
-      th_spawn_helper("nd_waiter", (const char *const[]){"10", "30000", wready,
-                                                          NULL});
+  pid_t w = th_spawn_helper("nd_waiter",
+                            (const char *const[]){"10", "30000", wready, NULL});
   wait_file(wready, 10000);
   th_sleep_ms(300);
   ASSERT_GE(reserved_now(), 6 * GiB);
@@ -253,8 +252,9 @@ static uint64_t cpu_ticks(pid_t pid) {
   buf[n] = 0;
   unsigned long ut = 0, stime = 0;
   char *q = strrchr(buf, ')');
-  ASSERT(q && sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu "
-                            "%lu",
+  ASSERT(q && sscanf(q + 2,
+                     "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu "
+                     "%lu",
                      &ut, &stime) == 2);
   return ut + stime;
 }
