@@ -71,6 +71,10 @@ int cogpu__parse_duration_ms(const char *what, const char *s, int64_t *out);
 int cogpu__parse_bool(const char *what, const char *s, bool *out);
 int cogpu__parse_int(const char *what, const char *s, long min, long max,
                      long *out);
+/* A GPU named by index ("1") or by a UUID or a unique prefix of one, among
+ * n GPUs with these UUIDs: 0 and *gpu, -EINVAL or -ENODEV (message set). */
+int cogpu__gpu_spec(const char *spec, const char *const *uuids, size_t n,
+                    int *gpu);
 /* Formats a byte count as "12.0 GiB" into buf; returns buf. */
 char *cogpu__fmt_size(uint64_t bytes, char *buf, size_t len);
 

@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -208,4 +209,32 @@ char *cogpu__fmt_size(uint64_t bytes, char *buf, size_t len) {
   }
   snprintf(buf, len, "%.1f %s", v, units[u]);
   return buf;
+}
+
+int cogpu__gpu_spec(const char *spec, const char *const *uuids, size_t n,
+                    int *gpu) {
+  if (!spec || !*spec || !gpu)
+    return cogpu__seterr(-EINVAL, "empty GPU name");
+  char *end;
+  errno = 0;
+  long v = strtol(spec, &end, 10);
+  if (*end == 0) {
+    if (errno == ERANGE || v < 0 || (size_t)v >= n)
+      return cogpu__seterr(-ENODEV, "no GPU %s on this node (%zu GPUs)", spec,
+                           n);
+    *gpu = (int)v;
+    return 0;
+  }
+  int found = -1;
+  size_t len = strlen(spec);
+  for (size_t g = 0; g < n; g++)
+    if (strncmp(uuids[g], spec, len) == 0) {
+      if (found >= 0)
+        return cogpu__seterr(-ENODEV, "'%s' matches more than one GPU", spec);
+      found = (int)g;
+    }
+  if (found < 0)
+    return cogpu__seterr(-ENODEV, "no GPU matches '%s'", spec);
+  *gpu = found;
+  return 0;
 }

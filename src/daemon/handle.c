@@ -918,28 +918,20 @@ void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
  * ---------------------------------------------------------------- */
 
 int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len) {
+  if (!d->dh)
+    return 0;
+  /* The ledger's own invariants, and the daemon's: every main connection
+   * names an active slot of its generation. */
+  int rc = cogpu__ledger_invariants(d->dh, why, len);
+  if (rc)
+    return rc;
   ledger_state_t *st = d->dh->st;
-  const ledger_hdr_t *hd = &st->hdr;
-  uint64_t reserved[LEDGER_MAX_GPUS] = {0};
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
-    const ledger_slot_t *sl = &st->slots[s];
-    for (uint32_t g = 0; g < hd->ngpus; g++) {
-      if (sl->state != SLOT_ACTIVE && sl->held[g])
-        return snprintf(why, len, "free slot %u holds %llu bytes on GPU %u", s,
-                        (unsigned long long)sl->held[g], g);
-      reserved[g] += sl->state == SLOT_ACTIVE ? sl->held[g] : 0;
-    }
+    const dconn_t *c = d->slot_conn[s];
+    if (c && c->kind == DC_MAIN &&
+        (st->slots[s].state != SLOT_ACTIVE ||
+         atomic_load(&st->slots[s].gen) != c->gen))
+      return snprintf(why, len, "connection of slot %u outlived its slot", s);
   }
-  for (uint32_t g = 0; g < hd->ngpus; g++)
-    if (reserved[g] != hd->gpus[g].reserved)
-      return snprintf(why, len, "GPU %u: reserved %llu, slots hold %llu", g,
-                      (unsigned long long)hd->gpus[g].reserved,
-                      (unsigned long long)reserved[g]);
-  uint64_t nw = 0;
-  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
-    nw += st->waiters[w].state == W_WAITING;
-  if (nw != hd->nwaiting)
-    return snprintf(why, len, "nwaiting %llu, %llu waiting entries",
-                    (unsigned long long)hd->nwaiting, (unsigned long long)nw);
   return 0;
 }

@@ -414,32 +414,11 @@ int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu) {
   int rc = check_handle(h);
   if (rc)
     return rc;
-  if (!spec || !*spec || !gpu)
-    return cogpu__seterr(-EINVAL, "empty GPU name");
-  ledger_hdr_t *hd = &h->st->hdr;
-  char *end;
-  errno = 0;
-  long v = strtol(spec, &end, 10);
-  if (*end == 0) {
-    if (errno == ERANGE || v < 0 || v > INT32_MAX)
-      return cogpu__seterr(-ENODEV, "no GPU %s on this node", spec);
-    rc = check_gpu(h, (int)v);
-    if (rc == 0)
-      *gpu = (int)v;
-    return rc;
-  }
-  int found = -1;
-  size_t len = strlen(spec);
-  for (uint32_t g = 0; g < hd->ngpus; g++)
-    if (strncmp(hd->gpus[g].uuid, spec, len) == 0) {
-      if (found >= 0)
-        return cogpu__seterr(-ENODEV, "'%s' matches more than one GPU", spec);
-      found = (int)g;
-    }
-  if (found < 0)
-    return cogpu__seterr(-ENODEV, "no GPU matches '%s'", spec);
-  *gpu = found;
-  return 0;
+  const char *uuids[LEDGER_MAX_GPUS];
+  uint32_t n = h->st->hdr.ngpus;
+  for (uint32_t g = 0; g < n && g < LEDGER_MAX_GPUS; g++)
+    uuids[g] = h->st->hdr.gpus[g].uuid;
+  return cogpu__gpu_spec(spec, uuids, n, gpu);
 }
 
 int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes) {

@@ -653,29 +653,10 @@ int cogpu__node_gpu_count(cogpu__node_t *n) {
 }
 
 int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu) {
-  if (!spec || !*spec || !gpu)
-    return cogpu__seterr(-EINVAL, "empty GPU name");
-  char *end;
-  errno = 0;
-  long v = strtol(spec, &end, 10);
-  if (*end == 0) {
-    if (errno == ERANGE || v < 0 || v >= (long)n->ngpus)
-      return cogpu__seterr(-ENODEV, "no GPU %s on this node", spec);
-    *gpu = (int)v;
-    return 0;
-  }
-  int found = -1;
-  size_t len = strlen(spec);
+  const char *uuids[NODE_MAX_GPUS];
   for (uint32_t g = 0; g < n->ngpus; g++)
-    if (strncmp(n->gpus[g].uuid, spec, len) == 0) {
-      if (found >= 0)
-        return cogpu__seterr(-ENODEV, "'%s' matches more than one GPU", spec);
-      found = (int)g;
-    }
-  if (found < 0)
-    return cogpu__seterr(-ENODEV, "no GPU matches '%s'", spec);
-  *gpu = found;
-  return 0;
+    uuids[g] = n->gpus[g].uuid;
+  return cogpu__gpu_spec(spec, uuids, n->ngpus, gpu);
 }
 
 /* --- status and reset ---------------------------------------------------- */

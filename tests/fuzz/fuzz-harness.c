@@ -48,17 +48,11 @@ static dconn_t *fz_new_conn(int i) {
 
 /* As the daemon's conn_free: the daemon releases what the connection held,
  * then it leaves the list. */
+/* Ends a connection as the daemon's loop does: what it held goes at
+ * once, its record at the reap. */
 static void fz_free_conn(dconn_t *c) {
-  cogpu__daemon_t *d = &fz_d;
-  cogpu__daemon_close(d, c);
-  if (c->prev)
-    c->prev->next = c->next;
-  else
-    d->conns = c->next;
-  if (c->next)
-    c->next->prev = c->prev;
-  d->nconns--;
-  free(c);
+  c->closing = true;
+  cogpu__daemon_reap(&fz_d);
 }
 
 static bool fz_listed(const dconn_t *c) {

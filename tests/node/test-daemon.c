@@ -126,6 +126,14 @@ static uint64_t reserved_now(void) {
   return r;
 }
 
+/* The node ends empty (bounded wait). */
+static void wait_empty(int ms) {
+  for (int t = 0; reserved_now() != 0; t += 20) {
+    ASSERT_LT(t, th_ms(ms));
+    th_sleep_ms(20);
+  }
+}
+
 /* kill -9 of cogpud, twice, and a graceful restart, while 6 clients churn
  * and one waits for memory that only frees when they are done: no call
  * fails, every reservation is where it was, the waiter keeps its place
@@ -163,10 +171,7 @@ TEST_IMPL_T(daemon_kill9_under_load, 90) {
   for (int i = 0; i < N; i++)
     ASSERT_EQ(th_exit_code(th_wait(c[i], th_ms(30000))), 0);
   ASSERT_EQ(th_exit_code(th_wait(w, th_ms(30000))), 0);
-  for (int t = 0; reserved_now() != 0; t += 20) {
-    ASSERT_LT(t, th_ms(5000));
-    th_sleep_ms(20);
-  }
+  wait_empty(5000);
 }
 
 /* A job started by `cogpu run --mem` keeps its reservation across a
@@ -188,10 +193,7 @@ TEST_IMPL(daemon_restart_keeps_cogpu_run_job) {
   th_daemon_start();
   ASSERT_UEQ(reserved_now(), 4 * GiB);
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(20000))), 0);
-  for (int t = 0; reserved_now() != 0; t += 20) {
-    ASSERT_LT(t, th_ms(5000));
-    th_sleep_ms(20);
-  }
+  wait_empty(5000);
 }
 
 /* The client's own clock bounds its wait, whatever the daemon does: with
