@@ -93,6 +93,10 @@ typedef struct ledger_slot_s {
   uint64_t starttime;
   /* The client's last request that changed the ledger, and its answer: a
    * request resent after a daemon restart is answered, not done twice. */
+  /* When the slot last gave memory back (monotonic): a job that released
+   * within the last tick is making progress, whatever else it waits for
+   * (threads of one process reserve and release at once). */
+  uint64_t released_ns;
   uint64_t last_op;
   int64_t last_rc;
   int64_t last_gpu;

@@ -256,7 +256,11 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
       continue;
     bool own =
         sl->held[g] > sl->lent[g] || h->st->hdr.gpus[g].excl_slot == s + 1;
-    bool stuck = BIT_GET(waits, s) && !BIT_GET(running, s) &&
+    /* A job that gave memory back within the last tick is moving: one of
+     * its threads waits while others release. */
+    bool moving =
+        now - sl->released_ns < cogpu__ms_to_ns(h->st->hdr.sweep_interval_ms);
+    bool stuck = BIT_GET(waits, s) && !BIT_GET(running, s) && !moving &&
                  (!own || BIT_GET(owner_w, s));
     if (!stuck)
       return -1; /* someone can still make progress and release */
