@@ -57,12 +57,27 @@ typedef struct cogpu__daemon_s {
   /* After a restart: waiters whose client has not come back by then are
    * dropped (ms on the monotonic clock, 0 when none). */
   uint64_t rebind_deadline_ms;
+  /* Kept so that the loop's per-message work does not grow with the
+   * node's size: wait connections in waiter_conn, whether a connection
+   * is to be reaped, whether slots may be without a connection (known
+   * only after a scan: due when the state was opened or recovered and
+   * after each tick), and the timer's period now (ms, 0: disarmed). */
+  uint32_t nwaitconns;
+  bool reap_due;
+  bool orphans_dirty, orphans;
+  uint64_t timer_ms;
   uint64_t nconns;
   dconn_t *conns;
   bool stop;
   bool failed; /* stopped because it cannot keep a ledger: exit 1 */
   bool fuzz;   /* no sockets: replies are dropped (fuzzing, tests) */
 } cogpu__daemon_t;
+
+/* Marks c to be ended after this batch of events. */
+static inline void cogpu__daemon_end_later(cogpu__daemon_t *d, dconn_t *c) {
+  c->closing = true;
+  d->reap_due = true;
+}
 
 /* Opens (or recovers) the node state and, unless fuzzing, the socket. */
 int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
