@@ -67,7 +67,7 @@ static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
   if (c->dead)
     return;
   c->dead = true;
-  d->reap_due = true;
+  cogpu__daemon_reap_list(d, c);
   cogpu__daemon_close(d, c);
   if (c->fd >= 0) {
     if (!d->fuzz)
@@ -77,34 +77,30 @@ static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
   }
 }
 
-/* Frees the records of ended connections (and ends those marked for it). */
+/* Frees the records of ended connections (and ends those marked for it):
+ * those on the reap list only, so that it costs nothing when no
+ * connection ended, and not the node's number of clients when one did. */
 void cogpu__daemon_reap(cogpu__daemon_t *d) {
-  /* Walking every connection after every batch would cost the loop time
-   * in proportion to the node's clients: only when one ended. */
-  if (!d->reap_due)
-    return;
-  d->reap_due = false;
-  /* Ending one may mark others (a process's waits end with it). */
-  for (bool again = true; again;) {
-    again = false;
-    for (dconn_t *c = d->conns; c; c = c->next)
-      if (c->closing && !c->dead) {
+  /* Ending one may list others (a process's waits end with it). */
+  while (d->reap_list) {
+    dconn_t *list = d->reap_list;
+    d->reap_list = NULL;
+    for (dconn_t *c = list, *next; c; c = next) {
+      next = c->reap_next;
+      if (c->closing && !c->dead)
         conn_free(d, c);
-        again = true;
-      }
-  }
-  for (dconn_t *c = d->conns, *next; c; c = next) {
-    next = c->next;
-    if (!c->dead)
-      continue;
-    if (c->prev)
-      c->prev->next = c->next;
-    else
-      d->conns = c->next;
-    if (c->next)
-      c->next->prev = c->prev;
-    d->nconns--;
-    free(c);
+      c->reap_listed = false;
+      if (!c->dead)
+        continue;
+      if (c->prev)
+        c->prev->next = c->next;
+      else
+        d->conns = c->next;
+      if (c->next)
+        c->next->prev = c->prev;
+      d->nconns--;
+      free(c);
+    }
   }
 }
 

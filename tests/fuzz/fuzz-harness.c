@@ -51,6 +51,12 @@ static dconn_t *fz_new_conn(int i) {
 static void fz_free_conn(dconn_t *c) {
   cogpu__daemon_t *d = &fz_d;
   cogpu__daemon_close(d, c);
+  /* Nor is it left on the list of those the next reap goes through. */
+  for (dconn_t **p = &d->reap_list; *p; p = &(*p)->reap_next)
+    if (*p == c) {
+      *p = c->reap_next;
+      break;
+    }
   if (c->prev)
     c->prev->next = c->next;
   else
