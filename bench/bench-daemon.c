@@ -99,9 +99,9 @@ static cpu_t daemon_cpu(void) {
     fclose(f);
     char *p = strrchr(buf, ')');
     unsigned long long ut = 0, stt = 0;
-    if (p && sscanf(p + 1,
-                    " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
-                    &ut, &stt) == 2)
+    if (p &&
+        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+               &ut, &stt) == 2)
       c.ticks = ut + stt;
   }
   snprintf(path, sizeof path, "/proc/%d/schedstat", (int)daemon_pid);
@@ -174,8 +174,8 @@ static void round_trips(cogpu_t *h, int connected) {
 
 /* --- 1. and 2.: many connected clients ------------------------------------ */
 
-static void emit_attach(uint64_t *lat, int from, int to, long rss0,
-                        long rss1, double secs) {
+static void emit_attach(uint64_t *lat, int from, int to, long rss0, long rss1,
+                        double secs) {
   int n = to - from;
   bench_stats_t st = bench_stats(lat + from, (size_t)n);
   bench_emit("daemon_attach", 1, &st,
@@ -183,8 +183,8 @@ static void emit_attach(uint64_t *lat, int from, int to, long rss0,
              "\"daemon_rss_kb_before\":%ld,\"daemon_rss_kb_after\":%ld,"
              "\"daemon_rss_bytes_per_client\":%.0f,\"seconds\":%.3f,"
              "\"clock_ns\":%" PRIu64,
-             from, to, rss0, rss1,
-             n ? (double)(rss1 - rss0) * 1024.0 / n : 0.0, secs, clock_ns);
+             from, to, rss0, rss1, n ? (double)(rss1 - rss0) * 1024.0 / n : 0.0,
+             secs, clock_ns);
 }
 
 static int many_clients(void) {
