@@ -11,6 +11,10 @@
 #   BENCH_MODES  which ledgers bench-reserve/-wakeup measure ("single node")
 #   BENCH_ONLY   run only these benchmarks (names, e.g. "bench-reserve")
 #   BENCH_TIMEOUT  seconds one benchmark run may take (300)
+#   BENCH_CPUS, BENCH_DAEMON_CPUS  pin the benchmarks, the daemon, to these
+#              CPUs (taskset -c LIST): on a VM, a wake-up of another vCPU
+#              costs tens of us, and an unpinned daemon's round trips mix
+#              the two placements
 # Prints one JSON object per line on stdout; progress goes to stderr.
 set -eu
 
@@ -81,7 +85,8 @@ status=0
 start_daemon() {
 	stop_daemon
 	rm -rf "$COGPU_DAEMON_DIR" "$COGPU_SOCKET"
-	env -u COGPU_NODE_MODE COGPU_USER_MAX_CLIENTS=16384 \
+	${BENCH_DAEMON_CPUS:+taskset -c "$BENCH_DAEMON_CPUS"} \
+		env -u COGPU_NODE_MODE COGPU_USER_MAX_CLIENTS=16384 \
 		COGPU_USER_MAX_WAITERS=4096 "$bdir/cogpud" 2>>"$tmp/cogpud.log" &
 	daemon_pid=$!
 	i=0
@@ -129,7 +134,8 @@ run_one() {
 	# Bounded: a wedged benchmark fails the suite instead of hanging it.
 	# Output goes through a file so that its exit status is not lost in a
 	# pipeline (POSIX sh has no pipefail).
-	if ! timeout -k 5 "${BENCH_TIMEOUT:-300}" env "$@" >"$tmp/out"; then
+	if ! timeout -k 5 "${BENCH_TIMEOUT:-300}" \
+		${BENCH_CPUS:+taskset -c "$BENCH_CPUS"} env "$@" >"$tmp/out"; then
 		echo "run.sh: $label failed" >&2
 		status=1
 	fi
