@@ -71,8 +71,14 @@ if [ -z "${COGPU_BENCH_COMMIT:-}" ]; then
 fi
 # Sources edited after the library was built: the binaries are not what
 # the commit (or the tree) says.
-if [ -n "$(find "$root/src" "$root/include" -newer "$bdir/libcogpu.a" 2>/dev/null | head -n 1)" ]; then
-	echo "run.sh: warning: sources are newer than $bdir/libcogpu.a" >&2
+# (The daemon's own sources are not in the library: they count against
+# cogpud.)
+if [ -n "$(find "$root/src" "$root/include" -path "$root/src/daemon" -prune \
+	-o -newer "$bdir/libcogpu.a" -print 2>/dev/null | head -n 1)" ] ||
+	{ [ -e "$bdir/cogpud" ] && [ -n "$(find "$root/src" "$root/include" \
+		"$root/tools/cogpud" -newer "$bdir/cogpud" 2>/dev/null |
+		head -n 1)" ]; }; then
+	echo "run.sh: warning: sources are newer than $bdir/libcogpu.a or $bdir/cogpud" >&2
 	COGPU_BENCH_COMMIT=$COGPU_BENCH_COMMIT-stale
 fi
 export COGPU_BENCH_COMMIT
