@@ -13,7 +13,10 @@
  *   BENCH_MAX_SAMPLES  latency samples kept per process (16M / procs)
  * Output: JSON lines (bench.h); benches "reserve_release" (uncontended
  * pair), "reserve", "release" (uncontended, each half alone) and
- * "reserve_release_contended" (one line per process count).
+ * "reserve_release_contended" (one line per process count). Every line
+ * says which ledger it measured ("mode": "single", the daemonless
+ * shared-memory ledger, or "node", round trips to cogpud; bench/run.sh runs
+ * this benchmark once in each) and the load ("uncontended", "contended").
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -50,6 +53,7 @@ static void uncontended(uint64_t clock_ns) {
   int rc = cogpu_attach(NULL, &h);
   if (rc)
     bench_die("cogpu_attach", rc);
+  bench_check_mode(h);
   /* Warm-up: fault the state's pages in, settle caches and CPU frequency. */
   for (int i = 0; i < WARMUP; i++)
     pair(h);
@@ -63,9 +67,10 @@ static void uncontended(uint64_t clock_ns) {
   uint64_t elapsed = bench_now_ns() - t_start;
   bench_stats_t st = bench_stats(d, (size_t)iters);
   bench_emit("reserve_release", 1, &st,
-             "\"mode\":\"uncontended\",\"bytes\":%llu,\"ops_per_s\":%.0f,"
-             "\"clock_ns\":%" PRIu64,
-             REQ_BYTES, (double)iters * 1e9 / (double)elapsed, clock_ns);
+             "\"mode\":\"%s\",\"load\":\"uncontended\",\"bytes\":%llu,"
+             "\"ops_per_s\":%.0f,\"clock_ns\":%" PRIu64,
+             bench_ledger_mode(), REQ_BYTES,
+             (double)iters * 1e9 / (double)elapsed, clock_ns);
 
   /* Each half alone (a second pass: the middle stamp would otherwise
    * inflate the pair figure above by one clock read). */
@@ -82,12 +87,14 @@ static void uncontended(uint64_t clock_ns) {
   }
   st = bench_stats(d, (size_t)iters);
   bench_emit("reserve", 1, &st,
-             "\"mode\":\"uncontended\",\"bytes\":%llu,\"clock_ns\":%" PRIu64,
-             REQ_BYTES, clock_ns);
+             "\"mode\":\"%s\",\"load\":\"uncontended\",\"bytes\":%llu,"
+             "\"clock_ns\":%" PRIu64,
+             bench_ledger_mode(), REQ_BYTES, clock_ns);
   st = bench_stats(d2, (size_t)iters);
   bench_emit("release", 1, &st,
-             "\"mode\":\"uncontended\",\"bytes\":%llu,\"clock_ns\":%" PRIu64,
-             REQ_BYTES, clock_ns);
+             "\"mode\":\"%s\",\"load\":\"uncontended\",\"bytes\":%llu,"
+             "\"clock_ns\":%" PRIu64,
+             bench_ledger_mode(), REQ_BYTES, clock_ns);
   cogpu_detach(h);
   free(d);
   free(d2);
@@ -205,11 +212,12 @@ static int contended(int procs, uint64_t duration_ns, uint64_t clock_ns) {
     over++;
   double secs = (double)(end - sh->start_ns) / 1e9;
   bench_emit("reserve_release_contended", procs, &st,
-             "\"mode\":\"contended\",\"bytes\":%llu,\"duration_ms\":%" PRIu64
-             ",\"ops\":%" PRIu64 ",\"ops_per_s\":%.0f,\"over_50us\":%zu,"
-             "\"samples_capped\":%s,\"clock_ns\":%" PRIu64,
-             REQ_BYTES, duration_ns / 1000000u, ops, (double)ops / secs, over,
-             capped ? "true" : "false", clock_ns);
+             "\"mode\":\"%s\",\"load\":\"contended\",\"bytes\":%llu,"
+             "\"duration_ms\":%" PRIu64 ",\"ops\":%" PRIu64
+             ",\"ops_per_s\":%.0f,\"over_50us\":%zu,\"samples_capped\":%s,"
+             "\"clock_ns\":%" PRIu64,
+             bench_ledger_mode(), REQ_BYTES, duration_ns / 1000000u, ops,
+             (double)ops / secs, over, capped ? "true" : "false", clock_ns);
   munmap(samples, (size_t)procs * (size_t)cap * sizeof(uint64_t));
   munmap(sh, sizeof *sh);
   return 0;

@@ -12,6 +12,12 @@
  * For scale, the same hand-off is measured on a bare futex (no cogpu): the
  * operating system's own wake-up cost, which cogpu cannot go below.
  *
+ * In node mode (bench/run.sh runs it once in each mode, and every line
+ * says which: "mode" "single" or "node") the release is A's round trip to
+ * cogpud, which answers B's wait connection; B's cogpu_reserve sleeps
+ * several times there (its first try, the wait connection), so the
+ * slept-once/slept-again split means something in single mode only.
+ *
  * Knobs: BENCH_WAKE_ROUNDS (1000). Output: JSON lines (bench.h); benches
  * "wakeup" (release -> waiter running), "release_with_waiter" (duration of
  * A's cogpu_release call, which serves and wakes B) and
@@ -82,6 +88,29 @@ static void wait_asleep(pid_t pid) {
   }
 }
 
+/* Wait until B's request is in the queue. Asleep alone is not enough in
+ * node mode: B also sleeps waiting for the daemon's answer to its first
+ * try, and a release that overtook it would be no wake-up at all. */
+static void wait_queued(cogpu_t *h, pid_t pid) {
+  uint64_t until = bench_now_ns() + 10ull * 1000000000u;
+  for (;;) {
+    cogpu_status_t *st;
+    int rc = cogpu_status(h, &st);
+    if (rc)
+      bench_die("cogpu_status", rc);
+    size_t nw = st->gpus[0].nwaiting;
+    cogpu_status_free(st);
+    if (nw >= 1)
+      return;
+    if (bench_now_ns() > until) {
+      fprintf(stderr, "bench: waiter %d never queued\n", (int)pid);
+      kill(pid, SIGKILL);
+      exit(1);
+    }
+    nap_us(20);
+  }
+}
+
 static int reap(pid_t pid) {
   int ws;
   return waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0
@@ -141,6 +170,7 @@ static int cogpu_wakeup(uint32_t rounds, uint64_t clock_ns) {
   rc = cogpu_status(h, &st);
   if (rc)
     bench_die("cogpu_status", rc);
+  bench_check_mode(h);
   uint64_t cap = st->gpus[0].capacity_bytes;
   cogpu_status_free(st);
   uint64_t a_bytes = cap / 4 * 3, b_bytes = cap / 2; /* B fits only alone */
@@ -165,6 +195,7 @@ static int cogpu_wakeup(uint32_t rounds, uint64_t clock_ns) {
     bench_wait_ge(&sh->b_asking, i);
     if (atomic_load(&sh->failed))
       break;
+    wait_queued(h, pid);
     wait_asleep(pid);
     uint64_t t0 = bench_now_ns();
     atomic_store(&sh->t0, t0);
@@ -198,14 +229,18 @@ static int cogpu_wakeup(uint32_t rounds, uint64_t clock_ns) {
   bench_stats_t s1 = bench_stats(once, n1), s2 = bench_stats(again, n2);
   bench_stats_t s = bench_stats(sh->lat, rounds);
   bench_emit("wakeup", 2, &s,
-             "\"waiter_bytes\":%" PRIu64 ",\"holder_bytes\":%" PRIu64
+             "\"mode\":\"%s\",\"waiter_bytes\":%" PRIu64
+             ",\"holder_bytes\":%" PRIu64
              ",\"rounds_slept_again\":%zu,\"median_ns_slept_once\":%" PRIu64
              ",\"median_ns_slept_again\":%" PRIu64 ",\"clock_ns\":%" PRIu64,
-             b_bytes, a_bytes, n2, s1.median, s2.median, clock_ns);
+             bench_ledger_mode(), b_bytes, a_bytes, n2, s1.median, s2.median,
+             clock_ns);
   free(once);
   free(again);
   s = bench_stats(rel, rounds);
-  bench_emit("release_with_waiter", 2, &s, "\"clock_ns\":%" PRIu64, clock_ns);
+  bench_emit("release_with_waiter", 2, &s,
+             "\"mode\":\"%s\",\"clock_ns\":%" PRIu64, bench_ledger_mode(),
+             clock_ns);
   free(rel);
   munmap(sh->sleeps, rounds * sizeof(uint64_t));
   munmap(sh, sizeof *sh + rounds * sizeof(uint64_t));
@@ -241,7 +276,9 @@ static int futex_baseline(uint32_t rounds, uint64_t clock_ns) {
   if (reap(pid))
     return -1;
   bench_stats_t s = bench_stats(sh->lat, rounds);
-  bench_emit("futex_wakeup_baseline", 2, &s, "\"clock_ns\":%" PRIu64, clock_ns);
+  bench_emit("futex_wakeup_baseline", 2, &s,
+             "\"mode\":\"%s\",\"clock_ns\":%" PRIu64, bench_ledger_mode(),
+             clock_ns);
   munmap(sh, sizeof *sh + rounds * sizeof(uint64_t));
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <linux/futex.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,8 @@
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "cogpu.h"
 
 /* CLOCK_MONOTONIC is system-wide, so stamps taken in different processes
  * compare directly (the wake-up benchmark depends on this). */
@@ -88,6 +91,41 @@ static inline void bench_wait_ge(_Atomic uint32_t *w, uint32_t target) {
 static inline void bench_store_wake(_Atomic uint32_t *w, uint32_t v) {
   atomic_store(w, v);
   bench_futex_wake(w);
+}
+
+/* --- which ledger ---------------------------------------------------- */
+
+/* The ledger path a benchmark measures, as the library chooses it
+ * (node_mode): "node" (every reserve is a round trip to cogpud) or
+ * "single" (the daemonless shared-memory ledger). run.sh sets
+ * COGPU_NODE_MODE for each run; with "auto" the daemon's socket decides. */
+static inline const char *bench_ledger_mode(void) {
+  const char *m = getenv("COGPU_NODE_MODE");
+  if (m && strcmp(m, "daemon") == 0)
+    return "node";
+  if (m && strcmp(m, "single") == 0)
+    return "single";
+  const char *sock = getenv("COGPU_SOCKET");
+  return access(sock && *sock ? sock : "/run/cogpu/cogpu.sock", F_OK) == 0
+             ? "node"
+             : "single";
+}
+
+/* Checks that an attached handle uses the ledger bench_ledger_mode() names
+ * (in node mode, status comes from the daemon and says so), so that a
+ * result is never labelled with the other mode. */
+static inline void bench_check_mode(cogpu_t *h) {
+  cogpu_status_t *st;
+  int rc = cogpu_status(h, &st);
+  if (rc)
+    bench_die("cogpu_status", rc);
+  bool node = strncmp(st->state_path, "cogpud ", 7) == 0;
+  cogpu_status_free(st);
+  if (node != (strcmp(bench_ledger_mode(), "node") == 0)) {
+    fprintf(stderr, "bench: the library uses the %s ledger, not the %s one\n",
+            node ? "node" : "single", bench_ledger_mode());
+    exit(2);
+  }
 }
 
 /* --- statistics ------------------------------------------------------- */

@@ -8,6 +8,13 @@
 #   B          build directory holding bench/ and tests/fakes/ (build)
 #   BENCH_OUT  also append the JSON lines to this file
 #   BENCH_*    knobs of the individual benchmarks (see each bench-*.c)
+#   BENCH_MODES  which ledgers bench-reserve/-wakeup measure ("single node")
+#   BENCH_ONLY   run only these benchmarks (names, e.g. "bench-reserve")
+#   BENCH_TIMEOUT  seconds one benchmark run may take (300)
+#   BENCH_CPUS, BENCH_DAEMON_CPUS  pin the benchmarks, the daemon, to these
+#              CPUs (taskset -c LIST): on a VM, a wake-up of another vCPU
+#              costs tens of us, and an unpinned daemon's round trips mix
+#              the two placements
 # Prints one JSON object per line on stdout; progress goes to stderr.
 set -eu
 
@@ -27,7 +34,15 @@ fi
 # A private state directory: benchmarks must neither see nor disturb a real
 # node's ledger, and must not start from a previous run's leftovers.
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+daemon_pid=
+stop_daemon() {
+	if [ -n "$daemon_pid" ]; then
+		kill "$daemon_pid" 2>/dev/null || :
+		wait "$daemon_pid" 2>/dev/null || :
+		daemon_pid=
+	fi
+}
+trap 'stop_daemon; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
 
 export LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -35,6 +50,11 @@ export COGPU_STATE_DIR="$tmp/state"
 export COGPU_CONFIG=    # set and empty: read no config file
 export FAKE_NVML_GPUS=80G
 export COGPU_LOG=error
+# Daemonless unless a run says otherwise: a node's own cogpud (its socket
+# at the default path) must not be used, nor disturbed.
+export COGPU_NODE_MODE=single
+export COGPU_SOCKET="$tmp/cogpud.sock"
+export COGPU_DAEMON_DIR="$tmp/cogpud"
 # The fake CUDA driver (bench-preload): same GPU, its own fresh state file.
 export FAKE_CUDA_STATE="$tmp/fake-cuda.state"
 export FAKE_CUDA_CTX_BYTES=300M
@@ -51,13 +71,65 @@ if [ -z "${COGPU_BENCH_COMMIT:-}" ]; then
 fi
 # Sources edited after the library was built: the binaries are not what
 # the commit (or the tree) says.
-if [ -n "$(find "$root/src" "$root/include" -newer "$bdir/libcogpu.a" 2>/dev/null | head -n 1)" ]; then
-	echo "run.sh: warning: sources are newer than $bdir/libcogpu.a" >&2
+# (The daemon's own sources are not in the library: they count against
+# cogpud.)
+if [ -n "$(find "$root/src" "$root/include" -path "$root/src/daemon" -prune \
+	-o -newer "$bdir/libcogpu.a" -print 2>/dev/null | head -n 1)" ] ||
+	{ [ -e "$bdir/cogpud" ] && [ -n "$(find "$root/src" "$root/include" \
+		"$root/tools/cogpud" -newer "$bdir/cogpud" 2>/dev/null |
+		head -n 1)" ]; }; then
+	echo "run.sh: warning: sources are newer than $bdir/libcogpu.a or $bdir/cogpud" >&2
 	COGPU_BENCH_COMMIT=$COGPU_BENCH_COMMIT-stale
 fi
 export COGPU_BENCH_COMMIT
 
 status=0
+
+# start_daemon: a private cogpud on a fresh state (its own, in $tmp),
+# with the benchmarks' fake GPUs. Root runs are admins (no per-user
+# limits); others get limits that let bench-daemon attach 10,000 clients.
+start_daemon() {
+	stop_daemon
+	rm -rf "$COGPU_DAEMON_DIR" "$COGPU_SOCKET"
+	${BENCH_DAEMON_CPUS:+taskset -c "$BENCH_DAEMON_CPUS"} \
+		env -u COGPU_NODE_MODE COGPU_USER_MAX_CLIENTS=16384 \
+		COGPU_USER_MAX_WAITERS=4096 "$bdir/cogpud" 2>>"$tmp/cogpud.log" &
+	daemon_pid=$!
+	i=0
+	while [ ! -S "$COGPU_SOCKET" ]; do
+		i=$((i + 1))
+		if [ $i -gt 500 ] || ! kill -0 "$daemon_pid" 2>/dev/null; then
+			echo "run.sh: cogpud did not start:" >&2
+			cat "$tmp/cogpud.log" >&2
+			daemon_pid=
+			return 1
+		fi
+		sleep 0.02
+	done
+	export BENCH_DAEMON_PID=$daemon_pid
+}
+
+# run_modes LABEL BIN: once per ledger in BENCH_MODES, the node run against
+# a daemon of its own.
+run_modes() {
+	for m in ${BENCH_MODES:-single node}; do
+		case $m in
+		single) run_one "$1 (single)" COGPU_NODE_MODE=single "$2" ;;
+		node)
+			if start_daemon; then
+				run_one "$1 (node)" COGPU_NODE_MODE=daemon "$2"
+				stop_daemon
+			else
+				status=1
+			fi
+			;;
+		*)
+			echo "run.sh: BENCH_MODES: unknown mode '$m'" >&2
+			status=1
+			;;
+		esac
+	done
+}
 
 # run_one LABEL [VAR=VALUE...] BIN: one run of a benchmark on fresh state.
 run_one() {
@@ -68,11 +140,13 @@ run_one() {
 	# Bounded: a wedged benchmark fails the suite instead of hanging it.
 	# Output goes through a file so that its exit status is not lost in a
 	# pipeline (POSIX sh has no pipefail).
-	if ! timeout -k 5 150 env "$@" >"$tmp/out"; then
+	if ! timeout -k 5 "${BENCH_TIMEOUT:-300}" \
+		${BENCH_CPUS:+taskset -c "$BENCH_CPUS"} env "$@" >"$tmp/out"; then
 		echo "run.sh: $label failed" >&2
 		status=1
 	fi
 	cat "$tmp/out"
+	cat "$tmp/out" >>"$tmp/all"
 	if [ -n "${BENCH_OUT:-}" ]; then
 		cat "$tmp/out" >>"$BENCH_OUT"
 	fi
@@ -101,9 +175,26 @@ run_preload() {
 for bin in "$bdir"/bench/bench-*; do
 	[ -x "$bin" ] || continue
 	name=$(basename "$bin")
+	case " ${BENCH_ONLY:-$name} " in
+	*" $name "*) ;;
+	*) continue ;;
+	esac
 	case $name in
 	bench-preload) run_preload "$bin" ;;
+	bench-reserve | bench-wakeup) run_modes "$name" "$bin" ;;
+	bench-daemon)
+		if start_daemon; then
+			run_one "$name" COGPU_NODE_MODE=daemon "$bin"
+			stop_daemon
+		else
+			status=1
+		fi
+		;;
 	*) run_one "$name" "$bin" ;;
 	esac
 done
+# The node/single ratios of this run (stderr: stdout stays JSON lines).
+if [ -s "$tmp/all" ] && command -v python3 >/dev/null; then
+	python3 "$here/compare.py" "$tmp/all" >&2 || :
+fi
 exit $status

@@ -41,7 +41,9 @@ typedef struct dconn_s {
   bool grant_excl;
   bool closing;                /* to be ended after this batch of events */
   bool dead;                   /* ended: its record is freed after this batch */
+  bool reap_listed;            /* on the daemon's reap list */
   struct dconn_s *prev, *next; /* every connection, for reset and exit */
+  struct dconn_s *reap_next;   /* the reap list: closing or dead ones */
 } dconn_t;
 
 typedef struct cogpu__daemon_s {
@@ -57,12 +59,37 @@ typedef struct cogpu__daemon_s {
   /* After a restart: waiters whose client has not come back by then are
    * dropped (ms on the monotonic clock, 0 when none). */
   uint64_t rebind_deadline_ms;
+  /* Kept so that the loop's per-message work does not grow with the
+   * node's size: wait connections in waiter_conn, the connections to be
+   * ended or freed after this batch (cogpu__daemon_end_later), whether slots
+   * may be without a connection (known only after a scan: due when the state
+   * was opened or recovered and after each tick), and the timer's period now
+   * (ms, 0: disarmed). */
+  uint32_t nwaitconns;
+  dconn_t *reap_list;
+  bool orphans_dirty, orphans;
+  uint64_t timer_ms;
   uint64_t nconns;
   dconn_t *conns;
   bool stop;
   bool failed; /* stopped because it cannot keep a ledger: exit 1 */
   bool fuzz;   /* no sockets: replies are dropped (fuzzing, tests) */
 } cogpu__daemon_t;
+
+/* Puts c on the list that cogpu__daemon_reap goes through (once). */
+static inline void cogpu__daemon_reap_list(cogpu__daemon_t *d, dconn_t *c) {
+  if (c->reap_listed)
+    return;
+  c->reap_listed = true;
+  c->reap_next = d->reap_list;
+  d->reap_list = c;
+}
+
+/* Marks c to be ended after this batch of events. */
+static inline void cogpu__daemon_end_later(cogpu__daemon_t *d, dconn_t *c) {
+  c->closing = true;
+  cogpu__daemon_reap_list(d, c);
+}
 
 /* Opens (or recovers) the node state and, unless fuzzing, the socket. */
 int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,

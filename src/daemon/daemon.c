@@ -67,6 +67,7 @@ static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
   if (c->dead)
     return;
   c->dead = true;
+  cogpu__daemon_reap_list(d, c);
   cogpu__daemon_close(d, c);
   if (c->fd >= 0) {
     if (!d->fuzz)
@@ -76,29 +77,30 @@ static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
   }
 }
 
-/* Frees the records of ended connections (and ends those marked for it). */
+/* Frees the records of ended connections (and ends those marked for it):
+ * those on the reap list only, so that it costs nothing when no
+ * connection ended, and not the node's number of clients when one did. */
 void cogpu__daemon_reap(cogpu__daemon_t *d) {
-  /* Ending one may mark others (a process's waits end with it). */
-  for (bool again = true; again;) {
-    again = false;
-    for (dconn_t *c = d->conns; c; c = c->next)
-      if (c->closing && !c->dead) {
+  /* Ending one may list others (a process's waits end with it). */
+  while (d->reap_list) {
+    dconn_t *list = d->reap_list;
+    d->reap_list = NULL;
+    for (dconn_t *c = list, *next; c; c = next) {
+      next = c->reap_next;
+      if (c->closing && !c->dead)
         conn_free(d, c);
-        again = true;
-      }
-  }
-  for (dconn_t *c = d->conns, *next; c; c = next) {
-    next = c->next;
-    if (!c->dead)
-      continue;
-    if (c->prev)
-      c->prev->next = c->next;
-    else
-      d->conns = c->next;
-    if (c->next)
-      c->next->prev = c->prev;
-    d->nconns--;
-    free(c);
+      c->reap_listed = false;
+      if (!c->dead)
+        continue;
+      if (c->prev)
+        c->prev->next = c->next;
+      else
+        d->conns = c->next;
+      if (c->next)
+        c->next->prev = c->prev;
+      d->nconns--;
+      free(c);
+    }
   }
 }
 
@@ -242,6 +244,7 @@ static void recover(cogpu__daemon_t *d) {
   cogpu__ledger_unlock(h);
   uint32_t drop[LEDGER_MAX_WAITERS];
   cogpu__ledger_take_wakes_of(h, drop, LEDGER_MAX_WAITERS);
+  d->orphans_dirty = true;
   if (waiting)
     d->rebind_deadline_ms = now_ms() + 10000;
   if (kept || freed || waiting)
@@ -275,6 +278,7 @@ static void on_tick(cogpu__daemon_t *d) {
   }
   cogpu__ledger_serve(h);
   cogpu__ledger_unlock(h);
+  d->orphans_dirty = true; /* some may be left: look again */
   cogpu__daemon_answer_waiters(d);
   if (watchdog_us)
     sd_notify(0, "WATCHDOG=1");
@@ -291,14 +295,26 @@ static bool orphans_unwatched(cogpu__daemon_t *d) {
   return false;
 }
 
-/* Arms the timer only while something is due. */
+/* Arms the timer only while something is due. Runs after every batch of
+ * events, so it costs O(1): slots without a connection (orphans) appear
+ * only when a state is opened or recovered (clients of a previous daemon
+ * whose pidfd could not be watched) and go only at a tick, so they are
+ * counted then, not at every message. */
 static void arm_timer(cogpu__daemon_t *d) {
   uint64_t ms = 0;
-  if (d->dh && (d->dh->st->hdr.nwaiting || d->rebind_deadline_ms ||
-                orphans_unwatched(d)))
+  if (d->orphans_dirty) {
+    d->orphans = orphans_unwatched(d);
+    d->orphans_dirty = false;
+  }
+  if (d->dh && (d->dh->st->hdr.nwaiting || d->rebind_deadline_ms || d->orphans))
     ms = d->dh->st->hdr.sweep_interval_ms;
   if (watchdog_us && (ms == 0 || ms > watchdog_us / 2000))
     ms = watchdog_us / 2000;
+  /* Re-arming at every batch would also restart the period, so that a
+   * busy daemon never ticked: only a change is set. */
+  if (ms == d->timer_ms)
+    return;
+  d->timer_ms = ms;
   struct itimerspec its = {0};
   if (ms) {
     its.it_value.tv_sec = (time_t)(ms / 1000);
@@ -404,6 +420,7 @@ static int open_state(cogpu__daemon_t *d) {
   if (rc)
     return rc;
   d->proxy = *d->dh;
+  d->orphans_dirty = true; /* a state left by a previous daemon has slots */
   return 0;
 }
 
@@ -523,7 +540,7 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
                          n);
   for (dconn_t *c = d->conns, *next; c; c = next) {
     next = c->next;
-    c->closing = true;
+    cogpu__daemon_end_later(d, c);
     if (c->kind == DC_MAIN || c->kind == DC_WAIT || c->kind == DC_PIDFD)
       conn_free(d, c);
   }

@@ -41,7 +41,7 @@ static int send_msg(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
   if (n != (ssize_t)sizeof *m) {
     /* A client that does not read its replies loses its connection; it
      * never holds up the daemon. */
-    c->closing = true;
+    cogpu__daemon_end_later(d, c);
     return -1;
   }
   return 0;
@@ -72,6 +72,12 @@ static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
   va_end(ap);
   reply(d, c, req, rc, &r);
   return 0;
+}
+
+/* Every change of waiter_conn goes through here, which keeps count. */
+static void set_waiter_conn(cogpu__daemon_t *d, uint32_t w, dconn_t *c) {
+  d->nwaitconns += (c != NULL) - (d->waiter_conn[w] != NULL);
+  d->waiter_conn[w] = c;
 }
 
 /* --- acting for a client ---------------------------------------------------
@@ -309,7 +315,7 @@ static int on_resume(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     return fail(d, c, m, -EBUSY, "this registration is connected") - 1;
   if (old && old->kind == DC_PIDFD) {
     d->slot_conn[c->slot] = NULL; /* stops watching the orphan */
-    old->closing = true;
+    cogpu__daemon_end_later(d, old);
   }
   c->kind = DC_MAIN;
   d->slot_conn[c->slot] = c;
@@ -518,7 +524,7 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
         wt->ticket == wm->prev_ticket && !d->waiter_conn[w]) {
       c->waiter = w;
       c->ticket = wt->ticket;
-      d->waiter_conn[w] = c;
+      set_waiter_conn(d, (uint32_t)w, c);
       if (wt->state == W_WAITING) {
         cogpu__msg_t r;
         memset(&r, 0, sizeof r);
@@ -569,7 +575,7 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     return fail(d, c, m, g, "%s", cogpu_last_error()) - 1;
   c->waiter = w;
   c->ticket = st->waiters[w].ticket;
-  d->waiter_conn[w] = c;
+  set_waiter_conn(d, (uint32_t)w, c);
   cogpu__msg_t rp;
   memset(&rp, 0, sizeof rp);
   rp.u.reply.flags = COGPU_REPLY_QUEUED;
@@ -589,7 +595,7 @@ static int on_ack(cogpu__daemon_t *d, dconn_t *c) {
     cogpu__ledger_lock(h);
     cogpu__ledger_dequeue(h, (uint32_t)c->waiter);
     cogpu__ledger_unlock(h);
-    d->waiter_conn[c->waiter] = NULL;
+    set_waiter_conn(d, (uint32_t)c->waiter, NULL);
     c->waiter = -1;
   }
   return -1; /* the exchange is over */
@@ -622,11 +628,11 @@ void cogpu__daemon_answer_waiters(cogpu__daemon_t *d) {
       cogpu__ledger_lock(h);
       cogpu__ledger_dequeue(h, w);
       cogpu__ledger_unlock(h);
-      d->waiter_conn[w] = NULL;
+      set_waiter_conn(d, (uint32_t)w, NULL);
       c->waiter = -1;
       int rc = cogpu__ledger_refused(&r);
       grant_reply(d, c, rc, -1);
-      c->closing = true;
+      cogpu__daemon_end_later(d, c);
     }
   }
 }
@@ -634,16 +640,18 @@ void cogpu__daemon_answer_waiters(cogpu__daemon_t *d) {
 /* After a slot was freed: wait connections whose entries went with it. */
 static void drop_orphaned_waits(cogpu__daemon_t *d) {
   ledger_state_t *st = d->dh->st;
+  if (d->nwaitconns == 0)
+    return; /* the common case: nothing waits */
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     dconn_t *c = d->waiter_conn[w];
     if (!c ||
         (st->waiters[w].state != W_FREE && st->waiters[w].ticket == c->ticket))
       continue;
-    d->waiter_conn[w] = NULL;
+    set_waiter_conn(d, (uint32_t)w, NULL);
     c->waiter = -1;
     if (!c->grant_pending) {
       grant_reply(d, c, -ECANCELED, -1);
-      c->closing = true;
+      cogpu__daemon_end_later(d, c);
     }
   }
 }
@@ -889,7 +897,7 @@ void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
     bool live = sl->state == SLOT_ACTIVE && atomic_load(&sl->gen) == c->gen;
     cogpu__ledger_lock(h);
     if (c->waiter >= 0 && d->waiter_conn[c->waiter] == c) {
-      d->waiter_conn[c->waiter] = NULL;
+      set_waiter_conn(d, (uint32_t)c->waiter, NULL);
       ledger_waiter_t *wt = &st->waiters[c->waiter];
       if (wt->state != W_FREE && wt->ticket == c->ticket)
         cogpu__ledger_dequeue(h, (uint32_t)c->waiter);

@@ -68,16 +68,38 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
   }
 }
 
-/* Names are looked up after the lock is released: NSS may be slow (LDAP). */
+/* Names are looked up after the lock is released: NSS may be slow (LDAP).
+ * Each uid once per snapshot: a node's clients belong to a few users, and
+ * one lookup reads /etc/passwd (or asks LDAP) again, which with thousands
+ * of clients and waiters was most of a snapshot's time. */
+typedef struct name_cache_s {
+  uint32_t uid[16];
+  char name[16][sizeof(((cogpu_client_info_t *)0)->user)];
+  size_t n, next;
+} name_cache_t;
+
+static void cached_name(name_cache_t *nc, uint32_t uid, char *buf, size_t len) {
+  for (size_t i = 0; i < nc->n; i++)
+    if (nc->uid[i] == uid) {
+      snprintf(buf, len, "%s", nc->name[i]);
+      return;
+    }
+  user_name(uid, buf, len);
+  size_t k = nc->n < 16 ? nc->n++ : nc->next++ % 16;
+  nc->uid[k] = uid;
+  snprintf(nc->name[k], sizeof nc->name[k], "%s", buf);
+}
+
 static void status_names(cogpu_status_t *st) {
+  name_cache_t nc = {.n = 0};
   for (size_t g = 0; g < st->ngpus; g++) {
     cogpu_gpu_info_t *gi = &st->gpus[g];
     for (size_t i = 0; i < gi->nclients; i++)
-      user_name(gi->clients[i].uid, gi->clients[i].user,
-                sizeof gi->clients[i].user);
+      cached_name(&nc, gi->clients[i].uid, gi->clients[i].user,
+                  sizeof gi->clients[i].user);
     for (size_t i = 0; i < gi->nwaiting; i++)
-      user_name(gi->waiting[i].uid, gi->waiting[i].user,
-                sizeof gi->waiting[i].user);
+      cached_name(&nc, gi->waiting[i].uid, gi->waiting[i].user,
+                  sizeof gi->waiting[i].user);
   }
 }
 

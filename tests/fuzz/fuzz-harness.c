@@ -51,7 +51,7 @@ static dconn_t *fz_new_conn(int i) {
 /* Ends a connection as the daemon's loop does: what it held goes at
  * once, its record at the reap. */
 static void fz_free_conn(dconn_t *c) {
-  c->closing = true;
+  cogpu__daemon_end_later(&fz_d, c);
   cogpu__daemon_reap(&fz_d);
 }
 
