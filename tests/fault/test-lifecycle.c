@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@ static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
 typedef struct waiting_s {
   cogpu_t *h;
   cogpu_request_t r;
-  int rc;
+  _Atomic int rc; /* 1 while the request is out; read by the test */
   int gpu;
   pthread_t t;
 } waiting_t;
