@@ -236,8 +236,24 @@ void cogpu__ledger_recount(struct cogpu_s *h);
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s);
 /* Record that a client left or released all it held (hdr.left_ms). */
 void cogpu__ledger_note_left(struct cogpu_s *h);
-/* Free the slots of dead clients (and their waiters); returns how many. */
-int cogpu__ledger_sweep(struct cogpu_s *h);
+/* The sweep, in two halves so that the lock is never held across a system
+ * call: cogpu__ledger_sweep_probe, without the lock, finds active slots
+ * whose liveness lock is free (one F_OFD_GETLK each) and records them with
+ * their generations; cogpu__ledger_sweep_apply, with the lock, frees those
+ * that are still active with the same generation (and their waiters), and
+ * returns how many. At most LEDGER_SWEEP_MAX a sweep; more is set when
+ * there were more, which the next sweep takes. */
+#define LEDGER_SWEEP_MAX 64u
+typedef struct ledger_sweep_s {
+  uint32_t n;
+  bool more;
+  uint32_t slot[LEDGER_SWEEP_MAX];
+  uint32_t gen[LEDGER_SWEEP_MAX];
+} ledger_sweep_t;
+void cogpu__ledger_sweep_probe(struct cogpu_s *h, ledger_sweep_t *sw);
+int cogpu__ledger_sweep_apply(struct cogpu_s *h, const ledger_sweep_t *sw);
+/* Liveness probes made while this process held the lock (for tests). */
+extern _Atomic uint64_t cogpu__ledger_probes_locked;
 
 /* --- policy.c: who is served ---------------------------------------------- */
 uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g);

@@ -308,3 +308,32 @@ TEST_IMPL_SINGLE_T(lifecycle_stopped_lock_holder, 90) {
   lt_check_invariants();
   cogpu_detach(h);
 }
+
+/* Item 3: a sweep probes liveness (a system call per client) without the
+ * ledger lock, then re-validates what it found by generation under it. 12
+ * clients killed at once are all reclaimed by the next status, and no
+ * probe was made while the lock was held. */
+TEST_IMPL_SINGLE(lifecycle_sweep_probes_outside_lock) {
+  th_setenv("COGPU_MARGIN", "0");
+  enum { N = 12 };
+  pid_t p[N];
+  for (int i = 0; i < N; i++)
+    p[i] = lt_hold("swept", 0, GiB, 0, 0, -1);
+  lt_wait_nclients(0, N, 5000);
+  cogpu_t *h = lt_attach(0); /* a live client the sweep must keep */
+  cogpu_request_t r = req(0, GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  for (int i = 0; i < N; i++) {
+    kill(p[i], SIGKILL);
+    th_wait(p[i], th_ms(5000));
+  }
+  atomic_store(&cogpu__ledger_probes_locked, 0);
+  cogpu_status_t *st;
+  ASSERT_OK(cogpu_status(h, &st));
+  ASSERT_UEQ(st->gpus[0].nclients, 1);
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, GiB);
+  cogpu_status_free(st);
+  ASSERT_UEQ(atomic_load(&cogpu__ledger_probes_locked), 0);
+  lt_check_invariants();
+  cogpu_detach(h);
+}
