@@ -182,8 +182,9 @@ struct cogpu_s {
   uint32_t res_slot; /* where reservations go: own slot, or a joined job's */
   uint32_t res_gen;  /* the joined slot's generation */
   int priority;
-  bool forked;       /* set in a fork child: the handle is the parent's */
-  _Atomic bool done; /* its slot was freed (exit): refuse every call */
+  bool forked;        /* set in a fork child: the handle is the parent's */
+  _Atomic bool done;  /* its slot was freed (exit): refuse every call */
+  bool unlinked_said; /* told that its state was deleted and replaced */
   char path[512];
   cogpu__config_t cfg;
   struct cogpu_s *next; /* list of live handles, for the fork handler */
@@ -205,6 +206,12 @@ void cogpu__ledger_shm_close(struct cogpu_s *h);
 uint64_t cogpu__ledger_checksum(const ledger_hdr_t *hdr);
 /* Is any client slot of the file behind fd locked by a live process? */
 int cogpu__ledger_shm_in_use(int fd, bool *in_use);
+/* Off the fast path, without the lock: if the state file was deleted under
+ * us (RemoveIPC), re-publish it for newcomers by reference, or say loudly
+ * that a second state exists. 0 when linked or re-published. */
+int cogpu__ledger_shm_check_linked(struct cogpu_s *h);
+/* The magic `cogpu reset` writes into a state it removes. */
+#define LEDGER_RETIRED_MAGIC "COGPURT\0"
 
 /* --- lock.c: lock, undo log, liveness, repair ------------------------------
  */

@@ -192,8 +192,10 @@ static int reserve_wait(cogpu_t *h, uint32_t w, uint64_t ticket,
       cogpu__ledger_futex_wait(&wt->futex, 0, left < tick ? left : tick);
     /* Not answered: probe for dead clients before taking the lock. */
     sw.n = 0;
-    if (atomic_load_explicit(&wt->futex, memory_order_acquire) == 0)
+    if (atomic_load_explicit(&wt->futex, memory_order_acquire) == 0) {
+      cogpu__ledger_shm_check_linked(h);
       cogpu__ledger_sweep_probe(h, &sw);
+    }
     cogpu__ledger_lock(h);
     if (!waiter_mine(h, w, ticket)) {
       cogpu__ledger_unlock(h);
@@ -255,6 +257,7 @@ int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
 static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
                         uint64_t ticket, int *gpu_out) {
   cogpu__ledger_foreign_refresh(h, false);
+  cogpu__ledger_shm_check_linked(h);
   ledger_sweep_t sw;
   cogpu__ledger_sweep_probe(h, &sw);
   cogpu__ledger_lock(h);

@@ -162,6 +162,7 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
   int rc = st ? 0 : -ENOMEM;
   if (rc == 0) {
     cogpu__ledger_foreign_refresh(h, false);
+    cogpu__ledger_shm_check_linked(h);
     ledger_sweep_t sw;
     cogpu__ledger_sweep_probe(h, &sw);
     rc = cogpu__ledger_lock_bounded(h);

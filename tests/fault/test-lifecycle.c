@@ -1,9 +1,9 @@
 /*
  * test-lifecycle.c: lifecycle edges of the ledger (issue 11): a waiter
  * whose job ends, a queue entry reused under a sleeper, grants racing the
- * exit destructor, derived counters gone wrong, a deleted state file and a
- * stopped lock holder. After each, the ledger must be consistent and
- * usable.
+ * exit destructor, derived counters gone wrong, a deleted state file, a
+ * stopped lock holder and sweeps that keep system calls out of the lock. After
+ * each, the ledger must be consistent and usable.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -335,5 +335,63 @@ TEST_IMPL_SINGLE(lifecycle_sweep_probes_outside_lock) {
   cogpu_status_free(st);
   ASSERT_UEQ(atomic_load(&cogpu__ledger_probes_locked), 0);
   lt_check_invariants();
+  cogpu_detach(h);
+}
+
+static void remove_state_dir(void) {
+  /* What systemd-logind's RemoveIPC=yes does at the end of the user's last
+   * session: every file and directory of the user in /dev/shm goes. */
+  const char *dir = getenv("COGPU_STATE_DIR");
+  ASSERT(dir && *dir);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT_EQ(system(cmd), 0);
+}
+
+/* Item 4: the state is deleted under an attached process. At its next
+ * status (or slow request, or tick) it re-publishes the still-mapped file
+ * by reference, and a newcomer shares it instead of booking the GPUs in a
+ * second ledger. */
+TEST_IMPL_SINGLE(lifecycle_deleted_state_republished) {
+  th_setenv("COGPU_MARGIN", "0");
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  remove_state_dir();
+  cogpu_status_t *st;
+  ASSERT_OK(cogpu_status(h, &st)); /* notices, re-publishes */
+  cogpu_status_free(st);
+  pid_t p = lt_hold("newcomer", 0, GiB, 0, 0, -1);
+  lt_wait_nclients(0, 2, 5000);
+  ASSERT_UEQ(lt_reserved_by(0, "newcomer"), GiB);
+  ASSERT_OK(cogpu_status(h, &st));
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 5 * GiB);
+  cogpu_status_free(st);
+  lt_check_invariants();
+  kill(p, SIGKILL);
+  th_wait(p, th_ms(5000));
+  cogpu_detach(h);
+}
+
+/* Item 4: a newcomer came before anyone noticed: two states exist; the
+ * attached process says so and does not re-publish its own. */
+TEST_IMPL_SINGLE(lifecycle_deleted_state_replaced) {
+  th_setenv("COGPU_MARGIN", "0");
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  remove_state_dir();
+  cogpu_t *n = lt_attach(0); /* a new state */
+  cogpu_status_t *st;
+  ASSERT_OK(cogpu_status(h, &st));
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 4 * GiB);
+  cogpu_status_free(st);
+  char ref[1024];
+  snprintf(ref, sizeof ref, "%s/state.unlinked", getenv("COGPU_STATE_DIR"));
+  ASSERT_NE(access(ref, F_OK), 0);
+  ASSERT_OK(cogpu_status(n, &st));
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+  cogpu_detach(n);
   cogpu_detach(h);
 }
