@@ -6,9 +6,9 @@
  * the docs and the code cannot drift apart unnoticed.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <signal.h>
 #include <string.h>
 
 #include "ledger-helpers.h"
@@ -55,8 +55,10 @@ static bool documented(const char *fn, int rc) {
     char t_[64];                                                               \
     code_token(rc_, t_, sizeof t_);                                            \
     if (rc_ != 0 && !documented(#fn, rc_))                                     \
-      th_fail(__FILE__, __LINE__, "%s returned %s, which docs/errors.md "      \
-              "does not list for it (%s)", #fn, t_, cogpu_last_error());       \
+      th_fail(__FILE__, __LINE__,                                              \
+              "%s returned %s, which docs/errors.md "                          \
+              "does not list for it (%s)",                                     \
+              #fn, t_, cogpu_last_error());                                    \
     ASSERT_EQ(rc_, (want));                                                    \
   } while (0)
 
@@ -87,8 +89,7 @@ TEST_IMPL(errors_docs_name_real_codes) {
       known = strcmp(t, code) == 0;
     }
     if (!known)
-      th_fail(__FILE__, __LINE__, "docs/errors.md lists unknown code %s",
-              code);
+      th_fail(__FILE__, __LINE__, "docs/errors.md lists unknown code %s", code);
     rows++;
   }
   ASSERT_GT(rows, 40);
