@@ -11,7 +11,12 @@
  * negated errno (-EINVAL, -EAGAIN, -ETIMEDOUT, ...) or one of the COGPU_E*
  * codes below. cogpu_strerror() names any code; cogpu_last_error() returns a
  * message for the calling thread's last failure, with details (which key,
- * which file, what to do).
+ * which file, what to do). docs/errors.md is the one complete list of each
+ * function's codes, when and what to do; the lists below are summaries. In
+ * node mode every call that talks to the daemon may also return
+ * -ECONNREFUSED (no daemon within daemon_wait), -ETIMEDOUT (no answer),
+ * -ENOTCONN (the daemon lost this process's registration: attach again),
+ * -EPROTO (a malformed reply) and -EACCES (the socket refuses this user).
  *
  * Thread safety: a handle may be used by many threads at once. Fork: a child
  * does not inherit its parent's attachment; it must attach on its own (the
@@ -75,11 +80,15 @@ typedef struct cogpu_attach_opts_s {
  * Attach the calling process to the node ledger, creating the node state on
  * first use (GPUs are discovered through NVML, without a CUDA context).
  * `opts` may be NULL for defaults. On success stores a handle in *out.
- * Errors: -EINVAL, -ENOMEM, -EACCES/-EPERM (state owner or mode refused),
- * COGPU_ESTATE (state unreadable and in use; run `cogpu doctor`),
- * COGPU_ENVML, COGPU_ENOGPU, COGPU_ECONFIG, -ENOSPC (no free client slot),
- * -EBUSY (the ledger is locked by a process that does not run: stopped;
- * the message names its pid), -ESRCH (opts->join names a job that ended).
+ * Errors (docs/errors.md): -EINVAL, -ENOMEM, -EACCES/-EPERM (state owner or
+ * mode refused; node: joining another user's job), -ENOTDIR/-ENOENT (bad
+ * state_dir), COGPU_ESTATE (state unreadable and in use; run `cogpu
+ * doctor`), COGPU_ENVML, COGPU_ENOGPU, COGPU_ECONFIG, -ENOSPC (no free
+ * client slot, or no room for the state), -EBUSY (single: the ledger is
+ * locked by a process that does not run: stopped; the message names its
+ * pid), -ESRCH (opts->join names a job that ended), -EROFS/-EDQUOT/-EIO
+ * (the file system's), and in node mode -ECONNREFUSED, -ETIMEDOUT, -EPROTO,
+ * -ENAMETOOLONG (socket path).
  */
 COGPU_API int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out);
 
@@ -87,11 +96,12 @@ COGPU_API int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out);
  * job starts: attaching with it (cogpu_attach_opts_t.join) makes their
  * reservations part of the job's, listed under the job in status. The
  * job's reservations live as long as its first process. buf needs 24
- * bytes. */
+ * bytes. Errors: -EINVAL (bad handle or buffer). */
 COGPU_API int cogpu_job_token(cogpu_t *h, char *buf, size_t len);
 
 /* Release everything the handle holds, leave any queue, free the handle.
- * Also happens implicitly when the process exits or dies. */
+ * Also happens implicitly when the process exits or dies. Errors: -EINVAL
+ * (a NULL or detached handle). */
 COGPU_API int cogpu_detach(cogpu_t *h);
 
 /* --- Reserving --------------------------------------------------------- */
@@ -123,8 +133,9 @@ typedef struct cogpu_request_s {
  * capacity: it could never fit), -EAGAIN (COGPU_NOWAIT and it does not fit
  * now, the GPU's client limit included), -ETIMEDOUT, -ENOSPC (the wait
  * queue is full), COGPU_EDEADLOCK (refused by the deadlock guard), -EBUSY
- * (the ledger is locked by a process that does not run: stopped),
- * -ECANCELED (the request's queue entry was removed: ask again).
+ * (single: the ledger is locked by a process that does not run: stopped),
+ * -ECANCELED (the request's queue entry was removed: ask again), -ENOMEM,
+ * and the node-mode codes above (docs/errors.md).
  */
 COGPU_API int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req,
                             int *gpu_out);
@@ -132,17 +143,20 @@ COGPU_API int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req,
 /* Give back `bytes` of this process's reservation on `gpu` (COGPU_ALL for
  * all of it, which also ends exclusive use), waking waiters that now fit.
  * Errors: -EINVAL (more than held, or a detached handle), -ENODEV, -EBUSY
- * (the ledger is locked by a process that does not run). */
+ * (single: the ledger is locked by a process that does not run), and the
+ * node-mode codes above (docs/errors.md). */
 COGPU_API int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes);
 
-/* Bytes this process holds on `gpu`. */
+/* Bytes this process holds on `gpu`. Errors: -EINVAL, -ENODEV, and the
+ * node-mode codes above. */
 COGPU_API int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes);
 
 /* Resolve "0", "GPU-8f3c..." (a UUID or a unique prefix of one) to an
- * index. Errors: -ENODEV. */
+ * index. Errors: -ENODEV (none, or an ambiguous prefix), -EINVAL (empty
+ * name or bad handle). */
 COGPU_API int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu);
 
-/* Number of GPUs in the node state. */
+/* Number of GPUs in the node state, or -EINVAL for a bad handle. */
 COGPU_API int cogpu_gpu_count(cogpu_t *h);
 
 /* --- Status ---------------------------------------------------------- */
@@ -200,7 +214,10 @@ typedef struct cogpu_status_s {
 } cogpu_status_t;
 
 /* A consistent snapshot of the node (h may be NULL: attaches briefly as an
- * observer). Reclaims dead clients first. Free with cogpu_status_free(). */
+ * observer). Reclaims dead clients first. Free with cogpu_status_free().
+ * Errors (docs/errors.md): -EINVAL, -ENOMEM, -EBUSY (single: a stopped
+ * lock holder), with h NULL those of cogpu_attach, and the node-mode
+ * codes above. */
 COGPU_API int cogpu_status(cogpu_t *h, cogpu_status_t **out);
 COGPU_API void cogpu_status_free(cogpu_status_t *st);
 

@@ -61,8 +61,20 @@ int cogpu__ledger_reset(const cogpu__config_t *cfg, bool force, int *live) {
                          "use --force (they keep the old state until they "
                          "exit, outside the new queue)",
                          *live, path);
+  /* Retired first: processes still attached to it must not re-publish it
+   * when they find it deleted (cogpu__ledger_shm_check_linked). */
+  int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    if (pwrite(fd, LEDGER_RETIRED_MAGIC, 8, 0) != 8)
+      cogpu__log(COGPU_LOG_WARN, "cannot mark %s as retired: %s", path,
+                 strerror(errno));
+    close(fd);
+  }
   if (unlink(path) != 0)
     return cogpu__seterr(-errno, "cannot remove %s: %s", path, strerror(errno));
+  char ref[640];
+  snprintf(ref, sizeof ref, "%s.unlinked", path);
+  unlink(ref);
   cogpu__log(COGPU_LOG_INFO, "removed node state %s", path);
   return 0;
 }

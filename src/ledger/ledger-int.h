@@ -186,8 +186,9 @@ struct cogpu_s {
   uint32_t res_slot; /* where reservations go: own slot, or a joined job's */
   uint32_t res_gen;  /* the joined slot's generation */
   int priority;
-  bool forked;       /* set in a fork child: the handle is the parent's */
-  _Atomic bool done; /* its slot was freed (exit): refuse every call */
+  bool forked;        /* set in a fork child: the handle is the parent's */
+  _Atomic bool done;  /* its slot was freed (exit): refuse every call */
+  bool unlinked_said; /* told that its state was deleted and replaced */
   char path[512];
   cogpu__config_t cfg;
   struct cogpu_s *next; /* list of live handles, for the fork handler */
@@ -209,6 +210,12 @@ void cogpu__ledger_shm_close(struct cogpu_s *h);
 uint64_t cogpu__ledger_checksum(const ledger_hdr_t *hdr);
 /* Is any client slot of the file behind fd locked by a live process? */
 int cogpu__ledger_shm_in_use(int fd, bool *in_use);
+/* Off the fast path, without the lock: if the state file was deleted under
+ * us (RemoveIPC), re-publish it for newcomers by reference, or say loudly
+ * that a second state exists. 0 when linked or re-published. */
+int cogpu__ledger_shm_check_linked(struct cogpu_s *h);
+/* The magic `cogpu reset` writes into a state it removes. */
+#define LEDGER_RETIRED_MAGIC "COGPURT\0"
 
 /* --- lock.c: lock, undo log, liveness, repair ------------------------------
  */
@@ -240,8 +247,24 @@ void cogpu__ledger_recount(struct cogpu_s *h);
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s);
 /* Record that a client left or released all it held (hdr.left_ms). */
 void cogpu__ledger_note_left(struct cogpu_s *h);
-/* Free the slots of dead clients (and their waiters); returns how many. */
-int cogpu__ledger_sweep(struct cogpu_s *h);
+/* The sweep, in two halves so that the lock is never held across a system
+ * call: cogpu__ledger_sweep_probe, without the lock, finds active slots
+ * whose liveness lock is free (one F_OFD_GETLK each) and records them with
+ * their generations; cogpu__ledger_sweep_apply, with the lock, frees those
+ * that are still active with the same generation (and their waiters), and
+ * returns how many. At most LEDGER_SWEEP_MAX a sweep; more is set when
+ * there were more, which the next sweep takes. */
+#define LEDGER_SWEEP_MAX 64u
+typedef struct ledger_sweep_s {
+  uint32_t n;
+  bool more;
+  uint32_t slot[LEDGER_SWEEP_MAX];
+  uint32_t gen[LEDGER_SWEEP_MAX];
+} ledger_sweep_t;
+void cogpu__ledger_sweep_probe(struct cogpu_s *h, ledger_sweep_t *sw);
+int cogpu__ledger_sweep_apply(struct cogpu_s *h, const ledger_sweep_t *sw);
+/* Liveness probes made while this process held the lock (for tests). */
+extern _Atomic uint64_t cogpu__ledger_probes_locked;
 
 /* --- policy.c: who is served ---------------------------------------------- */
 uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g);

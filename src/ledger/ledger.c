@@ -222,6 +222,8 @@ static int ledger_attach_as(const cogpu_attach_opts_t *opts, bool observer,
   }
   cogpu__fault(COGPU_FP_ATTACH);
   h->priority = opts ? opts->priority : 0;
+  ledger_sweep_t sw;
+  cogpu__ledger_sweep_probe(h, &sw); /* outside the lock: a syscall a slot */
   rc = cogpu__ledger_lock_bounded(h);
   if (rc) {
     cogpu__ledger_shm_close(h);
@@ -232,7 +234,7 @@ static int ledger_attach_as(const cogpu_attach_opts_t *opts, bool observer,
     cogpu__ledger_slot_free(h, h->slot); /* left by a dead previous owner */
   else
     slot_check_reuse(h);
-  cogpu__ledger_sweep(h);
+  cogpu__ledger_sweep_apply(h, &sw);
   if (!observer) {
     slot_fill(h, opts);
     cogpu__ledger_tx_set(h, &h->st->slots[h->slot].state, SLOT_ACTIVE);
@@ -479,13 +481,20 @@ int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
   if (rc)
     return rc;
   *got = 0;
-  if (h->res_slot != h->slot) {
-    const ledger_slot_t *job = &h->st->slots[h->res_slot];
-    uint64_t free_part = unclaimed(job, gpu);
+  if (h->res_slot != h->slot &&
+      unclaimed(&h->st->slots[h->res_slot], gpu) < want) {
     /* Members that died give their claims back; the sweep costs a probe
-     * per client, so only when the job is short. */
-    if (free_part < want && cogpu__ledger_sweep(h))
-      free_part = unclaimed(job, gpu);
+     * per client, made without the lock, so only when the job is short. */
+    ledger_sweep_t sw;
+    cogpu__ledger_unlock(h);
+    cogpu__ledger_sweep_probe(h, &sw);
+    rc = claims_lock(h, gpu);
+    if (rc)
+      return rc;
+    cogpu__ledger_sweep_apply(h, &sw);
+  }
+  if (h->res_slot != h->slot) {
+    uint64_t free_part = unclaimed(&h->st->slots[h->res_slot], gpu);
     *got = want < free_part ? want : free_part;
     if (*got)
       claim_move(h, gpu, (int64_t)*got);

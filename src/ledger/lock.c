@@ -31,6 +31,7 @@
 #endif
 
 static void repair_recount(struct cogpu_s *h);
+static bool lock_mine(struct cogpu_s *h);
 
 static uint32_t lockw_make(uint32_t slot, uint32_t gen) {
   return (slot + 1) | ((gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
@@ -54,6 +55,9 @@ bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen) {
                      .l_whence = SEEK_SET,
                      .l_start = LEDGER_LOCK_BASE + slot,
                      .l_len = 1};
+  if (lock_mine(h))
+    atomic_fetch_add_explicit(&cogpu__ledger_probes_locked, 1,
+                              memory_order_relaxed);
   if (fcntl(h->fd, F_OFD_GETLK, &fl) != 0)
     return true; /* cannot tell: never reclaim on doubt */
   return fl.l_type != F_UNLCK;
@@ -547,13 +551,50 @@ void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   cogpu__ledger_tx_commit(h);
 }
 
-int cogpu__ledger_sweep(struct cogpu_s *h) {
-  int n = 0;
+/* Liveness probes (F_OFD_GETLK) made while this process held the ledger
+ * lock; a test reads it to show that sweeps keep system calls out of the
+ * critical section. Counting costs a load next to a system call. */
+_Atomic uint64_t cogpu__ledger_probes_locked;
+
+static bool lock_mine(struct cogpu_s *h) {
+  uint32_t w = atomic_load_explicit(&h->st->hdr.lock, memory_order_relaxed);
+  return (w & ~LOCKW_CONTENDED) == lockw_make(h->slot, h->gen);
+}
+
+void cogpu__ledger_sweep_probe(struct cogpu_s *h, ledger_sweep_t *sw) {
+  sw->n = 0;
+  sw->more = false;
+  if (cogpu__ledger_trusted)
+    return; /* the daemon frees a client when its connection closes */
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
-    if (sl->state != SLOT_ACTIVE || s == h->slot)
+    if (s == h->slot ||
+        __atomic_load_n(&sl->state, __ATOMIC_RELAXED) != SLOT_ACTIVE)
       continue;
-    if (cogpu__ledger_slot_alive(h, s, atomic_load(&sl->gen)))
+    uint32_t gen = atomic_load_explicit(&sl->gen, memory_order_acquire);
+    if (cogpu__ledger_slot_alive(h, s, gen))
+      continue;
+    if (sw->n == LEDGER_SWEEP_MAX) {
+      sw->more = true; /* the next sweep takes the rest */
+      break;
+    }
+    sw->slot[sw->n] = s;
+    sw->gen[sw->n] = gen;
+    sw->n++;
+  }
+}
+
+int cogpu__ledger_sweep_apply(struct cogpu_s *h, const ledger_sweep_t *sw) {
+  int n = 0;
+  for (uint32_t i = 0; i < sw->n; i++) {
+    uint32_t s = sw->slot[i];
+    ledger_slot_t *sl = &h->st->slots[s];
+    /* Probed dead without the lock: still the same claim of the slot? A
+     * slot whose generation moved on was claimed again by a live process;
+     * a dead process's generation never moves, so it stays dead. */
+    if (sl->state != SLOT_ACTIVE || s == h->slot ||
+        (atomic_load(&sl->gen) & LOCKW_GEN_MASK) !=
+            (sw->gen[i] & LOCKW_GEN_MASK))
       continue;
     cogpu__log(COGPU_LOG_INFO, "reclaiming dead client pid %d (slot %u)",
                sl->pid, s);

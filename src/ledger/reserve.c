@@ -185,10 +185,17 @@ static int reserve_wait(cogpu_t *h, uint32_t w, uint64_t ticket,
   if (tick < sweep->min || tick > sweep->max)
     tick = 1000; /* a state written by a bad configuration: stay live */
   cogpu__fault(COGPU_FP_WAITING);
+  ledger_sweep_t sw;
   for (;;) {
     int64_t left = deadline == UINT64_MAX ? tick : ms_left(deadline);
     if (atomic_load_explicit(&wt->futex, memory_order_acquire) == 0 && left > 0)
       cogpu__ledger_futex_wait(&wt->futex, 0, left < tick ? left : tick);
+    /* Not answered: probe for dead clients before taking the lock. */
+    sw.n = 0;
+    if (atomic_load_explicit(&wt->futex, memory_order_acquire) == 0) {
+      cogpu__ledger_shm_check_linked(h);
+      cogpu__ledger_sweep_probe(h, &sw);
+    }
     cogpu__ledger_lock(h);
     if (!waiter_mine(h, w, ticket)) {
       cogpu__ledger_unlock(h);
@@ -213,7 +220,7 @@ static int reserve_wait(cogpu_t *h, uint32_t w, uint64_t ticket,
     }
     /* Housekeeping tick: dead clients and foreign memory may have moved,
      * and the deadlock guard looks at waiters that have waited a tick. */
-    cogpu__ledger_sweep(h);
+    cogpu__ledger_sweep_apply(h, &sw);
     cogpu__ledger_serve(h);
     cogpu__ledger_unlock(h);
     cogpu__ledger_foreign_refresh(h, false);
@@ -250,8 +257,11 @@ int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
 static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
                         uint64_t ticket, int *gpu_out) {
   cogpu__ledger_foreign_refresh(h, false);
+  cogpu__ledger_shm_check_linked(h);
+  ledger_sweep_t sw;
+  cogpu__ledger_sweep_probe(h, &sw);
   cogpu__ledger_lock(h);
-  if (cogpu__ledger_sweep(h))
+  if (cogpu__ledger_sweep_apply(h, &sw))
     cogpu__ledger_serve(h);
   if (!waiter_mine(h, w, ticket)) {
     cogpu__ledger_unlock(h);

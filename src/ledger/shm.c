@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,13 @@
 #include "ledger-int.h"
 
 #define SHM_OPEN_TRIES 8
+
+static int shm_dir_lock(struct cogpu_s *h, mode_t mode);
+
+/* Where a deleted state is re-published by reference (below). */
+static void shm_ref_path(const struct cogpu_s *h, char *buf, size_t len) {
+  snprintf(buf, len, "%s.unlinked", h->path);
+}
 
 static int shm_err_errno(int e, const char *what, const char *path) {
   return cogpu__seterr(-e, "%s %s: %s", what, path, strerror(e));
@@ -235,6 +243,12 @@ static int shm_create(struct cogpu_s *h, mode_t mode) {
   if (rc == 0 && link(tmp, h->path) != 0)
     rc = errno == EEXIST ? -EEXIST
                          : shm_err_errno(errno, "cannot publish", h->path);
+  if (rc == 0) {
+    /* A new state replaces any re-published deleted one. */
+    char rp[600];
+    shm_ref_path(h, rp, sizeof rp);
+    unlink(rp);
+  }
   unlink(tmp);
   close(fd);
   if (rc == 0)
@@ -317,6 +331,150 @@ static int shm_replace_bad(struct cogpu_s *h, int fd, const char *why) {
   return 0;
 }
 
+/* --- A state deleted under running processes (issue 11 item 4) ---------
+ * systemd-logind's RemoveIPC=yes (its default) deletes a user's files and
+ * directories in /dev/shm when their last session ends, although their
+ * jobs run on. The attached processes keep the unlinked file; a newcomer
+ * would create a second state, and the GPUs would be booked twice.
+ *
+ * The file cannot be linked back under its name: Linux refuses linkat() of
+ * an inode whose link count fell to 0 (-ENOENT; only an O_TMPFILE file
+ * before its first link may be), even through /proc/self/fd. So an attached
+ * process that finds its state unlinked (st_nlink == 0, checked off the
+ * fast path: a request that does not fit, a waiter's housekeeping tick,
+ * status) re-publishes it by reference instead: it writes
+ * state_dir/state.unlinked, "PID FD INODE", naming its own descriptor of
+ * the file. A newcomer that finds no state looks there first and opens
+ * /proc/PID/fd/FD, which is the very inode (same mapping, same OFD
+ * liveness locks, same futex words), if it is still unlinked, the same
+ * inode and a valid state; otherwise it creates a new state as usual. Each
+ * attached process re-checks at its ticks, so the reference moves on to a
+ * live process when its writer exits. If a new state was created meanwhile
+ * (a newcomer came first), both exist: the error names both. `cogpu reset`
+ * retires a state before removing it (its magic is overwritten), and a
+ * retired state is never re-published. In node mode the state is root's,
+ * in /run/cogpu (created at boot by contrib/systemd/cogpu-tmpfiles.conf),
+ * which RemoveIPC does not touch. */
+/* Opens the state an attached process re-published by reference, or
+ * returns -1 (and removes a stale reference). Directory lock held. */
+static int shm_open_ref(struct cogpu_s *h, mode_t mode) {
+  char rp[600], buf[96], proc[64], why[256];
+  shm_ref_path(h, rp, sizeof rp);
+  int rfd = open(rp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (rfd < 0)
+    return -1;
+  ssize_t n = read(rfd, buf, sizeof buf - 1);
+  close(rfd);
+  int pid = 0, ofd = -1;
+  unsigned long long ino = 0;
+  int fd = -1;
+  if (n > 0) {
+    buf[n] = 0;
+    if (sscanf(buf, "%d %d %llu", &pid, &ofd, &ino) == 3 && pid > 0 &&
+        ofd >= 0) {
+      snprintf(proc, sizeof proc, "/proc/%d/fd/%d", pid, ofd);
+      fd = open(proc, O_RDWR | O_CLOEXEC);
+    }
+  }
+  struct stat sb;
+  if (fd >= 0 &&
+      (fstat(fd, &sb) != 0 || sb.st_nlink != 0 ||
+       (unsigned long long)sb.st_ino != ino || shm_check_file(h, fd, mode) ||
+       shm_validate(fd, why, sizeof why))) {
+    close(fd);
+    fd = -1;
+  }
+  if (fd < 0) {
+    unlink(rp); /* its writer is gone, or it names another file now */
+    return -1;
+  }
+  cogpu__log(COGPU_LOG_WARN,
+             "node state %s was deleted (systemd-logind RemoveIPC?); "
+             "joining the state still used by pid %d",
+             h->path, pid);
+  return fd;
+}
+
+int cogpu__ledger_shm_check_linked(struct cogpu_s *h) {
+  struct stat sb, cur;
+  if (cogpu__ledger_trusted || h->fd < 0 || h->forked)
+    return 0;
+  if (fstat(h->fd, &sb) != 0 || sb.st_nlink != 0)
+    return 0;
+  if (memcmp(h->st->hdr.magic, LEDGER_MAGIC, sizeof h->st->hdr.magic) != 0)
+    return 0; /* retired by `cogpu reset --force`: not ours to revive */
+  mode_t mode = (mode_t)h->cfg.v[COGPU_OPT_STATE_MODE].i;
+  if (shm_ensure_dir(h->cfg.v[COGPU_OPT_STATE_DIR].s, mode) != 0)
+    return -1;
+  int lk = shm_dir_lock(h, mode);
+  if (lk < 0)
+    return -1;
+  int rc = 0;
+  if (stat(h->path, &cur) == 0) {
+    if (!h->unlinked_said)
+      cogpu__log(COGPU_LOG_ERROR,
+                 "node state %s was deleted under running processes "
+                 "(systemd-logind RemoveIPC?), and a new state %s (inode "
+                 "%llu) was created meanwhile: this process and others still "
+                 "use the deleted one (inode %llu), so the GPUs are booked "
+                 "in two ledgers until they end. Set RemoveIPC=no in "
+                 "/etc/systemd/logind.conf, or run the node daemon",
+                 h->path, h->path, (unsigned long long)cur.st_ino,
+                 (unsigned long long)sb.st_ino);
+    h->unlinked_said = true;
+    rc = -1;
+  } else {
+    char rp[600], tmp[640], buf[96];
+    shm_ref_path(h, rp, sizeof rp);
+    int rfd = open(rp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    ssize_t n = rfd >= 0 ? read(rfd, buf, sizeof buf - 1) : -1;
+    if (rfd >= 0)
+      close(rfd);
+    int pid = 0, ofd = -1;
+    unsigned long long ino = 0;
+    bool live = false;
+    struct stat o;
+    if (n > 0) {
+      buf[n] = 0;
+      /* Re-published already, through a descriptor that is still open:
+       * another handle of this process, or a process that lives. */
+      if (sscanf(buf, "%d %d %llu", &pid, &ofd, &ino) == 3 &&
+          ino == (unsigned long long)sb.st_ino && pid > 0 && ofd >= 0)
+        live = pid == getpid() ? fstat(ofd, &o) == 0 && o.st_ino == sb.st_ino &&
+                                     o.st_dev == sb.st_dev
+                               : kill(pid, 0) == 0 || errno == EPERM;
+    }
+    if (!live) {
+      snprintf(tmp, sizeof tmp, "%s.%d", rp, (int)getpid());
+      int wfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                     0600);
+      int len = snprintf(buf, sizeof buf, "%d %d %llu\n", (int)getpid(), h->fd,
+                         (unsigned long long)sb.st_ino);
+      if (wfd < 0 || write(wfd, buf, (size_t)len) != len ||
+          rename(tmp, rp) != 0) {
+        cogpu__log(COGPU_LOG_ERROR,
+                   "node state %s was deleted under running processes and "
+                   "cannot be re-published (%s): a newcomer will start a "
+                   "second state",
+                   h->path, strerror(errno));
+        unlink(tmp);
+        rc = -1;
+      } else {
+        cogpu__log(COGPU_LOG_ERROR,
+                   "node state %s was deleted under running processes "
+                   "(systemd-logind RemoveIPC?): re-published for newcomers "
+                   "through %s; set RemoveIPC=no in /etc/systemd/logind.conf, "
+                   "or run the node daemon",
+                   h->path, rp);
+      }
+      if (wfd >= 0)
+        close(wfd);
+    }
+  }
+  close(lk);
+  return rc;
+}
+
 /* The lock is readable (so lockable) by those who may use the state, and
  * no one else: a user who could flock it would stall state creation. */
 static int shm_dir_lock(struct cogpu_s *h, mode_t mode) {
@@ -380,6 +538,14 @@ static int shm_open_file(struct cogpu_s *h, mode_t mode, int *out) {
     int lk = shm_dir_lock(h, mode);
     if (lk < 0)
       return lk;
+    if (access(h->path, F_OK) != 0) {
+      int ref = shm_open_ref(h, mode);
+      if (ref >= 0) {
+        close(lk);
+        *out = ref;
+        return 0;
+      }
+    }
     int rc = access(h->path, F_OK) == 0 ? -EEXIST : shm_create(h, mode);
     close(lk);
     if (rc != 0 && rc != -EEXIST)

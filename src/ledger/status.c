@@ -184,9 +184,12 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
   int rc = st ? 0 : -ENOMEM;
   if (rc == 0) {
     cogpu__ledger_foreign_refresh(h, false);
+    cogpu__ledger_shm_check_linked(h);
+    ledger_sweep_t sw;
+    cogpu__ledger_sweep_probe(h, &sw);
     rc = cogpu__ledger_lock_bounded(h);
     if (rc == 0) {
-      if (cogpu__ledger_sweep(h))
+      if (cogpu__ledger_sweep_apply(h, &sw))
         cogpu__ledger_serve(h);
       rc = cogpu__ledger_status_fill(h, st);
       cogpu__ledger_unlock(h);

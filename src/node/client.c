@@ -85,8 +85,11 @@ static int sock_connect(const char *path, uint64_t deadline) {
     close(fd);
     bool retry = e == ECONNREFUSED || e == ENOENT || e == EAGAIN;
     int left = ms_until(deadline);
+    /* One documented code (docs/errors.md): -EACCES when the socket
+     * refuses us, -ECONNREFUSED when no daemon accepted within
+     * daemon_wait (no socket, nobody listening, or a full backlog). */
     if (!retry || left == 0)
-      return cogpu__seterr(-e,
+      return cogpu__seterr(e == EACCES || e == EPERM ? -EACCES : -ECONNREFUSED,
                            "cannot reach the node daemon at %s: %s (is "
                            "cogpud running? `cogpu doctor` checks)",
                            path, strerror(e));

@@ -1,9 +1,9 @@
 /*
  * test-lifecycle.c: lifecycle edges of the ledger (issue 11): a waiter
  * whose job ends, a queue entry reused under a sleeper, grants racing the
- * exit destructor, derived counters gone wrong, a deleted state file and a
- * stopped lock holder. After each, the ledger must be consistent and
- * usable.
+ * exit destructor, derived counters gone wrong, a deleted state file, a
+ * stopped lock holder and sweeps that keep system calls out of the lock. After
+ * each, the ledger must be consistent and usable.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -307,5 +307,92 @@ TEST_IMPL_SINGLE_T(lifecycle_stopped_lock_holder, 90) {
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), HOLD_OK);
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
   lt_check_invariants();
+  cogpu_detach(h);
+}
+
+/* Item 3: a sweep probes liveness (a system call per client) without the
+ * ledger lock, then re-validates what it found by generation under it. 12
+ * clients killed at once are all reclaimed by the next status, and no
+ * probe was made while the lock was held. */
+TEST_IMPL_SINGLE(lifecycle_sweep_probes_outside_lock) {
+  th_setenv("COGPU_MARGIN", "0");
+  enum { N = 12 };
+  pid_t p[N];
+  for (int i = 0; i < N; i++)
+    p[i] = lt_hold("swept", 0, GiB, 0, 0, -1);
+  lt_wait_nclients(0, N, 5000);
+  cogpu_t *h = lt_attach(0); /* a live client the sweep must keep */
+  cogpu_request_t r = req(0, GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  for (int i = 0; i < N; i++) {
+    kill(p[i], SIGKILL);
+    th_wait(p[i], th_ms(5000));
+  }
+  atomic_store(&cogpu__ledger_probes_locked, 0);
+  cogpu_status_t *st;
+  ASSERT_OK(cogpu_status(h, &st));
+  ASSERT_UEQ(st->gpus[0].nclients, 1);
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, GiB);
+  cogpu_status_free(st);
+  ASSERT_UEQ(atomic_load(&cogpu__ledger_probes_locked), 0);
+  lt_check_invariants();
+  cogpu_detach(h);
+}
+
+static void remove_state_dir(void) {
+  /* What systemd-logind's RemoveIPC=yes does at the end of the user's last
+   * session: every file and directory of the user in /dev/shm goes. */
+  const char *dir = getenv("COGPU_STATE_DIR");
+  ASSERT(dir && *dir);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT_EQ(system(cmd), 0);
+}
+
+/* Item 4: the state is deleted under an attached process. At its next
+ * status (or slow request, or tick) it re-publishes the still-mapped file
+ * by reference, and a newcomer shares it instead of booking the GPUs in a
+ * second ledger. */
+TEST_IMPL_SINGLE(lifecycle_deleted_state_republished) {
+  th_setenv("COGPU_MARGIN", "0");
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  remove_state_dir();
+  cogpu_status_t *st;
+  ASSERT_OK(cogpu_status(h, &st)); /* notices, re-publishes */
+  cogpu_status_free(st);
+  pid_t p = lt_hold("newcomer", 0, GiB, 0, 0, -1);
+  lt_wait_nclients(0, 2, 5000);
+  ASSERT_UEQ(lt_reserved_by(0, "newcomer"), GiB);
+  ASSERT_OK(cogpu_status(h, &st));
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 5 * GiB);
+  cogpu_status_free(st);
+  lt_check_invariants();
+  kill(p, SIGKILL);
+  th_wait(p, th_ms(5000));
+  cogpu_detach(h);
+}
+
+/* Item 4: a newcomer came before anyone noticed: two states exist; the
+ * attached process says so and does not re-publish its own. */
+TEST_IMPL_SINGLE(lifecycle_deleted_state_replaced) {
+  th_setenv("COGPU_MARGIN", "0");
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t r = req(0, 4 * GiB, 0);
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  remove_state_dir();
+  cogpu_t *n = lt_attach(0); /* a new state */
+  cogpu_status_t *st;
+  ASSERT_OK(cogpu_status(h, &st));
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 4 * GiB);
+  cogpu_status_free(st);
+  char ref[1024];
+  snprintf(ref, sizeof ref, "%s/state.unlinked", getenv("COGPU_STATE_DIR"));
+  ASSERT_NE(access(ref, F_OK), 0);
+  ASSERT_OK(cogpu_status(n, &st));
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+  cogpu_detach(n);
   cogpu_detach(h);
 }
