@@ -243,9 +243,11 @@ SAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 check: all
 	$(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) $(TEST_WRAP) $(B)/tests/run-tests $(T)
 
-# Every build runs the suite twice: daemonless (single-user mode) and in
-# node mode, each test against a private cogpud (tests of the daemonless
-# state file only run in the first pass).
+# The plain and ASan builds run the suite twice: daemonless (single-user
+# mode) and in node mode, each test against a private cogpud (tests of the
+# daemonless state file only run in the first pass). TSan runs it
+# daemonless: the daemon is one thread, and the client's threads are
+# checked by the daemonless pass's thread tests and the ASan node pass.
 check-node: all
 	COGPU_TEST_NODE=1 $(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) \
 	    $(TEST_WRAP) $(B)/tests/run-tests $(T)
@@ -256,7 +258,6 @@ check-all:
 	$(MAKE) SAN=asan check
 	$(MAKE) SAN=asan check-node
 	$(MAKE) SAN=tsan check
-	$(MAKE) SAN=tsan check-node
 
 bench: lib preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog
