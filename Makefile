@@ -246,8 +246,9 @@ check: all
 # The plain and ASan builds run the suite twice: daemonless (single-user
 # mode) and in node mode, each test against a private cogpud (tests of the
 # daemonless state file only run in the first pass). TSan runs it
-# daemonless: the daemon is one thread, and the client's threads are
-# checked by the daemonless pass's thread tests and the ASan node pass.
+# daemonless, and in node mode only the tests where threads of one process
+# share a connection to the daemon (the daemon itself is one thread).
+TSAN_NODE_TESTS := threads another_thread concurrent_members daemon_kill9
 check-node: all
 	COGPU_TEST_NODE=1 $(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) \
 	    $(TEST_WRAP) $(B)/tests/run-tests $(T)
@@ -258,6 +259,7 @@ check-all:
 	$(MAKE) SAN=asan check
 	$(MAKE) SAN=asan check-node
 	$(MAKE) SAN=tsan check
+	$(MAKE) SAN=tsan check-node T="$(TSAN_NODE_TESTS)"
 
 bench: lib preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog
