@@ -49,7 +49,7 @@
 #include <sys/wait.h>
 
 #include "bench.h"
-#include "preload/cuda-abi.h"
+#include "cuda/cuda-abi.h"
 
 #define REQ_BYTES (1ull << 20)
 #define BLOCK 1000 /* calls per route before switching to the other */

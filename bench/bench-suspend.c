@@ -38,7 +38,7 @@
 #include <sys/wait.h>
 
 #include "bench.h"
-#include "preload/cuda-abi.h"
+#include "cuda/cuda-abi.h"
 
 #define GIB (1ull << 30)
 #define PIECE_WORDS (GIB / 4)

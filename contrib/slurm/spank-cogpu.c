@@ -29,6 +29,7 @@
 
 #include "cogpu.h"
 #include "internal.h"
+#include "ledger/ledger.h"
 
 SPANK_PLUGIN(cogpu, 1);
 

@@ -24,6 +24,7 @@
 
 #include "cogpu.h"
 #include "internal.h"
+#include "ledger/ledger.h"
 #include "node/node.h"
 #include "nvml/nvml.h"
 

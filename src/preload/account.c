@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ledger/ledger.h"
 #include "preload/preload-int.h"
 #include "preload/table.h"
 

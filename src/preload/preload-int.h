@@ -15,8 +15,8 @@
 #include <stdint.h>
 
 #include "cogpu.h"
+#include "cuda/cuda-abi.h"
 #include "internal.h"
-#include "preload/cuda-abi.h"
 
 #define PRELOAD_EXPORT __attribute__((visibility("default")))
 /* Code that sanitizer runtimes reach while they start up (they look up

@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "preload/cuda-abi.h"
+#include "cuda/cuda-abi.h"
 
 #define MAXP 256
 

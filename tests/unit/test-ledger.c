@@ -14,6 +14,7 @@
 
 #include "internal.h"
 #include "ledger-helpers.h"
+#include "ledger/ledger.h"
 
 static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
   return (cogpu_request_t){.gpu = gpu,

@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cuda/cuda-abi.h"
 #include "ledger/admin.h"
 #include "node/node.h"
 #include "nvml/nvml.h"
-#include "preload/cuda-abi.h"
 
 typedef struct doctor_s {
   int problems;

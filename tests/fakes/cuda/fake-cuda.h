@@ -5,7 +5,7 @@
  * the types and declarations, and reach the functions with dlsym on a
  * dlopen'd libcuda.so.1; they never link against the fake.
  *
- * Types that src/preload/cuda-abi.h does not declare are declared here
+ * Types that src/cuda/cuda-abi.h does not declare are declared here
  * with a fake_ prefix (same layout as cuda.h), so that the two never clash.
  */
 #ifndef COGPU_FAKE_CUDA_H
@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "preload/cuda-abi.h"
+#include "cuda/cuda-abi.h"
 
 #define FAKE_API __attribute__((visibility("default")))
 

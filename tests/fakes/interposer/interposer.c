@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "preload/cuda-abi.h"
+#include "cuda/cuda-abi.h"
 
 typedef CUresult alloc_ft(CUdeviceptr *, size_t);
 

@@ -1,0 +1,50 @@
+/*
+ * ledger.h: the ledger's interface for the other components (the preload
+ * library, the CLI, the Slurm plug-in, the daemon), beyond the public API
+ * of cogpu.h. ledger-int.h is the ledger's own: its layout and internals.
+ */
+#ifndef COGPU_LEDGER_H
+#define COGPU_LEDGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cogpu.h"
+
+/* Attach on behalf of user for_uid (root only; the Slurm plug-in in
+ * slurmstepd books a job for its user, whose tasks then join it). In node
+ * mode the daemon records the job as for_uid's; in single-user mode the
+ * ledger is the caller's own and for_uid is not used. */
+int cogpu__attach_as(const cogpu_attach_opts_t *opts, uint32_t for_uid,
+                     cogpu_t **out);
+
+/* Capacity of a GPU and what is free there now, read without the lock
+ * (a moment's view, for reporting such as cuMemGetInfo). */
+int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,
+                       uint64_t *free_bytes);
+
+/* Milliseconds since a client of the node last left (exited, died,
+ * detached) or released all it held on a GPU, read without the lock;
+ * UINT64_MAX if none has, or h is not attached. The driver frees a leaving
+ * client's memory a moment after the ledger sees it go. */
+uint64_t cogpu__ledger_left_ago_ms(cogpu_t *h);
+
+/* For a process that joined a job: take up to `want` bytes of the job's
+ * reservation on `gpu` that no other process of the job has taken, as this
+ * process's share (*got, possibly 0). The share returns to the job when
+ * the process detaches or dies. A process of its own job gets 0. */
+int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got);
+/* What this process's job holds on `gpu` that none of its processes has
+ * claimed (0 for a process of its own), read without the lock. */
+uint64_t cogpu__ledger_job_spare(cogpu_t *h, int gpu);
+/* Give back up to `bytes` of this process's claim on `gpu` to its job, for
+ * the job's other processes: the job keeps the memory. */
+int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes);
+
+/* The token of a live job with this job id (one that joined no other job),
+ * for a later process of the same batch-system job to join; -ESRCH if
+ * none. tok needs 24 bytes. */
+int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
+                           size_t len);
+
+#endif /* COGPU_LEDGER_H */
