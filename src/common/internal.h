@@ -173,6 +173,10 @@ enum cogpu__fault_point {
 };
 void cogpu__fault(int point);
 
+/* The calling process's command line, arguments joined by spaces,
+ * truncated to len (proc.c). */
+void cogpu__self_cmdline(char *buf, size_t len);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t cogpu__now_ns(void);
 /* Time arithmetic that saturates at UINT64_MAX instead of wrapping, so that

@@ -291,6 +291,9 @@ int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
 /* With the lock held: is h still attached (not done, its slot active with
  * its generation)? Otherwise sets the error and returns it. */
 int cogpu__ledger_handle_live(struct cogpu_s *h);
+/* Takes the lock (bounded), checks the handle is live and its job; on
+ * failure the lock is not held. */
+int cogpu__ledger_lock_live(struct cogpu_s *h);
 
 /* With the lock held: if the joined job's slot is gone (its process died
  * and the slot was reclaimed), fall back to the handle's own slot. */

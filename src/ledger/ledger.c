@@ -78,17 +78,6 @@ static int self_host_pid(void) {
   return pid > 0 ? pid : getpid();
 }
 
-static void self_cmdline(char *buf, size_t len) {
-  FILE *f = fopen("/proc/self/cmdline", "re");
-  size_t n = f ? fread(buf, 1, len - 1, f) : 0;
-  if (f)
-    fclose(f);
-  buf[n] = 0;
-  for (size_t i = 0; n && i < n - 1; i++)
-    if (buf[i] == 0)
-      buf[i] = ' ';
-}
-
 /* Drop a multi-byte character cut short at the end of s by truncation. */
 static void utf8_trim_tail(char *s) {
   size_t n = strlen(s), i = n;
@@ -127,7 +116,7 @@ static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
   if (o && o->command)
     snprintf(cmd, sizeof cmd, "%s", o->command);
   else
-    self_cmdline(cmd, sizeof cmd);
+    cogpu__self_cmdline(cmd, sizeof cmd);
   cogpu__ledger_slot_fill(h, h->slot, self_host_pid(), (uint32_t)geteuid(),
                           o ? o->priority : 0, cmd, o ? o->job_id : NULL);
 }
@@ -257,6 +246,19 @@ static int check_handle(cogpu_t *h) {
   if (h->forked)
     return cogpu__seterr(-EINVAL, "this handle belongs to the parent process "
                                   "(fork): attach again in the child");
+  return 0;
+}
+
+int cogpu__ledger_lock_live(struct cogpu_s *h) {
+  int rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc;
+  rc = cogpu__ledger_handle_live(h);
+  if (rc) {
+    cogpu__ledger_unlock(h);
+    return rc;
+  }
+  cogpu__ledger_check_job(h);
   return 0;
 }
 
@@ -449,15 +451,9 @@ static int claims_lock(cogpu_t *h, int gpu) {
     rc = check_gpu(h, gpu);
   if (rc)
     return rc;
-  rc = cogpu__ledger_lock_bounded(h);
+  rc = cogpu__ledger_lock_live(h);
   if (rc)
     return rc;
-  rc = cogpu__ledger_handle_live(h);
-  if (rc) {
-    cogpu__ledger_unlock(h);
-    return rc;
-  }
-  cogpu__ledger_check_job(h);
   return 0;
 }
 
@@ -616,14 +612,10 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
     rc = check_gpu(h, gpu);
   if (rc)
     return rc;
-  rc = cogpu__ledger_lock_bounded(h);
+  rc = cogpu__ledger_lock_live(h);
   if (rc)
     return rc;
-  rc = cogpu__ledger_handle_live(h);
-  if (rc == 0) {
-    cogpu__ledger_check_job(h);
-    rc = cogpu__ledger_release_locked(h, gpu, bytes);
-  }
+  rc = cogpu__ledger_release_locked(h, gpu, bytes);
   cogpu__ledger_unlock(h);
   return rc;
 }

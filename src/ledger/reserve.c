@@ -297,15 +297,9 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
     return rc;
   int64_t w = -1;
   uint64_t ticket = 0;
-  rc = cogpu__ledger_lock_bounded(h);
+  rc = cogpu__ledger_lock_live(h);
   if (rc)
     return rc;
-  rc = cogpu__ledger_handle_live(h);
-  if (rc) {
-    cogpu__ledger_unlock(h);
-    return rc;
-  }
-  cogpu__ledger_check_job(h);
   int g = cogpu__ledger_reserve_fast(h, &r);
   if (g < 0)
     g = cogpu__ledger_reserve_queue(h, &r, &w);

@@ -199,17 +199,6 @@ int cogpu__node_mode(const cogpu__config_t *cfg) {
 
 /* --- attach, resume ---------------------------------------------------- */
 
-static void self_cmdline(char *buf, size_t len) {
-  FILE *f = fopen("/proc/self/cmdline", "re");
-  size_t n = f ? fread(buf, 1, len - 1, f) : 0;
-  if (f)
-    fclose(f);
-  buf[n] = 0;
-  for (size_t i = 0; n && i < n - 1; i++)
-    if (buf[i] == 0)
-      buf[i] = ' ';
-}
-
 static void take_identity(cogpu__node_t *n, const cogpu__m_reply_t *r) {
   n->slot = r->slot;
   n->gen = r->gen;
@@ -245,7 +234,7 @@ int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
   if (o && o->command)
     snprintf(a->command, sizeof a->command, "%s", o->command);
   else
-    self_cmdline(a->command, sizeof a->command);
+    cogpu__self_cmdline(a->command, sizeof a->command);
   if (o && o->job_id)
     snprintf(a->job_id, sizeof a->job_id, "%s", o->job_id);
   if (o && o->join && *o->join) {
