@@ -35,6 +35,7 @@ typedef struct dconn_s {
    * acknowledged, taken back if the connection closes first. */
   int64_t waiter;
   uint64_t ticket;
+  uint32_t op_seq; /* the request's id (its WAIT's seq), recorded at grant */
   bool grant_pending;
   int grant_gpu;
   uint64_t grant_bytes;

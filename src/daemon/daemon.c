@@ -227,19 +227,13 @@ static void recover(cogpu__daemon_t *d) {
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
     epoll_ctl(d->epfd, EPOLL_CTL_ADD, pfd, &ev);
   }
-  /* Grants the previous daemon made but whose acknowledgement it never
-   * read stay granted: the client may have taken them. Queue entries
-   * wait for their clients to come back. */
+  /* Queue entries, waiting or answered, wait for their clients to come
+   * back and ask again (answered ones are answered then); those whose
+   * clients do not come back are dropped at the deadline, a grant staying
+   * granted (the client may have taken it). */
   unsigned waiting = 0;
-  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
-    ledger_waiter_t *wt = &st->waiters[w];
-    if (wt->state == W_GRANTED || wt->state == W_REFUSED) {
-      cogpu__ledger_tx_set(h, &wt->state, W_FREE);
-      cogpu__ledger_tx_commit(h);
-    } else if (wt->state == W_WAITING) {
-      waiting++;
-    }
-  }
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+    waiting += st->waiters[w].state != W_FREE;
   cogpu__ledger_serve(h);
   cogpu__ledger_unlock(h);
   uint32_t drop[LEDGER_MAX_WAITERS];
@@ -273,8 +267,8 @@ static void on_tick(cogpu__daemon_t *d) {
   if (d->rebind_deadline_ms && now_ms() >= d->rebind_deadline_ms) {
     d->rebind_deadline_ms = 0;
     for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
-      if (st->waiters[w].state == W_WAITING && !d->waiter_conn[w])
-        cogpu__ledger_dequeue(h, w);
+      if (st->waiters[w].state != W_FREE && !d->waiter_conn[w])
+        cogpu__ledger_dequeue(h, w); /* a grant stays granted */
   }
   cogpu__ledger_serve(h);
   cogpu__ledger_unlock(h);

@@ -340,6 +340,24 @@ static bool replay(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   return true;
 }
 
+/* The request's record goes into the transaction of the change it makes
+ * (cogpu__ledger_tx_commit); if no change was committed, nothing is to
+ * be recorded atomically and the caller records the answer itself. */
+static void record_with(struct cogpu_s *h, uint32_t op, int64_t gpu,
+                        uint64_t a) {
+  h->rec_pending = op != 0;
+  h->rec_op = op;
+  h->rec_gpu = gpu;
+  h->rec_a = a;
+}
+
+/* Was the record committed with the change? (Clears it either way.) */
+static bool recorded(struct cogpu_s *h) {
+  bool pending = h->rec_pending;
+  h->rec_pending = false;
+  return !pending;
+}
+
 static void record(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
                    int rc, int gpu, uint64_t a) {
   struct cogpu_s *h = d->dh;
@@ -380,7 +398,9 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     cogpu__ledger_lock(h);
     cogpu__ledger_check_job(h);
     c->res_slot = h->res_slot;
+    record_with(h, m->seq, -1, 0);
     g = cogpu__ledger_reserve_fast(h, &r);
+    bool done = recorded(h);
     if (g < 0) {
       int64_t w = -1;
       g = cogpu__ledger_reserve_queue(h, &r, &w);
@@ -399,7 +419,8 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
                              ? "exclusive use is"
                              : cogpu__fmt_size(r.bytes, need, sizeof need));
     }
-    record(d, c, m, rc, g, 0);
+    if (!done || g < 0 || rc)
+      record(d, c, m, rc, g, 0);
     cogpu__ledger_unlock(h);
   }
   if (rc == -EAGAIN)
@@ -426,8 +447,10 @@ static int on_release(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     cogpu__ledger_lock(h);
     cogpu__ledger_check_job(h);
     c->res_slot = h->res_slot;
+    record_with(h, m->seq, gpu, 0);
     rc = cogpu__ledger_release_locked(h, gpu, m->u.amount.bytes);
-    record(d, c, m, rc, gpu, 0);
+    if (!recorded(h) || rc)
+      record(d, c, m, rc, gpu, 0);
     cogpu__ledger_unlock(h);
   }
   cogpu__msg_t r;
@@ -508,6 +531,44 @@ static void grant_reply(cogpu__daemon_t *d, dconn_t *c, int rc, int gpu) {
   reply(d, c, &req, rc, &r);
 }
 
+/* Hands a grant to its wait connection, and records it in the slot under
+ * the request's id: a client that asks again after a daemon restart (it
+ * never saw the answer) gets this grant, not a second one. */
+static void hand_grant(cogpu__daemon_t *d, dconn_t *c, int gpu, uint64_t bytes,
+                       bool excl) {
+  c->grant_pending = true;
+  c->grant_gpu = gpu;
+  c->grant_bytes = bytes;
+  c->grant_excl = excl;
+  if (c->op_seq) {
+    cogpu__msg_t id;
+    cogpu__msg_init(&id, COGPU_M_WAIT, c->op_seq);
+    cogpu__ledger_lock(d->dh);
+    record(d, c, &id, 0, gpu, bytes | (excl ? 1ull << 63 : 0));
+    cogpu__ledger_unlock(d->dh);
+  }
+  grant_reply(d, c, 0, gpu);
+}
+
+/* A waiting request's queue entry, answered while its client was away (a
+ * daemon restart): answer it now. */
+static void answer_rebound(cogpu__daemon_t *d, dconn_t *c, uint32_t w) {
+  ledger_waiter_t *wt = &d->dh->st->waiters[w];
+  if (wt->state == W_GRANTED) {
+    hand_grant(d, c, (int)wt->granted_gpu, wt->bytes, wt->exclusive != 0);
+  } else if (wt->state == W_REFUSED) {
+    reserve_req_t r = {.bytes = wt->bytes, .exclusive = wt->exclusive != 0};
+    struct cogpu_s *h = as(d, c);
+    cogpu__ledger_lock(h);
+    cogpu__ledger_dequeue(h, w);
+    cogpu__ledger_unlock(h);
+    set_waiter_conn(d, w, NULL);
+    c->waiter = -1;
+    grant_reply(d, c, cogpu__ledger_refused(&r), -1);
+    cogpu__daemon_end_later(d, c);
+  }
+}
+
 static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   const cogpu__m_wait_t *wm = &m->u.wait;
   int rc = authenticate(d, c, &wm->who);
@@ -515,7 +576,20 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     return fail(d, c, m, rc, "no such registration on this node") - 1;
   c->kind = DC_WAIT;
   c->waiter = -1;
+  c->op_seq = m->seq;
   ledger_state_t *st = d->dh->st;
+  /* After a daemon restart: a request already granted is handed its grant
+   * again (the client never saw it), never granted twice. */
+  const ledger_slot_t *sl = &st->slots[c->slot];
+  if (m->seq && sl->last_op == m->seq && sl->last_rc == 0 &&
+      sl->last_gpu >= 0 && (uint64_t)sl->last_gpu < st->hdr.ngpus) {
+    c->grant_pending = true;
+    c->grant_gpu = (int)sl->last_gpu;
+    c->grant_bytes = sl->last_a & ~(1ull << 63);
+    c->grant_excl = (sl->last_a >> 63) != 0;
+    grant_reply(d, c, 0, c->grant_gpu);
+    return 0;
+  }
   /* After a daemon restart: the same request keeps its queue entry. */
   if (wm->prev_waiter && wm->prev_waiter <= LEDGER_MAX_WAITERS) {
     uint32_t w = wm->prev_waiter - 1;
@@ -532,8 +606,9 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
         r.u.reply.waiter = w;
         r.u.reply.ticket = wt->ticket;
         reply(d, c, m, 0, &r);
+      } else {
+        answer_rebound(d, c, w);
       }
-      /* Answered while the client was away: the next pass replies. */
       return 0;
     }
   }
@@ -559,16 +634,14 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__ledger_check_job(h);
   c->res_slot = h->res_slot;
   int64_t w = -1;
+  record_with(h, c->op_seq, -1, r.bytes | (r.exclusive ? 1ull << 63 : 0));
   int g = cogpu__ledger_reserve_fast(h, &r);
+  recorded(h);
   if (g < 0)
     g = cogpu__ledger_reserve_queue(h, &r, &w);
   cogpu__ledger_unlock(h);
   if (g >= 0) {
-    c->grant_pending = true;
-    c->grant_gpu = g;
-    c->grant_bytes = r.bytes;
-    c->grant_excl = r.exclusive;
-    grant_reply(d, c, 0, g);
+    hand_grant(d, c, g, r.bytes, r.exclusive);
     return 0;
   }
   if (g < -1)
@@ -614,26 +687,8 @@ void cogpu__daemon_answer_waiters(cogpu__daemon_t *d) {
     ledger_waiter_t *wt = &st->waiters[w];
     if (!c || c->grant_pending)
       continue;
-    if (wt->state == W_GRANTED) {
-      c->grant_pending = true;
-      c->grant_gpu = (int)wt->granted_gpu;
-      c->grant_bytes = wt->bytes;
-      c->grant_excl = wt->exclusive;
-      grant_reply(d, c, 0, (int)wt->granted_gpu);
-    } else if (wt->state == W_REFUSED) {
-      char need[32];
-      reserve_req_t r = {.bytes = wt->bytes, .exclusive = wt->exclusive != 0};
-      (void)need;
-      struct cogpu_s *h = as(d, c);
-      cogpu__ledger_lock(h);
-      cogpu__ledger_dequeue(h, w);
-      cogpu__ledger_unlock(h);
-      set_waiter_conn(d, (uint32_t)w, NULL);
-      c->waiter = -1;
-      int rc = cogpu__ledger_refused(&r);
-      grant_reply(d, c, rc, -1);
-      cogpu__daemon_end_later(d, c);
-    }
+    (void)wt;
+    answer_rebound(d, c, w);
   }
 }
 

@@ -190,6 +190,14 @@ struct cogpu_s {
   bool forked;        /* set in a fork child: the handle is the parent's */
   _Atomic bool done;  /* its slot was freed (exit): refuse every call */
   bool unlinked_said; /* told that its state was deleted and replaced */
+  /* The daemon's proxy: the client's request to record in its slot
+   * (last_op) in the same transaction as the change it makes, so that a
+   * daemon killed in between leaves both or neither. */
+  bool rec_pending;
+  uint32_t rec_op;
+  int64_t rec_gpu; /* -1: the GPU of the grant in the transaction */
+  uint64_t rec_a;
+  int64_t granted_gpu; /* set by cogpu__ledger_grant */
   char path[512];
   cogpu__config_t cfg;
   struct cogpu_s *next; /* list of live handles, for the fork handler */

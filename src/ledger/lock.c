@@ -236,6 +236,16 @@ void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
 }
 
 void cogpu__ledger_tx_commit(struct cogpu_s *h) {
+  if (h->rec_pending) {
+    /* The daemon records the client's request with its change. */
+    h->rec_pending = false;
+    ledger_slot_t *sl = &h->st->slots[h->slot];
+    int64_t gpu = h->rec_gpu >= 0 ? h->rec_gpu : h->granted_gpu;
+    cogpu__ledger_tx_set(h, &sl->last_op, h->rec_op);
+    cogpu__ledger_tx_set(h, (uint64_t *)&sl->last_rc, 0);
+    cogpu__ledger_tx_set(h, (uint64_t *)&sl->last_gpu, (uint64_t)gpu);
+    cogpu__ledger_tx_set(h, &sl->last_a, h->rec_a);
+  }
   atomic_signal_fence(memory_order_seq_cst);
   atomic_store_explicit(&h->st->hdr.tx_n, 0, memory_order_release);
   if (config_debug) {

@@ -43,6 +43,7 @@ bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                          uint32_t member, uint64_t bytes, bool exclusive) {
   ledger_gpu_t *g = &h->st->hdr.gpus[gi];
   ledger_slot_t *s = &h->st->slots[slot];
+  h->granted_gpu = gi;
   /* Bytes in a free slot would be counted by no sweep, ever. */
   if (slot >= LEDGER_MAX_SLOTS || member >= LEDGER_MAX_SLOTS ||
       s->state != SLOT_ACTIVE || h->st->slots[member].state != SLOT_ACTIVE) {

@@ -453,12 +453,17 @@ static int node_wait(cogpu__node_t *n, const cogpu_request_t *req,
   uint64_t deadline = deadline_after(req->timeout_ms);
   uint32_t prev_w = 0;
   uint64_t prev_ticket = 0;
+  /* The request's id, the same across daemon restarts: a grant the daemon
+   * made before it died is handed over, not made twice. */
+  pthread_mutex_lock(&n->mu);
+  uint32_t op = ++n->seq;
+  pthread_mutex_unlock(&n->mu);
   for (int restarts = 0;; restarts++) {
     int fd = sock_connect(n->sock, deadline_after(n->daemon_wait_ms));
     if (fd < 0)
       return fd;
     cogpu__msg_t m, r;
-    cogpu__msg_init(&m, COGPU_M_WAIT, 1);
+    cogpu__msg_init(&m, COGPU_M_WAIT, op);
     m.u.wait.who = (cogpu__m_resume_t){.slot = n->slot,
                                        .gen = n->gen,
                                        .secret = {n->secret[0], n->secret[1]},
