@@ -321,5 +321,5 @@ format-check:
 clean:
 	rm -rf build build-asan build-tsan build-debug
 
--include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_OBJS:.o=.d) \
+-include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(DAEMON_OBJS:.o=.d) $(TEST_OBJS:.o=.d) \
          $(PRELOAD_OBJS:.o=.d) $(SPANK_OBJS:.o=.d)
