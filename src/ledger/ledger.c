@@ -445,16 +445,11 @@ static uint64_t unclaimed(const ledger_slot_t *job, int gpu) {
 
 /* Checks the handle and GPU, then takes the lock with the job re-checked
  * (the caller unlocks). */
-static int claims_lock(cogpu_t *h, int gpu) {
+static int gpu_call_lock(cogpu_t *h, int gpu) {
   int rc = check_handle(h);
   if (rc == 0)
     rc = check_gpu(h, gpu);
-  if (rc)
-    return rc;
-  rc = cogpu__ledger_lock_live(h);
-  if (rc)
-    return rc;
-  return 0;
+  return rc ? rc : cogpu__ledger_lock_live(h);
 }
 
 /* Moves n bytes on gpu between the job's unclaimed part and this
@@ -473,7 +468,7 @@ static void claim_move(struct cogpu_s *h, int gpu, int64_t n) {
 int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
   if (h && h->node)
     return cogpu__node_claim(h->node, gpu, want, got);
-  int rc = claims_lock(h, gpu);
+  int rc = gpu_call_lock(h, gpu);
   if (rc)
     return rc;
   *got = 0;
@@ -484,7 +479,7 @@ int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
     ledger_sweep_t sw;
     cogpu__ledger_unlock(h);
     cogpu__ledger_sweep_probe(h, &sw);
-    rc = claims_lock(h, gpu);
+    rc = gpu_call_lock(h, gpu);
     if (rc)
       return rc;
     cogpu__ledger_sweep_apply(h, &sw);
@@ -510,7 +505,7 @@ static bool job_ended(cogpu_t *h) {
 int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
   if (h && h->node)
     return cogpu__node_unclaim(h->node, gpu, bytes);
-  int rc = claims_lock(h, gpu);
+  int rc = gpu_call_lock(h, gpu);
   if (rc)
     return rc;
   if (h->res_slot != h->slot) {
@@ -607,12 +602,7 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
   cogpu__clearerr();
   if (h && h->node)
     return cogpu__node_release(h->node, gpu, bytes);
-  int rc = check_handle(h);
-  if (rc == 0)
-    rc = check_gpu(h, gpu);
-  if (rc)
-    return rc;
-  rc = cogpu__ledger_lock_live(h);
+  int rc = gpu_call_lock(h, gpu);
   if (rc)
     return rc;
   rc = cogpu__ledger_release_locked(h, gpu, bytes);
