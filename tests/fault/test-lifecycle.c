@@ -48,6 +48,16 @@ static void waiting_start(waiting_t *w, cogpu_t *h, cogpu_request_t r) {
   ASSERT_EQ(pthread_create(&w->t, NULL, waiting_run, w), 0);
 }
 
+/* A second process of job's job (it joins with the job's token). */
+static cogpu_t *attach_member(cogpu_t *job) {
+  char tok[32];
+  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
+  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
+  cogpu_t *member;
+  ASSERT_OK(cogpu_attach(&m, &member));
+  return member;
+}
+
 /* Item 1: a process of a job waits to grow when the job's own process
  * leaves. Its request waits on, for its own slot; what it claimed of the
  * job stays counted, as its own; it is served when memory frees, and what
@@ -64,10 +74,7 @@ TEST_IMPL(lifecycle_member_waits_after_its_job_ends) {
   ASSERT_OK(cogpu_attach(&oo, &other));
   r = req(0, 12 * GiB, 0);
   ASSERT_OK(cogpu_reserve(other, &r, NULL));
-  char tok[32];
-  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
-  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
-  ASSERT_OK(cogpu_attach(&m, &member));
+  member = attach_member(job);
   uint64_t got;
   ASSERT_OK(cogpu__ledger_claim(member, 0, 3 * GiB, &got));
   ASSERT_UEQ(got, 3 * GiB);
@@ -212,10 +219,7 @@ TEST_IMPL_SINGLE(lifecycle_wrong_counters_recounted) {
   ASSERT_OK(cogpu_attach(&o, &job));
   r = req(0, 4 * GiB, 0);
   ASSERT_OK(cogpu_reserve(job, &r, NULL));
-  char tok[32];
-  ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
-  cogpu_attach_opts_t m = {.join = tok, .command = "member"};
-  ASSERT_OK(cogpu_attach(&m, &member));
+  member = attach_member(job);
   cogpu__ledger_lock(h);
   st->slots[job->slot].lent[0] = 4 * GiB;
   cogpu__ledger_unlock(h);

@@ -51,6 +51,14 @@
 
 /* Root, a daemon of this test's own, and a test directory other users can
  * pass through (to reach the socket) plus one they can write to (pub/). */
+/* Waits (bounded) until a daemon this test started has its socket. */
+static void wait_socket(const char *sock) {
+  for (int t = 0; access(sock, F_OK) != 0; t += 10) {
+    ASSERT_LT(t, th_ms(10000));
+    th_sleep_ms(10);
+  }
+}
+
 static void sec_begin(void) {
   if (geteuid() != 0)
     SKIP("needs root: runs clients as other users (setresuid, setpriv)");
@@ -683,10 +691,7 @@ TEST_IMPL(sec_reset_keeps_state_dir) {
     execl(bin, "cogpud", "--socket", sock, "--state-dir", right, (char *)NULL);
     _exit(127);
   }
-  for (int t = 0; access(sock, F_OK) != 0; t += 10) {
-    ASSERT_LT(t, th_ms(10000));
-    th_sleep_ms(10);
-  }
+  wait_socket(sock);
   setenv("COGPU_SOCKET", sock, 1);
   static char out[1 << 12], err[1 << 12];
   int rc = th_run((const char *const[]){"cogpu", "reset", NULL}, NULL, out,
@@ -1067,10 +1072,7 @@ TEST_IMPL(sec_failed_reset_stops_cleanly) {
     execl(bin, "cogpud", "--socket", sock, "--state-dir", dir, (char *)NULL);
     _exit(127);
   }
-  for (int t = 0; access(sock, F_OK) != 0; t += 10) {
-    ASSERT_LT(t, th_ms(10000));
-    th_sleep_ms(10);
-  }
+  wait_socket(sock);
   setenv("COGPU_SOCKET", sock, 1);
   cogpu_t *h = NULL;
   ASSERT_OK(cogpu_attach(NULL, &h)); /* a connection the reset ends */
