@@ -171,7 +171,20 @@ typedef struct cogpu_client_info_s {
   uint64_t reserved_bytes; /* on this GPU */
   bool exclusive;
   bool own; /* the handle given to cogpu_status */
+  /* Suspension (node mode): the job's state; while suspended its footprint
+   * (suspended_bytes) is in host memory and reserved_bytes is 0. */
+  int state; /* COGPU_JOB_RUNNING, _SUSPENDING, _SUSPENDED, _RESUMING */
+  unsigned suspensions;     /* times it was suspended */
+  uint64_t suspended_bytes; /* footprint moved to host memory */
+  double suspended_seconds; /* how long it has been suspended */
 } cogpu_client_info_t;
+
+enum {
+  COGPU_JOB_RUNNING = 0,
+  COGPU_JOB_SUSPENDING = 1,
+  COGPU_JOB_SUSPENDED = 2,
+  COGPU_JOB_RESUMING = 3
+};
 
 typedef struct cogpu_waiter_info_s {
   int pid;
@@ -194,11 +207,12 @@ typedef struct cogpu_gpu_info_s {
   char name[96];
   uint64_t total_bytes;
   uint64_t margin_bytes;
-  uint64_t foreign_bytes;  /* held by processes cogpu does not know */
-  uint64_t capacity_bytes; /* total - margin - foreign */
-  uint64_t reserved_bytes; /* sum of clients' reservations */
-  int max_clients;         /* 0: unlimited */
-  bool exclusive;          /* held exclusively by one client */
+  uint64_t foreign_bytes;   /* held by processes cogpu does not know */
+  uint64_t capacity_bytes;  /* total - margin - foreign */
+  uint64_t reserved_bytes;  /* sum of clients' reservations */
+  int max_clients;          /* 0: unlimited */
+  bool exclusive;           /* held exclusively by one client */
+  uint64_t suspended_bytes; /* its suspended jobs' footprints (host memory) */
   size_t nclients;
   cogpu_client_info_t *clients;
   size_t nwaiting;

@@ -47,6 +47,11 @@ typedef struct CUuuid_st {
   char bytes[16];
 } CUuuid;
 
+/* Passed by value: only its size matters here. */
+typedef struct CUipcMemHandle_st {
+  char reserved[64];
+} CUipcMemHandle;
+
 /* cuGetProcAddress flags and query results. */
 enum {
   CU_GET_PROC_ADDRESS_DEFAULT = 0,

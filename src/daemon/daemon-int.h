@@ -40,6 +40,10 @@ typedef struct dconn_s {
   int grant_gpu;
   uint64_t grant_bytes;
   bool grant_excl;
+  /* QUERY: a `cogpu suspend`/`resume` answered when the job's op is done. */
+  bool susp_pending;
+  uint32_t susp_slot, susp_gen;
+  int susp_op;
   bool closing;                /* to be ended after this batch of events */
   bool dead;                   /* ended: its record is freed after this batch */
   bool reap_listed;            /* on the daemon's reap list */
@@ -47,8 +51,11 @@ typedef struct dconn_s {
   struct dconn_s *reap_next;   /* the reap list: closing or dead ones */
 } dconn_t;
 
+typedef struct cogpu__susp_s cogpu__susp_t;
+
 typedef struct cogpu__daemon_s {
   cogpu__config_t cfg;
+  cogpu__susp_t *susp;  /* suspend.c; NULL when fuzzing */
   struct cogpu_s *dh;   /* the daemon's own attachment to its state */
   struct cogpu_s proxy; /* acts for one client at a time */
   int epfd, lfd, tfd;
@@ -112,6 +119,32 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
 void cogpu__daemon_reap(cogpu__daemon_t *d);
 /* A connection ended: frees what it held (slot, queue entry, grant). */
 void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c);
+/* Sends a reply to req on c (handle.c). */
+int cogpu__daemon_reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
+                        int rc, cogpu__msg_t *r);
+/* Answers the wait connections whose requests were served or refused, and
+ * hands the suspender what the ledger decided (handle.c). */
+void cogpu__daemon_answer_waiters(cogpu__daemon_t *d);
+
+/* --- suspend.c: suspending and resuming jobs ------------------------------ */
+/* Starts the suspender's thread (it loads libcuda and calls cuInit) and
+ * gives the ledger its hooks. */
+int cogpu__susp_start(cogpu__daemon_t *d);
+void cogpu__susp_stop(cogpu__daemon_t *d);
+/* The eventfd the thread signals when it has results. */
+int cogpu__susp_fd(cogpu__daemon_t *d);
+/* Hands the thread the suspensions and resumes the ledger decided. */
+void cogpu__susp_pump(cogpu__daemon_t *d);
+/* Applies the thread's results to the ledger and answers who waits. */
+void cogpu__susp_completed(cogpu__daemon_t *d);
+/* After a restart: finishes what a previous daemon left half done. */
+void cogpu__susp_recover(cogpu__daemon_t *d);
+/* On the timer: which processes did GPU work (max_idle). */
+void cogpu__susp_sample(cogpu__daemon_t *d);
+/* SUSPEND on a query connection. */
+int cogpu__daemon_on_suspend(cogpu__daemon_t *d, dconn_t *c,
+                             const cogpu__msg_t *m);
+
 /* Checks the ledger's invariants; returns 0 or a description's length. */
 int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len);
 

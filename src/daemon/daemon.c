@@ -31,10 +31,9 @@
 #endif
 
 uint64_t cogpu__daemon_starttime(pid_t pid);
-void cogpu__daemon_answer_waiters(cogpu__daemon_t *d);
 int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
 
-static dconn_t mark_listen, mark_timer, mark_signal;
+static dconn_t mark_listen, mark_timer, mark_signal, mark_susp;
 static int sigfd = -1;
 static uint64_t watchdog_us;
 
@@ -267,11 +266,14 @@ static void on_tick(cogpu__daemon_t *d) {
   if (d->rebind_deadline_ms && now_ms() >= d->rebind_deadline_ms) {
     d->rebind_deadline_ms = 0;
     for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
-      if (st->waiters[w].state != W_FREE && !d->waiter_conn[w])
+      if (st->waiters[w].state != W_FREE && !d->waiter_conn[w] &&
+          !st->waiters[w].resume)    /* a job's resume has no client */
         cogpu__ledger_dequeue(h, w); /* a grant stays granted */
   }
+  cogpu__ledger_susp_check(h);
   cogpu__ledger_serve(h);
   cogpu__ledger_unlock(h);
+  cogpu__susp_sample(d);
   d->orphans_dirty = true; /* some may be left: look again */
   cogpu__daemon_answer_waiters(d);
   if (watchdog_us)
@@ -476,7 +478,13 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
   ev.data.ptr = &mark_signal;
   if (sigfd >= 0)
     epoll_ctl(d->epfd, EPOLL_CTL_ADD, sigfd, &ev);
+  rc = cogpu__susp_start(d);
+  if (rc)
+    return rc;
+  ev.data.ptr = &mark_susp;
+  epoll_ctl(d->epfd, EPOLL_CTL_ADD, cogpu__susp_fd(d), &ev);
   recover(d);
+  cogpu__susp_recover(d);
   if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
     watchdog_us = 0;
   return 0;
@@ -506,6 +514,8 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
         on_tick(d);
       } else if (c == &mark_signal) {
         d->stop = true;
+      } else if (c == &mark_susp) {
+        cogpu__susp_completed(d);
       } else {
         on_readable(d, c, evs[i].events);
       }
@@ -573,6 +583,7 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
 /* Stopping is not detaching: the state keeps every client's reservation,
  * and clients re-register with the next daemon. */
 void cogpu__daemon_fini(cogpu__daemon_t *d) {
+  cogpu__susp_stop(d);
   while (d->conns) {
     dconn_t *c = d->conns;
     d->conns = c->next;

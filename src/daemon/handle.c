@@ -60,6 +60,11 @@ static int reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
   return send_msg(d, c, r, -1);
 }
 
+int cogpu__daemon_reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
+                        int rc, cogpu__msg_t *r) {
+  return reply(d, c, req, rc, r);
+}
+
 static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
                 const char *fmt, ...) COGPU_PRINTF(5, 6);
 static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
@@ -528,6 +533,12 @@ static void grant_reply(cogpu__daemon_t *d, dconn_t *c, int rc, int gpu) {
   memset(&r, 0, sizeof r);
   cogpu__msg_init(&req, COGPU_M_WAIT, 1);
   r.u.reply.gpu = gpu;
+  /* Granted with its job's resume: say how long the job was away. */
+  const ledger_slot_t *job = &d->dh->st->slots[c->res_slot];
+  if (rc == 0 && job->susp == SUSP_RESUMING) {
+    r.u.reply.flags = COGPU_REPLY_RESUMED;
+    r.u.reply.a = (cogpu__now_ns() - job->susp_since_ns) / 1000000u;
+  }
   reply(d, c, &req, rc, &r);
 }
 
@@ -676,9 +687,9 @@ static int on_ack(cogpu__daemon_t *d, dconn_t *c) {
 
 /* Answers the wait connections whose requests the policy has served or
  * refused, or whose entries are gone (their job ended). */
-void cogpu__daemon_answer_waiters(cogpu__daemon_t *d);
 void cogpu__daemon_answer_waiters(cogpu__daemon_t *d) {
   static uint32_t woken[LEDGER_MAX_WAITERS];
+  cogpu__susp_pump(d);
   size_t n = cogpu__ledger_take_wakes_of(d->dh, woken, LEDGER_MAX_WAITERS);
   ledger_state_t *st = d->dh->st;
   for (size_t i = 0; i < n; i++) {
@@ -740,7 +751,7 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   if (buf) {
     cogpu__snap_hdr_t *sh = (void *)buf;
     sh->magic = COGPU_SNAP_MAGIC;
-    sh->version = 1;
+    sh->version = COGPU_SNAP_VERSION;
     sh->ngpus = (uint32_t)st.ngpus;
     sh->nclients = (uint32_t)nc;
     sh->nwaiters = (uint32_t)nw;
@@ -759,18 +770,24 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
                                   .foreign = gi->foreign_bytes,
                                   .capacity = gi->capacity_bytes,
                                   .reserved = gi->reserved_bytes,
-                                  .exclusive = gi->exclusive};
+                                  .exclusive = gi->exclusive,
+                                  .suspended = gi->suspended_bytes};
       snprintf(gs[g].uuid, sizeof gs[g].uuid, "%s", gi->uuid);
       snprintf(gs[g].name, sizeof gs[g].name, "%s", gi->name);
       for (size_t i = 0; i < gi->nclients; i++, cs++) {
         const cogpu_client_info_t *ci = &gi->clients[i];
-        *cs = (cogpu__snap_client_t){.gpu = (uint32_t)g,
-                                     .pid = ci->pid,
-                                     .uid = ci->uid,
-                                     .priority = ci->priority,
-                                     .reserved = ci->reserved_bytes,
-                                     .exclusive = ci->exclusive,
-                                     .slot = ci->own};
+        *cs =
+            (cogpu__snap_client_t){.gpu = (uint32_t)g,
+                                   .pid = ci->pid,
+                                   .uid = ci->uid,
+                                   .priority = ci->priority,
+                                   .reserved = ci->reserved_bytes,
+                                   .exclusive = ci->exclusive,
+                                   .slot = ci->own,
+                                   .state = (uint32_t)ci->state,
+                                   .suspensions = ci->suspensions,
+                                   .suspended_bytes = ci->suspended_bytes,
+                                   .suspended_seconds = ci->suspended_seconds};
         snprintf(cs->command, sizeof cs->command, "%s", ci->command);
         snprintf(cs->job_id, sizeof cs->job_id, "%s", ci->job_id);
       }
@@ -838,6 +855,22 @@ static int on_reset(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   return -1;
 }
 
+/* What a process reports about itself (the preload library: it uses CUDA;
+ * it used something that cannot be checkpointed). Only the bits a client
+ * may set. */
+static int on_mark(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  if (m->u.mark.flags & ~COGPU_MARK_ALL)
+    return fail(d, c, m, -EINVAL, "unknown mark 0x%x", m->u.mark.flags) - 1;
+  struct cogpu_s *h = as(d, c);
+  cogpu__ledger_lock(h);
+  int rc = cogpu__ledger_mark_locked(h, m->u.mark.flags);
+  cogpu__ledger_unlock(h);
+  reply(d, c, m, rc, &r);
+  return 0;
+}
+
 /* --- dispatch ---------------------------------------------------------------
  */
 
@@ -883,6 +916,10 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
       c->kind = DC_QUERY;
       rc = on_reset(d, c, &m);
       break;
+    case COGPU_M_SUSPEND:
+      c->kind = DC_QUERY;
+      rc = cogpu__daemon_on_suspend(d, c, &m);
+      break;
     default:
       rc = -1;
     }
@@ -908,6 +945,9 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
       break;
     case COGPU_M_STATUS:
       rc = on_status(d, c, &m);
+      break;
+    case COGPU_M_MARK:
+      rc = on_mark(d, c, &m);
       break;
     case COGPU_M_DETACH:
     default:

@@ -29,7 +29,7 @@
 #include "nvml/nvml.h"
 
 #define LEDGER_MAGIC "COGPUST\0"
-#define LEDGER_VERSION 3u
+#define LEDGER_VERSION 4u
 #define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
 /* Enough for the node daemon's 10,000 connected clients; a slot costs
  * nothing until it is used (the file's pages are touched on use). */
@@ -52,6 +52,19 @@ enum slot_state { SLOT_FREE = 0, SLOT_ACTIVE = 1 };
 /* W_REFUSED: failed by the deadlock guard; the waiter returns
  * COGPU_EDEADLOCK. */
 enum waiter_state { W_FREE = 0, W_WAITING = 1, W_GRANTED = 2, W_REFUSED = 3 };
+/* A job's suspension (node mode, suspend.c): NONE -> SUSPENDING (its
+ * processes are being locked and checkpointed; its memory is still on the
+ * GPU and counted in held) -> SUSPENDED (its footprint is in host memory:
+ * held on susp_gpu moved to parked, no longer reserved on the GPU; a
+ * resume entry waits in the queue unless it was suspended by hand) ->
+ * RESUMING (the resume entry was served: the footprint is reserved in held
+ * again, and only then are its processes restored) -> NONE. */
+enum susp_state {
+  SUSP_NONE = 0,
+  SUSP_SUSPENDING = 1,
+  SUSP_SUSPENDED = 2,
+  SUSP_RESUMING = 3
+};
 
 typedef struct ledger_gpu_s {
   /* Set at creation, covered by the header checksum. */
@@ -102,6 +115,20 @@ typedef struct ledger_slot_s {
   int64_t last_rc;
   int64_t last_gpu;
   uint64_t last_a;
+  /* Suspension (suspend.c). flags: COGPU_MARK_* the process reported
+   * (it uses CUDA; what it used that cannot be checkpointed). The rest is
+   * the job's (its slot's): state, the one GPU it holds memory on, the
+   * footprint moved to host memory, whether a person suspended it (it then
+   * resumes only when asked), since when (monotonic), how often, and until
+   * when it is not to be picked again after a suspension failed. */
+  uint64_t flags;
+  uint64_t susp;
+  uint64_t susp_gpu;
+  uint64_t parked;
+  uint64_t susp_manual;
+  uint64_t susp_since_ns;
+  uint64_t susp_count;
+  uint64_t susp_retry_ns;
 } ledger_slot_t;
 
 typedef struct ledger_waiter_s {
@@ -119,6 +146,10 @@ typedef struct ledger_waiter_s {
   uint64_t exclusive;
   int64_t granted_gpu;
   uint64_t nowait; /* only asking: leaves the queue at once if not served */
+  /* A suspended job's resume: it asks for the job's parked footprint plus
+   * what the job's own requests on that GPU ask (computed when served);
+   * no client waits on it, the daemon restores the job when it is served. */
+  uint64_t resume;
 } ledger_waiter_t;
 
 typedef struct ledger_txent_s {
@@ -355,6 +386,71 @@ void cogpu__ledger_slot_join(cogpu_t *h, uint32_t slot, uint32_t job,
 void cogpu__ledger_futex_wait(_Atomic uint32_t *word, uint32_t val,
                               int64_t timeout_ms);
 void cogpu__ledger_futex_wake(_Atomic uint32_t *word, int n);
+
+/* --- suspend.c: suspending jobs (node mode) --------------------------------
+ * Set by the daemon (trusted mode only): what it can do and the node's
+ * options. NULL elsewhere: the deadlock guard then fails a request, as it
+ * must without a process that can suspend. */
+typedef struct ledger_suspender_s {
+  void *ctx;
+  bool on_deadlock;    /* suspend a victim instead of failing a request */
+  bool on_priority;    /* a waiter of higher priority suspends lower holders */
+  int64_t max_idle_ms; /* suspend a job idle this long when others wait; -1 */
+  /* 0 if host memory can take `bytes` more of suspended footprint now;
+   * otherwise a negative code and why. */
+  int (*can)(void *ctx, uint64_t bytes, char *why, size_t len);
+  /* How long the job of slot s has done no GPU work (ms); 0 if busy or
+   * unknown. */
+  uint64_t (*idle_ms)(void *ctx, struct cogpu_s *h, uint32_t s);
+} ledger_suspender_t;
+extern const ledger_suspender_t *cogpu__ledger_suspender;
+
+enum { LEDGER_OP_SUSPEND = 1, LEDGER_OP_RESUME = 2 };
+#define LEDGER_SUSP_OPS_MAX 1024u
+typedef struct ledger_susp_op_s {
+  uint32_t slot, gen;
+  int op;
+} ledger_susp_op_t;
+/* Suspensions and resumes the ledger decided since the last call. */
+size_t cogpu__ledger_take_susp_ops(ledger_susp_op_t *out, size_t max);
+/* The pids of the job of slot s that use CUDA. */
+size_t cogpu__ledger_job_pids(struct cogpu_s *h, uint32_t s, int32_t *pids,
+                              size_t max);
+/* 0 and the job's GPU if the job of slot s could be suspended; otherwise
+ * a negative code and why. Lock held. */
+int cogpu__ledger_suspendable(struct cogpu_s *h, uint32_t s, int *gpu,
+                              char *why, size_t len);
+/* NONE -> SUSPENDING and an op for the daemon; or why not. */
+int cogpu__ledger_suspend_begin(struct cogpu_s *h, uint32_t s, bool manual,
+                                char *why, size_t len);
+/* The daemon's report: SUSPENDING -> SUSPENDED (rc 0), or back to NONE
+ * (broken: the driver may have left the job unusable: never again). */
+void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
+                                int rc, bool broken);
+/* Ask for a suspended job's resume (by hand); 0 when under way. */
+int cogpu__ledger_resume_ask(struct cogpu_s *h, uint32_t s, char *why,
+                             size_t len);
+/* RESUMING -> NONE. */
+void cogpu__ledger_resume_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
+                               int rc);
+/* For the policy: a request of a suspended job waits for its resume. */
+bool cogpu__ledger_held_back(struct cogpu_s *h, const ledger_waiter_t *wt);
+bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt);
+/* Books the footprint (SUSPENDED -> RESUMING); the caller then serves the
+ * job's held-back requests. */
+void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w);
+/* Is a suspension under way on GPU g? */
+bool cogpu__ledger_susp_busy(struct cogpu_s *h, uint32_t g);
+/* The deadlock guard's alternative to failing a request: true if a job
+ * holding memory on g is being suspended; else why none can be. */
+bool cogpu__ledger_suspend_for_deadlock(struct cogpu_s *h, uint32_t g,
+                                        char *why, size_t len);
+/* Priority and idle preemption (per the suspender's options). */
+void cogpu__ledger_preempt(struct cogpu_s *h);
+/* The daemon's tick: suspended jobs that lack a resume entry get one. */
+void cogpu__ledger_susp_check(struct cogpu_s *h);
+/* Record what this process reported about itself (lock held). */
+int cogpu__ledger_mark_locked(struct cogpu_s *h, uint32_t flags);
 
 /* --- foreign.c: memory held by processes cogpu does not know ---------------
  */

@@ -109,6 +109,8 @@ void cogpu__ledger_slot_fill(struct cogpu_s *h, uint32_t slot, int pid,
   memset(s->claim, 0, sizeof s->claim);
   memset(s->lent, 0, sizeof s->lent);
   s->job = s->job_gen = 0;
+  s->flags = s->susp = s->susp_gpu = s->parked = s->susp_manual = 0;
+  s->susp_since_ns = s->susp_count = s->susp_retry_ns = 0;
 }
 
 static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
@@ -547,10 +549,36 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
   return rc ? cogpu__seterr(rc, "no live job '%s' on this node", job_id) : 0;
 }
 
+/* Release while the job is suspended (a thread of one of its processes
+ * that was not in a CUDA call): what it gives back comes off the parked
+ * footprint, which is not on the GPU and so not in its reserved count. */
+static int release_parked(cogpu_t *h, int gpu, uint64_t bytes) {
+  ledger_slot_t *s = &h->st->slots[h->res_slot];
+  ledger_slot_t *me = &h->st->slots[h->slot];
+  if (bytes == COGPU_ALL)
+    bytes = s->parked;
+  if (bytes > s->parked)
+    return cogpu__seterr(
+        -EINVAL, "cannot release %llu bytes on GPU %d: %llu held",
+        (unsigned long long)bytes, gpu, (unsigned long long)s->parked);
+  cogpu__ledger_tx_set(h, &s->parked, s->parked - bytes);
+  uint64_t unclaim = bytes < me->claim[gpu] ? bytes : me->claim[gpu];
+  if (s != me && unclaim) {
+    cogpu__ledger_tx_set(h, &me->claim[gpu], me->claim[gpu] - unclaim);
+    cogpu__ledger_tx_set(h, &s->lent[gpu],
+                         s->lent[gpu] > unclaim ? s->lent[gpu] - unclaim : 0);
+  }
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_serve(h);
+  return 0;
+}
+
 int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_gpu_t *g = &hd->gpus[gpu];
   ledger_slot_t *s = &h->st->slots[h->res_slot];
+  if (s->susp == SUSP_SUSPENDED && s->susp_gpu == (uint64_t)gpu)
+    return release_parked(h, gpu, bytes);
   uint64_t held = s->held[gpu];
   bool all = bytes == COGPU_ALL;
   bool excl = g->excl_slot == h->res_slot + 1;
@@ -664,4 +692,18 @@ void cogpu__ledger_close_trusted(struct cogpu_s *h) {
     return;
   cogpu__ledger_shm_close(h);
   free(h);
+}
+
+int cogpu__mark(cogpu_t *h, uint32_t flags) {
+  if (h && h->node)
+    return cogpu__node_mark(h->node, flags);
+  int rc = check_handle(h);
+  if (rc)
+    return rc;
+  rc = cogpu__ledger_lock_live(h);
+  if (rc)
+    return rc;
+  rc = cogpu__ledger_mark_locked(h, flags);
+  cogpu__ledger_unlock(h);
+  return rc;
 }

@@ -47,4 +47,20 @@ int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes);
 int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
                            size_t len);
 
+/* What a process reports about itself, for suspension (cogpu__mark): that
+ * it uses CUDA through the preload library (so the node daemon may lock
+ * and checkpoint it), and what it used that the driver's checkpoint cannot
+ * move, which makes its job unsuspendable. Each bit once per process. */
+#define COGPU_MARK_CUDA 0x1u
+#define COGPU_MARK_MANAGED 0x2u
+#define COGPU_MARK_IPC 0x4u
+#define COGPU_MARK_VMM_EXPORT 0x8u
+#define COGPU_MARK_ALL 0xfu
+#define COGPU_MARK_UNSUSPENDABLE                                               \
+  (COGPU_MARK_MANAGED | COGPU_MARK_IPC | COGPU_MARK_VMM_EXPORT)
+/* Set by the daemon, never by a client: a suspend or resume failed in a
+ * way that may have left the job unusable; it is never tried again. */
+#define COGPU_MARK_BROKEN 0x100u
+int cogpu__mark(cogpu_t *h, uint32_t flags);
+
 #endif /* COGPU_LEDGER_H */

@@ -499,6 +499,20 @@ static void slot_orphan_members(struct cogpu_s *h, uint32_t s) {
       if (!c)
         continue;
       ledger_gpu_t *gp = &hd->gpus[g];
+      if (job->susp == SUSP_SUSPENDED && job->susp_gpu == g) {
+        /* Its memory is in host memory: the process stays suspended as a
+         * job of its own, and is resumed as one (its resume entry comes
+         * from the daemon's tick). */
+        cogpu__ledger_tx_set(h, &ms->parked, ms->parked + c);
+        cogpu__ledger_tx_set(h, &ms->susp_gpu, g);
+        cogpu__ledger_tx_set(h, &ms->susp_since_ns, job->susp_since_ns);
+        cogpu__ledger_tx_set(h, &ms->susp, SUSP_SUSPENDED);
+        cogpu__ledger_tx_set(h, &job->lent[g],
+                             job->lent[g] > c ? job->lent[g] - c : 0);
+        cogpu__ledger_tx_set(h, &ms->claim[g], 0);
+        cogpu__ledger_tx_commit(h);
+        continue;
+      }
       if (ms->held[g] == 0 && gp->excl_slot != m + 1)
         cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients + 1);
       cogpu__ledger_tx_set(h, &ms->held[g], ms->held[g] + c);

@@ -182,6 +182,23 @@ static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
   cogpu__ledger_wake_later(h, w);
 }
 
+/* A suspended job's resume entry: book its footprint, then grant its own
+ * waiting requests on that GPU, which the fit counted. */
+static void serve_resume(struct cogpu_s *h, uint32_t w) {
+  ledger_waiter_t *wt = &h->st->waiters[w];
+  uint32_t s = (uint32_t)wt->slot, g = (uint32_t)wt->gpu;
+  cogpu__ledger_resume_serve(h, w);
+  if (h->st->slots[s].susp != SUSP_RESUMING)
+    return;
+  for (uint32_t v = 0; v < LEDGER_MAX_WAITERS; v++) {
+    ledger_waiter_t *o = &h->st->waiters[v];
+    if (o->state == W_WAITING && !o->resume && o->slot == s && !o->exclusive &&
+        (o->gpu == COGPU_GPU_AUTO || o->gpu == (int64_t)g) &&
+        cogpu__ledger_fits(h, g, s, o->bytes, false))
+      serve_one(h, v, g);
+  }
+}
+
 /* Could the waiter ever fit on g, were everybody else gone? */
 static bool could_fit(struct cogpu_s *h, const ledger_waiter_t *wt,
                       uint32_t g) {
@@ -194,7 +211,8 @@ static bool could_fit(struct cogpu_s *h, const ledger_waiter_t *wt,
  * whose other thread is about to release is not failed in passing. */
 static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
                           uint32_t g, uint64_t now) {
-  return wt->state == W_WAITING && !wt->nowait &&
+  return wt->state == W_WAITING && !wt->nowait && !wt->resume &&
+         !cogpu__ledger_held_back(h, wt) &&
          (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g) &&
          now - wt->since_ns >= cogpu__ms_to_ns(h->st->hdr.sweep_interval_ms);
 }
@@ -285,13 +303,19 @@ static void deadlock_guard(struct cogpu_s *h) {
     if (hd->gpus[g].nclients == 0)
       continue;
     int64_t v = deadlock_victim(h, g);
-    if (v < 0)
+    if (v < 0 || cogpu__ledger_susp_busy(h, g))
+      continue; /* none, or a suspension under way will free memory */
+    /* Suspending a job breaks the deadlock without failing anyone. */
+    char why[192];
+    if (cogpu__ledger_suspend_for_deadlock(h, g, why, sizeof why))
       continue;
     ledger_waiter_t *wt = &h->st->waiters[v];
     cogpu__log(COGPU_LOG_WARN,
-               "GPU %u: every job holding memory waits for more; failing "
-               "the request of pid %d (%llu bytes) to break the deadlock",
-               g, h->st->slots[wt->slot].pid, (unsigned long long)wt->bytes);
+               "GPU %u: every job holding memory waits for more, and none "
+               "can be suspended (%s); failing the request of pid %d "
+               "(%llu bytes) to break the deadlock",
+               g, why, h->st->slots[wt->slot].pid,
+               (unsigned long long)wt->bytes);
     cogpu__ledger_tx_set(h, &wt->state, W_REFUSED);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
     cogpu__ledger_tx_commit(h);
@@ -319,8 +343,22 @@ void cogpu__ledger_serve(struct cogpu_s *h) {
   bool first_fit = policy_first_fit(hd->policy);
   for (size_t i = 0; i < n; i++) {
     ledger_waiter_t *wt = &h->st->waiters[order[i]];
+    if (wt->state != W_WAITING)
+      continue; /* served with its job's resume, earlier in this pass */
     if (waiter_stale(h, wt)) {
       drop_stale(h, order[i]);
+      continue;
+    }
+    if (cogpu__ledger_held_back(h, wt))
+      continue; /* served with its job's resume */
+    if (wt->resume) {
+      uint32_t g = (uint32_t)wt->gpu;
+      if (!blocked[g] && cogpu__ledger_resume_fits(h, wt)) {
+        serve_resume(h, order[i]);
+        continue;
+      }
+      if (!first_fit || (int64_t)order[i] == starving)
+        blocked[g] = true;
       continue;
     }
     size_t ng = waiter_gpus(h, wt, gpus);
@@ -340,4 +378,5 @@ void cogpu__ledger_serve(struct cogpu_s *h) {
         blocked[gpus[k]] = true;
   }
   deadlock_guard(h);
+  cogpu__ledger_preempt(h);
 }

@@ -57,7 +57,8 @@ int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
 /* With nobody waiting, grant at once where it fits (auto: most free). */
 int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
   ledger_hdr_t *hd = &h->st->hdr;
-  if (hd->nwaiting)
+  /* A suspended job's requests wait for its resume. */
+  if (hd->nwaiting || h->st->slots[h->res_slot].susp != SUSP_NONE)
     return -1;
   int best = -1;
   uint64_t best_free = 0;
@@ -99,6 +100,7 @@ int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r) {
     wt->exclusive = r->exclusive;
     wt->nowait = r->timeout_ms == 0;
     wt->granted_gpu = -1;
+    wt->resume = 0;
     cogpu__ledger_tx_set(h, &wt->ticket, hd->next_ticket);
     cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting + 1);

@@ -21,13 +21,31 @@ static void user_name(uint32_t uid, char *buf, size_t len) {
     snprintf(buf, len, "%u", uid);
 }
 
-static void status_clients(struct cogpu_s *h, uint32_t g,
+/* Is slot s listed under GPU g: it holds memory there, uses it
+ * exclusively, or has its footprint there suspended? */
+static bool listed(struct cogpu_s *h, uint32_t g, uint32_t s) {
+  const ledger_slot_t *sl = &h->st->slots[s];
+  return sl->state == SLOT_ACTIVE &&
+         (sl->held[g] || h->st->hdr.gpus[g].excl_slot == s + 1 ||
+          (sl->susp == SUSP_SUSPENDED && sl->susp_gpu == g));
+}
+
+static size_t count_listed(struct cogpu_s *h, uint32_t g) {
+  size_t n = 0;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
+    n += listed(h, g, s);
+  return n;
+}
+
+static void status_clients(struct cogpu_s *h, uint32_t g, size_t max,
                            cogpu_gpu_info_t *gi) {
   ledger_gpu_t *gp = &h->st->hdr.gpus[g];
+  uint64_t now = cogpu__now_ns();
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
     bool excl = gp->excl_slot == s + 1;
-    if (sl->state != SLOT_ACTIVE || (sl->held[g] == 0 && !excl))
+    bool parked = sl->susp == SUSP_SUSPENDED && sl->susp_gpu == g;
+    if (!listed(h, g, s) || gi->nclients == max)
       continue;
     cogpu_client_info_t *c = &gi->clients[gi->nclients++];
     c->pid = sl->pid;
@@ -38,6 +56,13 @@ static void status_clients(struct cogpu_s *h, uint32_t g,
     c->reserved_bytes = sl->held[g];
     c->exclusive = excl;
     c->own = s == h->res_slot;
+    c->state = (int)sl->susp;
+    c->suspensions = (unsigned)sl->susp_count;
+    if (parked) {
+      c->suspended_bytes = sl->parked;
+      c->suspended_seconds = (double)(now - sl->susp_since_ns) / 1e9;
+      gi->suspended_bytes += sl->parked;
+    }
   }
 }
 
@@ -48,6 +73,8 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
     ledger_waiter_t *wt = &h->st->waiters[order[i]];
     if (wt->gpu != COGPU_GPU_AUTO && wt->gpu != (int64_t)g)
       continue;
+    /* A resume is listed as its job (suspended), with the footprint it
+     * waits for, and its place. */
     /* An "any GPU" waiter is listed where it could ever be served. */
     if (wt->gpu == COGPU_GPU_AUTO && !wt->exclusive &&
         wt->bytes > cogpu__ledger_capacity(&h->st->hdr.gpus[g]))
@@ -59,7 +86,7 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
     snprintf(w->command, sizeof w->command, "%s", sl->command);
     snprintf(w->job_id, sizeof w->job_id, "%s", sl->job_id);
     w->gpu = (int)wt->gpu;
-    w->requested_bytes = wt->bytes;
+    w->requested_bytes = wt->resume ? sl->parked : wt->bytes;
     w->priority = (int)wt->priority;
     w->exclusive = wt->exclusive;
     w->waiting_seconds = (double)(now - wt->since_ns) / 1e9;
@@ -128,11 +155,12 @@ static int status_fill_order(struct cogpu_s *h, cogpu_status_t *st,
     gi->reserved_bytes = gp->reserved;
     gi->max_clients = (int)hd->max_clients;
     gi->exclusive = gp->excl_slot != 0;
-    gi->clients = calloc(gp->nclients + 1, sizeof *gi->clients);
+    size_t nc = count_listed(h, g);
+    gi->clients = calloc(nc + 1, sizeof *gi->clients);
     gi->waiting = calloc(n + 1, sizeof *gi->waiting);
     if (!gi->clients || !gi->waiting)
       return -ENOMEM;
-    status_clients(h, g, gi);
+    status_clients(h, g, nc, gi);
     status_waiters(h, g, order, n, gi);
   }
   return 0;

@@ -486,8 +486,22 @@ static int node_wait(cogpu__node_t *n, const cogpu_request_t *req,
         prev_ticket = r.u.reply.ticket;
         continue;
       }
+      if (rc == 0 && r.type == COGPU_M_REPLY &&
+          (r.u.reply.flags & COGPU_REPLY_SUSPENDED)) {
+        char sz[32];
+        cogpu__log(COGPU_LOG_WARN,
+                   "suspended: this job's %s on GPU %d moved to host "
+                   "memory so that other jobs can run; it resumes, with "
+                   "this request, when the GPU has room",
+                   cogpu__fmt_size(r.u.reply.a, sz, sizeof sz), r.u.reply.gpu);
+        continue;
+      }
       break;
     }
+    if (rc == 0 && r.type == COGPU_M_REPLY && r.rc == 0 &&
+        (r.u.reply.flags & COGPU_REPLY_RESUMED))
+      cogpu__log(COGPU_LOG_WARN, "resumed after %.1f s suspended",
+                 (double)r.u.reply.a / 1000.0);
     if (rc == 0 && r.type == COGPU_M_REPLY && r.rc == 0) {
       cogpu__msg_t ack;
       cogpu__msg_init(&ack, COGPU_M_ACK, 2);
@@ -637,6 +651,53 @@ int cogpu__node_find_job(cogpu__node_t *n, const char *job_id, char *tok,
   return rc;
 }
 
+int cogpu__node_mark(cogpu__node_t *n, uint32_t flags) {
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_MARK, 0);
+  m.u.mark.flags = flags;
+  return rpc(n, &m, &r);
+}
+
+int cogpu__node_suspend(const cogpu__config_t *cfg, int pid, const char *job_id,
+                        bool resume, int64_t timeout_ms, uint64_t *bytes,
+                        uint64_t *ms) {
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_SUSPEND, 1);
+  m.u.suspend.pid = pid;
+  m.u.suspend.resume = resume;
+  if (job_id && strlen(job_id) >= sizeof m.u.suspend.job_id)
+    return cogpu__seterr(-ESRCH, "no job '%s' on this node", job_id);
+  snprintf(m.u.suspend.job_id, sizeof m.u.suspend.job_id, "%s",
+           job_id ? job_id : "");
+  int fd = sock_connect(cfg->v[COGPU_OPT_SOCKET].s,
+                        deadline_after(cfg->v[COGPU_OPT_DAEMON_WAIT].i));
+  if (fd < 0)
+    return fd;
+  /* Answered when done: a suspension takes seconds per tens of GiB, and a
+   * resume waits for room on the GPU. Giving up here leaves it under way. */
+  uint64_t dl = deadline_after(timeout_ms);
+  int rc = msg_send(fd, &m);
+  while (rc == 0) {
+    rc = msg_recv(fd, &r, dl, NULL);
+    if (rc == 0 && (r.type != COGPU_M_REPLY || r.seq != m.seq))
+      continue;
+    break;
+  }
+  close(fd);
+  if (rc == -ETIMEDOUT)
+    return cogpu__seterr(rc,
+                         "not done after %lld ms; it goes on in the "
+                         "node daemon (see cogpu status)",
+                         (long long)timeout_ms);
+  if (rc)
+    return cogpu__seterr(rc, "the node daemon closed the connection");
+  if (bytes)
+    *bytes = r.u.reply.a;
+  if (ms)
+    *ms = r.u.reply.b;
+  return reply_rc(&r);
+}
+
 int cogpu__node_job_token(cogpu__node_t *n, char *buf, size_t len) {
   if (!buf || len < 24)
     return cogpu__seterr(-EINVAL, "cogpu_job_token: buffer too small");
@@ -672,9 +733,9 @@ int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu) {
  * checked against the snapshot's size before it is used. */
 static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
   const cogpu__snap_hdr_t *h = (const void *)p;
-  if (size < sizeof *h || h->magic != COGPU_SNAP_MAGIC || h->version != 1 ||
-      h->ngpus > NODE_MAX_GPUS || h->nclients > (1u << 20) ||
-      h->nwaiters > (1u << 20))
+  if (size < sizeof *h || h->magic != COGPU_SNAP_MAGIC ||
+      h->version != COGPU_SNAP_VERSION || h->ngpus > NODE_MAX_GPUS ||
+      h->nclients > (1u << 20) || h->nwaiters > (1u << 20))
     return -EPROTO;
   size_t need = sizeof *h + h->ngpus * sizeof(cogpu__snap_gpu_t) +
                 h->nclients * sizeof(cogpu__snap_client_t) +
@@ -703,6 +764,7 @@ static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
     gi->reserved_bytes = gs[g].reserved;
     gi->max_clients = gs[g].max_clients;
     gi->exclusive = gs[g].exclusive;
+    gi->suspended_bytes = gs[g].suspended;
     gi->clients = calloc(h->nclients + 1, sizeof *gi->clients);
     gi->waiting = calloc(h->nwaiters + 1, sizeof *gi->waiting);
     if (!gi->clients || !gi->waiting)
@@ -721,6 +783,10 @@ static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
     c->reserved_bytes = cs[i].reserved;
     c->exclusive = cs[i].exclusive;
     c->own = cs[i].slot == 1;
+    c->state = cs[i].state <= COGPU_JOB_RESUMING ? (int)cs[i].state : 0;
+    c->suspensions = cs[i].suspensions;
+    c->suspended_bytes = cs[i].suspended_bytes;
+    c->suspended_seconds = cs[i].suspended_seconds;
   }
   for (uint32_t i = 0; i < h->nwaiters; i++) {
     if (ws[i].gpu >= h->ngpus)

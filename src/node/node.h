@@ -45,6 +45,14 @@ int cogpu__node_unclaim(cogpu__node_t *n, int gpu, uint64_t bytes);
 int cogpu__node_find_job(cogpu__node_t *n, const char *job_id, char *tok,
                          size_t len);
 int cogpu__node_job_token(cogpu__node_t *n, char *buf, size_t len);
+/* Tell the daemon what this process uses (COGPU_MARK_*, ledger.h). */
+int cogpu__node_mark(cogpu__node_t *n, uint32_t flags);
+/* Suspend (or resume) the job of pid, or of job_id; waits until it is done
+ * or timeout_ms passes (-1: no bound). *bytes: the footprint moved; *ms:
+ * how long it took (suspend) or was suspended (resume). */
+int cogpu__node_suspend(const cogpu__config_t *cfg, int pid, const char *job_id,
+                        bool resume, int64_t timeout_ms, uint64_t *bytes,
+                        uint64_t *ms);
 int cogpu__node_gpu_count(cogpu__node_t *n);
 int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu);
 

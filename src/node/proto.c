@@ -93,6 +93,16 @@ int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why, size_t wl) {
     if (m->u.reset.force > 1)
       return bad(why, wl, "reset: bad force flag");
     return 0;
+  case COGPU_M_MARK:
+    if (m->u.mark.pad)
+      return bad(why, wl, "mark: bad padding");
+    return 0;
+  case COGPU_M_SUSPEND:
+    if (!STR_OK(m->u.suspend.job_id) || m->u.suspend.resume > 1 ||
+        m->u.suspend.pid < 0 ||
+        (m->u.suspend.pid == 0 && !m->u.suspend.job_id[0]))
+      return bad(why, wl, "suspend: no job named, or bad fields");
+    return 0;
   case COGPU_M_DETACH:
   case COGPU_M_ACK:
   case COGPU_M_STATUS:

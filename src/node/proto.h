@@ -45,10 +45,13 @@ enum cogpu__msg_type {
   COGPU_M_HELD,
   COGPU_M_FIND_JOB,
   COGPU_M_DETACH,
-  COGPU_M_WAIT,   /* wait connection: a request that waits */
-  COGPU_M_ACK,    /* wait connection: the grant was received */
-  COGPU_M_STATUS, /* query connection: snapshot in a memfd */
-  COGPU_M_RESET,  /* query connection: admin only */
+  COGPU_M_WAIT,    /* wait connection: a request that waits */
+  COGPU_M_ACK,     /* wait connection: the grant was received */
+  COGPU_M_STATUS,  /* query connection: snapshot in a memfd */
+  COGPU_M_RESET,   /* query connection: admin only */
+  COGPU_M_MARK,    /* main connection: what this process uses (ledger.h) */
+  COGPU_M_SUSPEND, /* query connection: suspend or resume a job; answered
+                      when done */
   COGPU_M_REPLY = 64,
   COGPU_M_GPU, /* after ATTACH's reply: one per GPU */
   COGPU_M__MAX
@@ -105,6 +108,19 @@ typedef struct cogpu__m_reset_s {
   uint32_t force;
 } cogpu__m_reset_t;
 
+typedef struct cogpu__m_mark_s {
+  uint32_t flags; /* COGPU_MARK_* (ledger.h); checked by the daemon */
+  uint32_t pad;
+} cogpu__m_mark_t;
+
+/* SUSPEND: the job named by a process's pid (any of its processes) or by
+ * its job id; resume 1 to resume it. */
+typedef struct cogpu__m_suspend_s {
+  int32_t pid; /* 0: by job_id */
+  uint32_t resume;
+  char job_id[64];
+} cogpu__m_suspend_t;
+
 /* REPLY: rc 0 or a negative code; msg explains a failure. */
 typedef struct cogpu__m_reply_s {
   int32_t gpu;
@@ -122,6 +138,12 @@ typedef struct cogpu__m_reply_s {
 } cogpu__m_reply_t;
 #define COGPU_REPLY_PRIORITY_CAPPED 0x1u
 #define COGPU_REPLY_QUEUED 0x2u /* WAIT: not served yet; answer follows */
+/* WAIT: the job was suspended while the request waited (a: its footprint
+ * in bytes, gpu: the GPU); the answer follows when it resumes. */
+#define COGPU_REPLY_SUSPENDED 0x4u
+/* WAIT's grant, and SUSPEND's answer: the job was resumed; a: how long it
+ * was suspended, in ms. */
+#define COGPU_REPLY_RESUMED 0x8u
 
 typedef struct cogpu__m_gpu_s {
   uint32_t index, nvml_index;
@@ -144,6 +166,8 @@ typedef struct cogpu__msg_s {
     cogpu__m_gpu_amount_t amount;
     cogpu__m_find_job_t find_job;
     cogpu__m_reset_t reset;
+    cogpu__m_mark_t mark;
+    cogpu__m_suspend_t suspend;
     cogpu__m_reply_t reply;
     cogpu__m_gpu_t gpu;
     char raw[COGPU_MSG_SIZE - 16];
@@ -170,6 +194,7 @@ bool cogpu__msg_str_ok(const char *s, size_t size);
  * nwaiters waiter records, each naming its GPU. Read with bounds checks:
  * every count is checked against the file's size before use. */
 #define COGPU_SNAP_MAGIC 0x50414e53u /* "SNAP" */
+#define COGPU_SNAP_VERSION 2u
 
 typedef struct cogpu__snap_hdr_s {
   uint32_t magic, version;
@@ -185,6 +210,7 @@ typedef struct cogpu__snap_gpu_s {
   uint32_t exclusive, pad;
   char uuid[96];
   char name[96];
+  uint64_t suspended; /* footprints of its suspended jobs, in host memory */
 } cogpu__snap_gpu_t;
 
 typedef struct cogpu__snap_client_s {
@@ -198,6 +224,10 @@ typedef struct cogpu__snap_client_s {
                     main connection), else 0 */
   char command[128];
   char job_id[64];
+  uint32_t state; /* COGPU_JOB_* (cogpu.h) */
+  uint32_t suspensions;
+  uint64_t suspended_bytes;
+  double suspended_seconds;
 } cogpu__snap_client_t;
 
 typedef struct cogpu__snap_waiter_s {

@@ -71,7 +71,16 @@ typedef struct {
   nvml_ret_t (*memory)(nvml_device_t, nvml_memory_t *);
   nvml_procs_api_t compute;
   nvml_procs_api_t graphics; /* fn may be NULL: graphics are optional */
+  /* Optional (idle detection): per-process utilisation samples. */
+  nvml_ret_t (*util)(nvml_device_t, void *, unsigned int *, unsigned long long);
 } nvml_api_t;
+
+/* nvmlProcessUtilizationSample_t. */
+typedef struct {
+  unsigned int pid;
+  unsigned long long timestamp; /* CPU timestamp, microseconds */
+  unsigned int sm, mem, enc, dec;
+} nvml_util_sample_t;
 
 /* --- Loading ------------------------------------------------------------ */
 
@@ -139,6 +148,8 @@ static const char *nvml_bind(void *lib) {
   if (!nvml.compute.fn)
     return "nvmlDeviceGetComputeRunningProcesses";
   nvml_bind_procs(lib, &nvml.graphics, "nvmlDeviceGetGraphicsRunningProcesses");
+  *(void **)&nvml.util =
+      nvml_sym(lib, NVML_NAMES("nvmlDeviceGetProcessUtilization"), NULL);
   return NULL;
 }
 
@@ -373,4 +384,46 @@ int cogpu__nvml_processes(unsigned index, cogpu__gpu_proc_t *procs, size_t max,
   }
   free(l.v);
   return rc;
+}
+
+/* NVML_ERROR_NOT_FOUND: no sample in the window (nothing ran). */
+#define NVML_ERROR_NOT_FOUND_ 6
+
+int cogpu__nvml_busy_pids(unsigned index, uint64_t since_us, unsigned *pids,
+                          size_t max, size_t *n) {
+  nvml_device_t dev;
+  *n = 0;
+  int rc = cogpu__nvml_open();
+  if (rc)
+    return rc;
+  if (!nvml.util)
+    return cogpu__seterr(-ENOTSUP, "this NVML has no "
+                                   "nvmlDeviceGetProcessUtilization");
+  if ((rc = nvml_device(index, &dev)) != 0)
+    return rc;
+  unsigned int count = 0;
+  nvml_ret_t r = nvml.util(dev, NULL, &count, since_us);
+  if (r == NVML_ERROR_NOT_FOUND_ || (r == NVML_SUCCESS && count == 0))
+    return 0;
+  if (r != NVML_ERROR_INSUFFICIENT_SIZE && r != NVML_SUCCESS)
+    return nvml_fail("nvmlDeviceGetProcessUtilization", index, r);
+  /* Room for a few more that may start between the two calls. */
+  count += 8;
+  nvml_util_sample_t *v = calloc(count, sizeof *v);
+  if (!v)
+    return cogpu__seterr(-ENOMEM, "out of memory");
+  r = nvml.util(dev, v, &count, since_us);
+  if (r == NVML_ERROR_NOT_FOUND_) {
+    free(v);
+    return 0;
+  }
+  if (r != NVML_SUCCESS) {
+    free(v);
+    return nvml_fail("nvmlDeviceGetProcessUtilization", index, r);
+  }
+  for (unsigned i = 0; i < count && *n < max; i++)
+    if (v[i].sm > 0 || v[i].mem > 0)
+      pids[(*n)++] = v[i].pid;
+  free(v);
+  return 0;
 }

@@ -41,4 +41,12 @@ int cogpu__nvml_discover(cogpu__gpu_desc_t *gpus, size_t max, size_t *n);
 int cogpu__nvml_processes(unsigned index, cogpu__gpu_proc_t *procs, size_t max,
                           size_t *n);
 
+/* Processes that used the GPU's compute or memory in the samples NVML
+ * took since since_us (CPU time, microseconds since the epoch), up to
+ * `max` pids; *n gets the count. NVML samples every few tens of ms to a
+ * second, depending on the GPU: work shorter than that can be missed.
+ * -ENOTSUP when NVML cannot say. */
+int cogpu__nvml_busy_pids(unsigned index, uint64_t since_us, unsigned *pids,
+                          size_t max, size_t *n);
+
 #endif /* COGPU_NVML_H */

@@ -160,10 +160,28 @@ static bool pl_attach(void) {
       cogpu__log(COGPU_LOG_ERROR,
                  "GPU memory of this process is not accounted: %s",
                  cogpu_last_error());
+    /* The node daemon may suspend this process (it runs CUDA under us). */
+    if (rc == 0 && cogpu__mark(pl_h, COGPU_MARK_CUDA) != 0)
+      cogpu__log(COGPU_LOG_DEBUG, "mark: %s", cogpu_last_error());
     atomic_store_explicit(&pl_attached, rc ? 2 : 1, memory_order_release);
   }
   pthread_mutex_unlock(&pl_mu);
   return atomic_load(&pl_attached) == 1;
+}
+
+/* Marks this process once per kind (one request each, ever). */
+void cogpu__pl_mark(uint32_t flag) {
+  static _Atomic uint32_t sent;
+  if ((atomic_load_explicit(&sent, memory_order_relaxed) & flag) ||
+      !pl_attach())
+    return;
+  if (atomic_fetch_or(&sent, flag) & flag)
+    return;
+  if (cogpu__mark(pl_h, flag) != 0)
+    cogpu__log(COGPU_LOG_WARN,
+               "could not record that this process uses "
+               "what cannot be suspended: %s",
+               cogpu_last_error());
 }
 
 static void uuid_text(const CUuuid *u, char *buf, size_t len) {

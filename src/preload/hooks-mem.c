@@ -4,6 +4,7 @@
  * that same device when freed. A free of memory cogpu never saw is passed
  * to the driver untouched; only the driver's own results are returned.
  */
+#include "ledger/ledger.h"
 #include "preload/preload-int.h"
 
 /* Charge, allocate, track; undo the charge if the driver fails. */
@@ -52,7 +53,9 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes,
   cuMemAllocManaged_ft *real = REAL(cuMemAllocManaged);
   if (!real)
     return not_loaded();
-  /* Managed memory lives on the current device until it migrates. */
+  /* Managed memory lives on the current device until it migrates; the
+   * driver cannot checkpoint it (its job is never suspended). */
+  cogpu__pl_mark(COGPU_MARK_MANAGED);
   CUdevice dev = cogpu__pl_current_device();
   if (!dptr)
     return real(dptr, bytes, flags);
@@ -253,6 +256,58 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     return not_loaded();
   pl_taken_t t = cogpu__pl_take(PL_KIND_HANDLE, handle);
   return cogpu__pl_settle(&t, real(handle));
+}
+
+/* --- Sharing memory with other processes. ---
+ * Not accounted here (the memory is the exporter's), but what the driver's
+ * checkpoint cannot move: the process's job is then never suspended. Marked
+ * before the driver is called, so no suspension starts once the handle
+ * exists. */
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
+  cuIpcGetMemHandle_ft *real = REAL(cuIpcGetMemHandle);
+  if (!real)
+    return not_loaded();
+  cogpu__pl_mark(COGPU_MARK_IPC);
+  return real(handle, dptr);
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle handle,
+                            unsigned int flags) {
+  cuIpcOpenMemHandle_ft *real = REAL(cuIpcOpenMemHandle);
+  if (!real)
+    return not_loaded();
+  cogpu__pl_mark(COGPU_MARK_IPC);
+  return real(dptr, handle, flags);
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle,
+                               unsigned int flags) {
+  cuIpcOpenMemHandle_v2_ft *real = REAL(cuIpcOpenMemHandle_v2);
+  if (!real)
+    return not_loaded();
+  cogpu__pl_mark(COGPU_MARK_IPC);
+  return real(dptr, handle, flags);
+}
+
+CUresult cuMemExportToShareableHandle(void *shareable,
+                                      CUmemGenericAllocationHandle handle,
+                                      int type, unsigned long long flags) {
+  cuMemExportToShareableHandle_ft *real = REAL(cuMemExportToShareableHandle);
+  if (!real)
+    return not_loaded();
+  cogpu__pl_mark(COGPU_MARK_VMM_EXPORT);
+  return real(shareable, handle, type, flags);
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                        void *shareable, int type) {
+  cuMemImportFromShareableHandle_ft *real =
+      REAL(cuMemImportFromShareableHandle);
+  if (!real)
+    return not_loaded();
+  cogpu__pl_mark(COGPU_MARK_VMM_EXPORT);
+  return real(handle, shareable, type);
 }
 
 /* --- Arrays. --- */

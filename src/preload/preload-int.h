@@ -62,6 +62,16 @@ typedef CUresult cuMemCreate_ft(CUmemGenericAllocationHandle *, size_t,
                                 const CUmemAllocationProp *,
                                 unsigned long long);
 typedef CUresult cuMemRelease_ft(CUmemGenericAllocationHandle);
+typedef CUresult cuIpcGetMemHandle_ft(CUipcMemHandle *, CUdeviceptr);
+typedef CUresult cuIpcOpenMemHandle_ft(CUdeviceptr *, CUipcMemHandle,
+                                       unsigned int);
+typedef CUresult cuIpcOpenMemHandle_v2_ft(CUdeviceptr *, CUipcMemHandle,
+                                          unsigned int);
+typedef CUresult cuMemExportToShareableHandle_ft(void *,
+                                                 CUmemGenericAllocationHandle,
+                                                 int, unsigned long long);
+typedef CUresult
+cuMemImportFromShareableHandle_ft(CUmemGenericAllocationHandle *, void *, int);
 typedef CUresult cuArrayCreate_v2_ft(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 typedef CUresult cuArray3DCreate_v2_ft(CUarray *,
                                        const CUDA_ARRAY3D_DESCRIPTOR *);
@@ -196,6 +206,9 @@ bool cogpu__pl_meminfo(CUdevice dev, uint64_t *free_b, uint64_t *total_b,
 bool cogpu__pl_report_total(CUdevice dev, uint64_t *total);
 /* Device memory counted for one CUDA context. */
 uint64_t cogpu__pl_context_bytes(void);
+/* Tell the ledger, once, that this process used a kind of memory the
+ * driver cannot checkpoint (COGPU_MARK_*, ledger.h). */
+void cogpu__pl_mark(uint32_t flag);
 /* Stream-ordered pools: account a pool's reserved footprint. */
 void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev);
 /* Charge what the devices' graph allocators hold now. */

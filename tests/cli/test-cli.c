@@ -1513,6 +1513,12 @@ static const struct {
     {"PRIORITY_CAP", "1001"},
     {"USER_MAX_CLIENTS", "0"},
     {"USER_MAX_WAITERS", "5000"},
+    {"SUSPEND", "sometimes"},
+    {"PREEMPT_PRIORITY", "2"},
+    {"MAX_IDLE", "soon"},
+    {"SUSPEND_LOCK_TIMEOUT", "1h"},
+    {"SUSPEND_HOST_MARGIN", "lots"},
+    {"SUSPEND_MAX", "-1G"},
 };
 
 static const char *long_value(void) {

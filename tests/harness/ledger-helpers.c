@@ -74,6 +74,10 @@ void lt_check_invariants(void) {
       sum += st->gpus[g].clients[i].reserved_bytes;
     ASSERT_UEQ(sum, st->gpus[g].reserved_bytes);
     ASSERT_ULE(st->gpus[g].reserved_bytes, st->gpus[g].capacity_bytes);
+    uint64_t parked = 0;
+    for (size_t i = 0; i < st->gpus[g].nclients; i++)
+      parked += st->gpus[g].clients[i].suspended_bytes;
+    ASSERT_UEQ(parked, st->gpus[g].suspended_bytes);
   }
   cogpu_status_free(st);
 }
@@ -92,6 +96,23 @@ static lt_stats_fn *fake_stats(void) {
 void lt_fake_cuda_stats(unsigned long long *peak, unsigned long long *ooms) {
   unsigned long long used;
   fake_stats()(0, &used, peak, ooms);
+}
+
+void lt_fake_reset_peak(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  ASSERT(lib != NULL);
+  void (*reset)(void) = (void (*)(void))dlsym(lib, "fake_cuda_reset_peak");
+  ASSERT(reset != NULL);
+  reset();
+}
+
+unsigned long long lt_fake_wedged(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  ASSERT(lib != NULL);
+  unsigned long long (*wedged)(void) =
+      (unsigned long long (*)(void))dlsym(lib, "fake_cuda_ckpt_wedged");
+  ASSERT(wedged != NULL);
+  return wedged();
 }
 
 unsigned long long lt_fake_cuda_used(void) {

@@ -35,6 +35,11 @@ void lt_check_invariants(void);
 void lt_fake_cuda_stats(unsigned long long *peak, unsigned long long *ooms);
 /* What the fake driver has handed out on GPU 0 now. */
 unsigned long long lt_fake_cuda_used(void);
+/* Sets the fake GPUs' peaks to their use now. */
+void lt_fake_reset_peak(void);
+/* Processes the fake driver left wedged by a checkpoint or restore it could
+ * not do (a restore without room, a checkpoint of managed memory). */
+unsigned long long lt_fake_wedged(void);
 
 /* Start a hold helper: attaches with command `name` and `prio`, reserves
  * `bytes` on `gpu` (-1 auto; bytes 0 = exclusive) waiting at most

@@ -20,7 +20,7 @@
  *           mipmapfree info total freeunknown exporttable hold:MS
  *           graph:SIZE (build a graph that allocates and frees SIZE on the
  *           context's device, instantiate and launch it) graphtrim
- *           graphdestroy
+ *           graphdestroy verify (the data each alloc wrote is intact)
  * Exit: 0 done, 2 an allocation got CUDA_ERROR_OUT_OF_MEMORY, 3 other
  * error, 4 wrong data read back. Each action prints a line on stdout.
  */
@@ -307,16 +307,39 @@ static int check_data(CUdeviceptr p, size_t bytes, unsigned char v) {
   return 0;
 }
 
+static size_t ptr_bytes[MAXP]; /* of ptrs[] made by alloc, else 0 */
+
 static int act_alloc(const char *arg) {
   size_t bytes = size_arg(arg);
   CUdeviceptr p = 0;
   int rc = result("alloc", api.alloc(&p, bytes));
   if (rc == 0 && nptrs < MAXP) {
+    ptr_bytes[nptrs] = bytes;
     ptrs[nptrs++] = p;
     rc = check_data(p, bytes, (unsigned char)(nptrs * 7));
     printf("alloc %zu ok\n", bytes);
   }
   return rc;
+}
+
+/* Reads back the pattern each alloc wrote (its first 4 KiB): data kept
+ * across a suspension, at the same addresses. */
+static int act_verify(void) {
+  unsigned char buf[4096];
+  for (int i = 0; i < nptrs; i++) {
+    size_t n = ptr_bytes[i] < 4096 ? ptr_bytes[i] : 4096;
+    if (n == 0 || !api.dtoh)
+      continue;
+    if (api.dtoh(buf, ptrs[i], n) != CUDA_SUCCESS)
+      return 3;
+    for (size_t k = 0; k < n; k++)
+      if (buf[k] != (unsigned char)((i + 1) * 7)) {
+        printf("verify: allocation %d changed\n", i);
+        return 4;
+      }
+  }
+  printf("verify ok\n");
+  return 0;
 }
 
 static int act_async(const char *arg) {
@@ -645,6 +668,8 @@ static int act(const char *a) {
     return act_mipmap(arg);
   if (!strcmp(a, "info") || !strcmp(a, "total"))
     return act_info(!strcmp(a, "total"));
+  if (!strcmp(a, "verify"))
+    return act_verify();
   if (!strcmp(a, "rtldnext")) {
     /* Interposers find the next definition with RTLD_NEXT: through our
      * dlsym it must still be the one after the caller (libc's). */

@@ -177,8 +177,11 @@ TEST_IMPL(preload_reserve_mode) {
   ASSERT_CONTAINS(slurp("out"), want);
 }
 
+/* With grow_wait=no, growth past --mem that does not fit now is told
+ * out-of-memory at once (the behaviour before growth waited). */
 TEST_IMPL(preload_reserve_mode_out_of_memory) {
   preload_env();
+  setenv("COGPU_GROW_WAIT", "no", 1);
   pid_t other = lt_hold("other", 0, 13 * GiB, 0, 0, -1);
   lt_wait_nclients(0, 1, 5000);
   /* 3G reserved; growing past it finds nothing free: out-of-memory. */
@@ -190,6 +193,22 @@ TEST_IMPL(preload_reserve_mode_out_of_memory) {
   ASSERT_CONTAINS(slurp("out"), "alloc: error 2");
   kill(other, SIGKILL);
   th_wait(other, th_ms(5000));
+}
+
+/* By default growth past --mem waits for room: the other job leaves, and
+ * the program's allocation goes through. */
+TEST_IMPL(preload_reserve_mode_growth_waits) {
+  preload_env();
+  pid_t other = lt_hold("other", 0, 13 * GiB, 0, 0, 1500);
+  lt_wait_nclients(0, 1, 5000);
+  const char *argv[] = {"cogpu",    "run",     "--mem", "3G",  "--",
+                        prog(),     "direct",  "init",  "ctx", "alloc:2G",
+                        "alloc:1G", "freeall", NULL};
+  pid_t p = spawn("out", argv);
+  ASSERT_EQ(finish(p, "out"), 0);
+  ASSERT_CONTAINS(slurp("out"), "waiting for");
+  ASSERT_EQ(th_exit_code(th_wait(other, th_ms(5000))), HOLD_OK);
+  lt_check_invariants();
 }
 
 TEST_IMPL(preload_memory_paths) {
@@ -758,7 +777,9 @@ TEST_IMPL(preload_fork_child_attaches_to_job) {
 
 TEST_IMPL(preload_deadlock_guard) {
   /* Two on-demand jobs each hold 7.3G and each wants 4G more: one is told
-   * out-of-memory, the other completes. */
+   * out-of-memory, the other completes. (With suspension, on by default in
+   * node mode, neither fails: tests/node/test-suspend.c.) */
+  th_setenv("COGPU_SUSPEND", "no");
   preload_env();
   const char *argv[] = {"cogpu",    "run",      "--",      prog(),
                         "direct",   "init",     "ctx",     "alloc:7G",

@@ -353,7 +353,9 @@ TEST_IMPL_T(slurm_under_declared_job_waits_or_ooms, 240) {
   wait_output("squeue -h -o '%i %t'", "1 R", 30000);
   wait_job_reserved("1", 40 * GiB, 20000);
   snprintf(cmd, sizeof cmd,
-           "srun --gpu-mem=10G %s direct init ctx alloc:8G alloc:35G", prog());
+           "srun --gpu-mem=10G --gpu-wait=0 %s direct init ctx alloc:8G "
+           "alloc:35G",
+           prog());
   ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "alloc: error 2"); /* CUDA_ERROR_OUT_OF_MEMORY */
   snprintf(cmd, sizeof cmd,

@@ -259,7 +259,8 @@ TEST_IMPL(options_ranges_from_table_columns) {
     }
     ASSERT_CONTAINS(d->form, range);
   }
-  ASSERT_EQ(bounded, 9); /* 5 of the ledger and preload, 4 of node mode */
+  ASSERT_EQ(bounded, 10); /* 5 of the ledger and preload, 4 of node mode,
+                            1 of suspension */
 }
 
 TEST_IMPL(options_set_mode) {

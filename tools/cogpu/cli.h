@@ -21,6 +21,8 @@ int cli_doctor(int argc, char **argv);
 int cli_reset(int argc, char **argv);
 int cli_config(int argc, char **argv);
 int cli_slurm_conf(int argc, char **argv);
+int cli_suspend(int argc, char **argv);
+int cli_resume(int argc, char **argv);
 
 /* "cogpu: <message>" on stderr. */
 void cli_err(const char *fmt, ...) COGPU_PRINTF(1, 2);

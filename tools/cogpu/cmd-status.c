@@ -11,6 +11,12 @@
 
 #include "cli.h"
 
+static const char *job_state(int state) {
+  static const char *const names[] = {"running", "suspending", "suspended",
+                                      "resuming"};
+  return state >= 0 && state <= COGPU_JOB_RESUMING ? names[state] : "running";
+}
+
 static void status_json_clients(FILE *f, const cogpu_gpu_info_t *g) {
   fputc('[', f);
   for (size_t i = 0; i < g->nclients; i++) {
@@ -33,6 +39,14 @@ static void status_json_clients(FILE *f, const cogpu_gpu_info_t *g) {
     fprintf(f, "%d", c->priority);
     json_key(f, &first, "exclusive");
     fputs(c->exclusive ? "true" : "false", f);
+    json_key(f, &first, "state");
+    json_str(f, job_state(c->state));
+    json_key(f, &first, "suspended_bytes");
+    fprintf(f, "%llu", (unsigned long long)c->suspended_bytes);
+    json_key(f, &first, "suspended_seconds");
+    fprintf(f, "%.3f", c->suspended_seconds);
+    json_key(f, &first, "suspensions");
+    fprintf(f, "%u", c->suspensions);
     fputc('}', f);
   }
   fputc(']', f);
@@ -93,11 +107,12 @@ static void status_json(FILE *f, const cogpu_status_t *st) {
     json_str(f, g->uuid);
     json_key(f, &gf, "name");
     json_str(f, g->name);
-    static const char *const keys[] = {"total_bytes", "margin_bytes",
-                                       "foreign_bytes", "capacity_bytes",
-                                       "reserved_bytes"};
-    const uint64_t vals[] = {g->total_bytes, g->margin_bytes, g->foreign_bytes,
-                             g->capacity_bytes, g->reserved_bytes};
+    static const char *const keys[] = {"total_bytes",    "margin_bytes",
+                                       "foreign_bytes",  "capacity_bytes",
+                                       "reserved_bytes", "suspended_bytes"};
+    const uint64_t vals[] = {g->total_bytes,    g->margin_bytes,
+                             g->foreign_bytes,  g->capacity_bytes,
+                             g->reserved_bytes, g->suspended_bytes};
     for (size_t k = 0; k < COGPU_ARRAY_SIZE(keys); k++) {
       json_key(f, &gf, keys[k]);
       fprintf(f, "%llu", (unsigned long long)vals[k]);
@@ -144,15 +159,25 @@ static void status_table_gpu(FILE *f, const cogpu_gpu_info_t *g) {
           cogpu__fmt_size(g->foreign_bytes, fo, sizeof fo),
           cogpu__fmt_size(g->capacity_bytes, c, sizeof c),
           cogpu__fmt_size(g->reserved_bytes, r, sizeof r));
+  if (g->suspended_bytes)
+    fprintf(f, "  suspended %s (in host memory)\n",
+            cogpu__fmt_size(g->suspended_bytes, r, sizeof r));
   if (g->nclients)
     fprintf(f, "  %-8s %-10s %12s %5s %-10s %s\n", "PID", "USER", "RESERVED",
             "PRIO", "JOB", "COMMAND");
   for (size_t i = 0; i < g->nclients; i++) {
     const cogpu_client_info_t *cl = &g->clients[i];
     status_text(&tx, cl->user, cl->command, cl->job_id);
-    fprintf(f, "  %-8d %-10s %12s %5d %-10s %s%s\n", cl->pid, tx.user,
+    char state[96] = "";
+    if (cl->state == COGPU_JOB_SUSPENDED)
+      snprintf(state, sizeof state, " [suspended: %s in host memory, %.0f s]",
+               cogpu__fmt_size(cl->suspended_bytes, c, sizeof c),
+               cl->suspended_seconds);
+    else if (cl->state != COGPU_JOB_RUNNING)
+      snprintf(state, sizeof state, " [%s]", job_state(cl->state));
+    fprintf(f, "  %-8d %-10s %12s %5d %-10s %s%s%s\n", cl->pid, tx.user,
             cogpu__fmt_size(cl->reserved_bytes, r, sizeof r), cl->priority,
-            tx.job, tx.command, cl->exclusive ? " [exclusive]" : "");
+            tx.job, tx.command, cl->exclusive ? " [exclusive]" : "", state);
   }
   if (g->nwaiting)
     fprintf(f, "  waiting:\n  %-4s %-8s %-10s %12s %5s %8s %s\n", "POS", "PID",

@@ -23,6 +23,11 @@ static const char usage[] =
     "                 GPUs, clients, wait queues and the policy\n"
     "  doctor         check the configuration, NVML, the CUDA driver and the\n"
     "                 node state\n"
+    "  suspend JOB|PID [--timeout DURATION]\n"
+    "                 move a job's GPU memory to host memory (node daemon;\n"
+    "                 the job's owner or an admin); it waits until resumed\n"
+    "  resume JOB|PID [--timeout DURATION]\n"
+    "                 bring a suspended job back once its GPU has room\n"
     "  reset [--force]\n"
     "                 remove the node state (admin); refuses while in use\n"
     "  config [--list|--explain]\n"
@@ -167,9 +172,10 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name;
     int (*fn)(int, char **);
-  } cmds[] = {{"run", cli_run},       {"status", cli_status},
-              {"doctor", cli_doctor}, {"reset", cli_reset},
-              {"config", cli_config}, {"slurm-conf", cli_slurm_conf}};
+  } cmds[] = {{"run", cli_run},         {"status", cli_status},
+              {"doctor", cli_doctor},   {"reset", cli_reset},
+              {"config", cli_config},   {"slurm-conf", cli_slurm_conf},
+              {"suspend", cli_suspend}, {"resume", cli_resume}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
     if (strcmp(cmd, cmds[i].name) == 0)
       return cmds[i].fn(argc - 1, argv + 1);

@@ -1,0 +1,717 @@
+/*
+ * suspend.c: cogpud's suspender: it performs the suspensions and resumes
+ * the ledger decides (ledger/suspend.c) through the CUDA driver's process
+ * checkpoint API, and answers `cogpu suspend` and `cogpu resume`.
+ *
+ * The driver calls run in a thread of their own: cuInit takes seconds in a
+ * fresh process, and a lock waits for the target's running kernels, a
+ * checkpoint or a restore copies the footprint (seconds per tens of GiB).
+ * The loop never waits for them: it hands the thread a job (the pids to
+ * act on, read from the ledger under the lock) and applies the result
+ * when the thread reports on an eventfd. Nothing is held across a driver
+ * call: a locked process blocks inside the driver, and anything it held
+ * would stall every client.
+ *
+ * The daemon needs ptrace rights over its targets (it runs as root) and
+ * must have called cuInit (done once at start, in the thread). Without
+ * libcuda, without the API (a driver before 570) or when cuInit fails, it
+ * serves as before and says why nothing can be suspended.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "cuda/cuda-abi.h"
+#include "daemon-int.h"
+#include "nvml/nvml.h"
+
+#define SUSP_MAX_PIDS 64
+#define OP_UNDO 3 /* recovery: a suspension a previous daemon left half done   \
+                   */
+
+typedef struct sjob_s {
+  uint32_t slot, gen;
+  int op;
+  int npids;
+  int32_t pids[SUSP_MAX_PIDS];
+  uint64_t bytes;
+  unsigned lock_ms;
+  /* Result. */
+  int rc;
+  bool broken;
+  uint64_t took_ns;
+  char msg[256];
+  struct sjob_s *next;
+} sjob_t;
+
+enum { CAP_INIT = 0, CAP_OK, CAP_NONE };
+
+typedef struct cu_api_s {
+  CUresult (*init)(unsigned);
+  CUresult (*version)(int *);
+  CUresult (*lock)(int, CUcheckpointLockArgs *);
+  CUresult (*checkpoint)(int, CUcheckpointCheckpointArgs *);
+  CUresult (*restore)(int, CUcheckpointRestoreArgs *);
+  CUresult (*unlock)(int, CUcheckpointUnlockArgs *);
+} cu_api_t;
+
+/* Idle tracking: when each pid last did GPU work (monotonic ns). */
+#define IDLE_SLOTS 8192u
+typedef struct idle_ent_s {
+  int32_t pid;
+  uint64_t last_ns;
+} idle_ent_t;
+
+struct cogpu__susp_s {
+  cogpu__daemon_t *d;
+  pthread_t thr;
+  bool started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  sjob_t *todo, **todo_tail, *done;
+  int efd;
+  bool stop;
+  int cap; /* CAP_*, under mu */
+  char cap_why[256];
+  cu_api_t cu;
+  ledger_suspender_t sp;
+  idle_ent_t *idle;
+  uint64_t sampled_us; /* NVML samples read up to here (epoch µs) */
+  bool idle_warned;
+};
+
+static const char *cu_err(CUresult r) {
+  switch (r) {
+  case CUDA_ERROR_NOT_READY:
+    return "its GPU work did not finish in time (lock timeout)";
+  case CUDA_ERROR_NOT_SUPPORTED:
+    return "the driver does not support checkpointing it";
+  case CUDA_ERROR_ILLEGAL_STATE:
+    return "it is in the wrong state";
+  case CUDA_ERROR_OUT_OF_MEMORY:
+    return "out of device memory";
+  case CUDA_ERROR_INVALID_VALUE:
+    return "no such CUDA process";
+  case CUDA_ERROR_NOT_INITIALIZED:
+    return "CUDA not initialised in the daemon";
+  default:
+    return "driver error";
+  }
+}
+
+/* --- the thread ------------------------------------------------------------
+ */
+
+static void load_cuda(cogpu__susp_t *s) {
+  char why[256] = "";
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(why, sizeof why, "cannot load libcuda.so.1: %s", dlerror());
+  } else {
+    *(void **)&s->cu.init = dlsym(lib, "cuInit");
+    *(void **)&s->cu.version = dlsym(lib, "cuDriverGetVersion");
+    *(void **)&s->cu.lock = dlsym(lib, "cuCheckpointProcessLock");
+    *(void **)&s->cu.checkpoint = dlsym(lib, "cuCheckpointProcessCheckpoint");
+    *(void **)&s->cu.restore = dlsym(lib, "cuCheckpointProcessRestore");
+    *(void **)&s->cu.unlock = dlsym(lib, "cuCheckpointProcessUnlock");
+    int v = 0;
+    CUresult r;
+    if (!s->cu.init || !s->cu.lock || !s->cu.checkpoint || !s->cu.restore ||
+        !s->cu.unlock)
+      snprintf(why, sizeof why,
+               "the driver has no checkpoint API (driver 570 or later "
+               "needed)");
+    else if ((r = s->cu.init(0)) != CUDA_SUCCESS)
+      snprintf(why, sizeof why, "cuInit failed (CUDA error %d)", r);
+    else if (s->cu.version && s->cu.version(&v) == CUDA_SUCCESS)
+      cogpu__log(COGPU_LOG_INFO,
+                 "suspension through the checkpoint API of "
+                 "CUDA driver %d.%d",
+                 v / 1000, v % 1000 / 10);
+  }
+  pthread_mutex_lock(&s->mu);
+  s->cap = why[0] ? CAP_NONE : CAP_OK;
+  snprintf(s->cap_why, sizeof s->cap_why, "%s", why);
+  pthread_mutex_unlock(&s->mu);
+  if (why[0])
+    cogpu__log(COGPU_LOG_WARN, "jobs cannot be suspended: %s", why);
+}
+
+/* Puts every process of the job back to RUNNING, restoring those that were
+ * checkpointed: used when a suspension fails half-way and by recovery.
+ * Only ever called while the ledger still books the job's footprint. */
+static void undo(cogpu__susp_t *s, sjob_t *j) {
+  for (int i = 0; i < j->npids; i++) {
+    CUcheckpointRestoreArgs ra = {0};
+    CUcheckpointUnlockArgs ua = {0};
+    CUresult r = s->cu.restore(j->pids[i], &ra);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_ILLEGAL_STATE &&
+        r != CUDA_ERROR_INVALID_VALUE) {
+      j->broken = true;
+      snprintf(j->msg, sizeof j->msg, "restoring pid %d failed: %s", j->pids[i],
+               cu_err(r));
+    }
+    r = s->cu.unlock(j->pids[i], &ua);
+    (void)r; /* not locked (never was, or gone): nothing to do */
+  }
+}
+
+static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
+  int locked = 0;
+  for (; locked < j->npids; locked++) {
+    CUcheckpointLockArgs la = {.timeoutMs = j->lock_ms};
+    CUresult r = s->cu.lock(j->pids[locked], &la);
+    if (r != CUDA_SUCCESS) {
+      j->rc = r == CUDA_ERROR_NOT_READY ? -EBUSY : -EIO;
+      snprintf(j->msg, sizeof j->msg, "locking pid %d: %s", j->pids[locked],
+               cu_err(r));
+      break;
+    }
+  }
+  if (j->rc == 0)
+    for (int i = 0; i < j->npids; i++) {
+      CUcheckpointCheckpointArgs ca = {0};
+      CUresult r = s->cu.checkpoint(j->pids[i], &ca);
+      if (r != CUDA_SUCCESS) {
+        j->rc = -EIO;
+        snprintf(j->msg, sizeof j->msg, "checkpointing pid %d: %s", j->pids[i],
+                 cu_err(r));
+        break;
+      }
+    }
+  if (j->rc) {
+    sjob_t part = *j;
+    part.npids = locked;
+    part.broken = false;
+    undo(s, &part);
+    j->broken = part.broken;
+  }
+}
+
+static void run_resume(cogpu__susp_t *s, sjob_t *j) {
+  for (int i = 0; i < j->npids; i++) {
+    CUcheckpointRestoreArgs ra = {0};
+    CUcheckpointUnlockArgs ua = {0};
+    CUresult r = s->cu.restore(j->pids[i], &ra);
+    if (r == CUDA_ERROR_INVALID_VALUE)
+      continue; /* the process is gone */
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_ILLEGAL_STATE) {
+      j->rc = -EIO;
+      j->broken = true;
+      snprintf(j->msg, sizeof j->msg, "restoring pid %d: %s", j->pids[i],
+               cu_err(r));
+      continue;
+    }
+    r = s->cu.unlock(j->pids[i], &ua);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_ILLEGAL_STATE &&
+        r != CUDA_ERROR_INVALID_VALUE) {
+      j->rc = -EIO;
+      snprintf(j->msg, sizeof j->msg, "unlocking pid %d: %s", j->pids[i],
+               cu_err(r));
+    }
+  }
+}
+
+static void *worker(void *arg) {
+  cogpu__susp_t *s = arg;
+  load_cuda(s);
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->todo && !s->stop)
+      pthread_cond_wait(&s->cv, &s->mu);
+    if (s->stop)
+      break;
+    sjob_t *j = s->todo;
+    s->todo = j->next;
+    if (!s->todo)
+      s->todo_tail = &s->todo;
+    int cap = s->cap;
+    pthread_mutex_unlock(&s->mu);
+    uint64_t t0 = cogpu__now_ns();
+    if (cap != CAP_OK) {
+      j->rc = -ENOTSUP;
+      snprintf(j->msg, sizeof j->msg, "%s", s->cap_why);
+    } else if (j->op == LEDGER_OP_SUSPEND) {
+      run_suspend(s, j);
+    } else if (j->op == LEDGER_OP_RESUME) {
+      run_resume(s, j);
+    } else {
+      undo(s, j);
+    }
+    j->took_ns = cogpu__now_ns() - t0;
+    pthread_mutex_lock(&s->mu);
+    j->next = s->done;
+    s->done = j;
+    uint64_t one = 1;
+    if (write(s->efd, &one, sizeof one) < 0) {
+      /* the counter is only a wake-up: a full one wakes the loop anyway */
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+/* --- the ledger's hooks ------------------------------------------------------
+ */
+
+static uint64_t meminfo(const char *key) {
+  FILE *f = fopen("/proc/meminfo", "re");
+  char line[256];
+  uint64_t v = 0;
+  size_t kl = strlen(key);
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, key, kl) == 0 && line[kl] == ':') {
+      v = strtoull(line + kl + 1, NULL, 10) * 1024u;
+      break;
+    }
+  if (f)
+    fclose(f);
+  return v;
+}
+
+/* Bytes suspended now, and being suspended (their copies are on the way
+ * into host memory). */
+static uint64_t suspended_total(cogpu__daemon_t *d) {
+  uint64_t sum = 0;
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    if (sl->state != SLOT_ACTIVE)
+      continue;
+    if (sl->susp == SUSP_SUSPENDED)
+      sum += sl->parked;
+    else if (sl->susp == SUSP_SUSPENDING && sl->susp_gpu < LEDGER_MAX_GPUS)
+      sum += sl->held[sl->susp_gpu];
+  }
+  return sum;
+}
+
+static int hook_can(void *ctx, uint64_t bytes, char *why, size_t len) {
+  cogpu__susp_t *s = ctx;
+  cogpu__daemon_t *d = s->d;
+  pthread_mutex_lock(&s->mu);
+  int cap = s->cap;
+  pthread_mutex_unlock(&s->mu);
+  if (cap == CAP_INIT)
+    return snprintf(why, len, "the daemon is still initialising CUDA"), -EAGAIN;
+  if (cap == CAP_NONE)
+    return snprintf(why, len, "%s", s->cap_why), -ENOTSUP;
+  char a[32], b[32];
+  uint64_t total = meminfo("MemTotal"), avail = meminfo("MemAvailable");
+  uint64_t margin = d->cfg.v[COGPU_OPT_SUSPEND_HOST_MARGIN].u;
+  uint64_t most = d->cfg.v[COGPU_OPT_SUSPEND_MAX].u;
+  if (most == 0)
+    most = total / 2;
+  uint64_t now = suspended_total(d);
+  if (now + bytes > most)
+    return snprintf(why, len, "%s more suspended would pass suspend_max (%s)",
+                    cogpu__fmt_size(bytes, a, sizeof a),
+                    cogpu__fmt_size(most, b, sizeof b)),
+           -ENOSPC;
+  if (avail < bytes || avail - bytes < margin)
+    return snprintf(why, len,
+                    "host memory: %s available, %s needed plus "
+                    "suspend_host_margin",
+                    cogpu__fmt_size(avail, a, sizeof a),
+                    cogpu__fmt_size(bytes, b, sizeof b)),
+           -ENOMEM;
+  return 0;
+}
+
+static idle_ent_t *idle_find(cogpu__susp_t *s, int32_t pid, bool add) {
+  uint32_t i = (uint32_t)pid * 2654435761u % IDLE_SLOTS;
+  for (uint32_t k = 0; k < IDLE_SLOTS; k++, i = (i + 1) % IDLE_SLOTS) {
+    if (s->idle[i].pid == pid)
+      return &s->idle[i];
+    if (s->idle[i].pid == 0) {
+      if (!add)
+        return NULL;
+      s->idle[i].pid = pid;
+      s->idle[i].last_ns = cogpu__now_ns(); /* idle from when first seen */
+      return &s->idle[i];
+    }
+  }
+  return NULL; /* full: the sample pass clears it */
+}
+
+static uint64_t hook_idle_ms(void *ctx, struct cogpu_s *h, uint32_t slot) {
+  cogpu__susp_t *s = ctx;
+  int32_t pids[SUSP_MAX_PIDS];
+  size_t n = cogpu__ledger_job_pids(h, slot, pids, SUSP_MAX_PIDS);
+  uint64_t now = cogpu__now_ns(), least = UINT64_MAX;
+  for (size_t i = 0; i < n; i++) {
+    idle_ent_t *e = idle_find(s, pids[i], true);
+    uint64_t idle = e ? now - e->last_ns : 0;
+    least = idle < least ? idle : least;
+  }
+  return n == 0 ? 0 : least / 1000000u;
+}
+
+/* On the timer, while jobs may be preempted for idleness: which pids did
+ * GPU work since the last look. */
+void cogpu__susp_sample(cogpu__daemon_t *d);
+void cogpu__susp_sample(cogpu__daemon_t *d) {
+  cogpu__susp_t *s = d->susp;
+  if (!s || s->sp.max_idle_ms < 0 || !d->dh || d->dh->st->hdr.nwaiting == 0)
+    return;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t now_us =
+      (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000;
+  uint64_t since = s->sampled_us ? s->sampled_us : now_us - 1000000u;
+  s->sampled_us = now_us;
+  ledger_hdr_t *hd = &d->dh->st->hdr;
+  for (uint32_t g = 0; g < hd->ngpus; g++) {
+    unsigned pids[256];
+    size_t n = 0;
+    if (cogpu__nvml_busy_pids(hd->gpus[g].index, since, pids, 256, &n)) {
+      if (!s->idle_warned)
+        cogpu__log(COGPU_LOG_WARN, "max_idle: cannot tell idle jobs: %s",
+                   cogpu_last_error());
+      s->idle_warned = true;
+      continue;
+    }
+    for (size_t i = 0; i < n; i++) {
+      idle_ent_t *e = idle_find(s, (int32_t)pids[i], true);
+      if (e)
+        e->last_ns = cogpu__now_ns();
+    }
+  }
+}
+
+/* --- the loop's side
+ * ----------------------------------------------------------- */
+
+int cogpu__susp_start(cogpu__daemon_t *d) {
+  cogpu__susp_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return cogpu__seterr(-ENOMEM, "out of memory");
+  s->d = d;
+  s->idle = calloc(IDLE_SLOTS, sizeof *s->idle);
+  s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->todo_tail = &s->todo;
+  s->sp = (ledger_suspender_t){
+      .ctx = s,
+      .on_deadlock = d->cfg.v[COGPU_OPT_SUSPEND].i != 0,
+      .on_priority = d->cfg.v[COGPU_OPT_PREEMPT_PRIORITY].i != 0,
+      .max_idle_ms = d->cfg.v[COGPU_OPT_MAX_IDLE].i,
+      .can = hook_can,
+      .idle_ms = hook_idle_ms};
+  if (!s->idle || s->efd < 0 || pthread_create(&s->thr, NULL, worker, s) != 0) {
+    int e = errno;
+    if (s->efd >= 0)
+      close(s->efd);
+    free(s->idle);
+    free(s);
+    return cogpu__seterr(-e, "cannot start the suspender: %s", strerror(e));
+  }
+  s->started = true;
+  d->susp = s;
+  cogpu__ledger_suspender = &s->sp;
+  return 0;
+}
+
+int cogpu__susp_fd(cogpu__daemon_t *d) {
+  return d->susp ? d->susp->efd : -1;
+}
+
+void cogpu__susp_stop(cogpu__daemon_t *d) {
+  cogpu__susp_t *s = d->susp;
+  if (!s)
+    return;
+  cogpu__ledger_suspender = NULL;
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  /* A driver call may take long (a restore of tens of GiB): the daemon
+   * stops anyway; the next one finds the job half done and finishes it. */
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += 2;
+  if (pthread_timedjoin_np(s->thr, NULL, &ts) != 0)
+    return; /* leaked on purpose: it still runs */
+  while (s->todo) {
+    sjob_t *j = s->todo;
+    s->todo = j->next;
+    free(j);
+  }
+  while (s->done) {
+    sjob_t *j = s->done;
+    s->done = j->next;
+    free(j);
+  }
+  close(s->efd);
+  free(s->idle);
+  free(s);
+  d->susp = NULL;
+}
+
+static void submit(cogpu__daemon_t *d, uint32_t slot, uint32_t gen, int op) {
+  cogpu__susp_t *s = d->susp;
+  sjob_t *j = calloc(1, sizeof *j);
+  struct cogpu_s *h = d->dh;
+  if (!j) {
+    /* Out of memory: the state says what was meant; report failure. */
+    cogpu__ledger_lock(h);
+    if (op == LEDGER_OP_SUSPEND)
+      cogpu__ledger_suspend_done(h, slot, gen, -ENOMEM, false);
+    cogpu__ledger_unlock(h);
+    return;
+  }
+  j->slot = slot;
+  j->gen = gen;
+  j->op = op;
+  const ledger_slot_t *sl = &h->st->slots[slot];
+  j->npids = (int)cogpu__ledger_job_pids(h, slot, j->pids, SUSP_MAX_PIDS);
+  j->bytes = op == LEDGER_OP_SUSPEND && sl->susp_gpu < LEDGER_MAX_GPUS
+                 ? sl->held[sl->susp_gpu]
+                 : sl->parked;
+  j->lock_ms = (unsigned)d->cfg.v[COGPU_OPT_SUSPEND_LOCK_TIMEOUT].i;
+  pthread_mutex_lock(&s->mu);
+  *s->todo_tail = j;
+  s->todo_tail = &j->next;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+void cogpu__susp_pump(cogpu__daemon_t *d) {
+  if (!d->susp || !d->dh)
+    return;
+  ledger_susp_op_t ops[64];
+  size_t n;
+  while ((n = cogpu__ledger_take_susp_ops(ops, 64)) > 0)
+    for (size_t i = 0; i < n; i++)
+      submit(d, ops[i].slot, ops[i].gen, ops[i].op);
+}
+
+/* Tell the waiting requests of a job that it was suspended. */
+static void note_waiters(cogpu__daemon_t *d, uint32_t slot) {
+  ledger_state_t *st = d->dh->st;
+  const ledger_slot_t *sl = &st->slots[slot];
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && d->nwaitconns; w++) {
+    dconn_t *c = d->waiter_conn[w];
+    const ledger_waiter_t *wt = &st->waiters[w];
+    if (!c || wt->state != W_WAITING || wt->slot != slot || wt->resume)
+      continue;
+    cogpu__msg_t r, req;
+    memset(&r, 0, sizeof r);
+    cogpu__msg_init(&req, COGPU_M_WAIT, 1);
+    r.u.reply.flags = COGPU_REPLY_SUSPENDED;
+    r.u.reply.gpu = (int32_t)sl->susp_gpu;
+    r.u.reply.a = sl->parked;
+    cogpu__daemon_reply(d, c, &req, 0, &r);
+  }
+}
+
+/* Answer the `cogpu suspend`/`resume` commands waiting on this job. */
+static void answer_manual(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
+                          int op, int rc, const char *msg, uint64_t bytes,
+                          uint64_t ms) {
+  for (dconn_t *c = d->conns; c; c = c->next) {
+    if (c->kind != DC_QUERY || !c->susp_pending || c->susp_slot != slot ||
+        c->susp_gen != gen || c->susp_op != op)
+      continue;
+    cogpu__msg_t r, req;
+    memset(&r, 0, sizeof r);
+    cogpu__msg_init(&req, COGPU_M_SUSPEND, 1);
+    r.u.reply.a = bytes;
+    r.u.reply.b = ms;
+    if (rc)
+      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", msg);
+    c->susp_pending = false;
+    cogpu__daemon_reply(d, c, &req, rc, &r);
+    cogpu__daemon_end_later(d, c);
+  }
+}
+
+void cogpu__susp_completed(cogpu__daemon_t *d) {
+  cogpu__susp_t *s = d->susp;
+  uint64_t x;
+  if (!s || read(s->efd, &x, sizeof x) < 0) {
+    /* spurious: nothing to take */
+  }
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->mu);
+  sjob_t *list = s->done;
+  s->done = NULL;
+  pthread_mutex_unlock(&s->mu);
+  struct cogpu_s *h = d->dh;
+  for (sjob_t *j = list, *next; j; j = next) {
+    next = j->next;
+    if (!h) {
+      free(j);
+      continue;
+    }
+    ledger_slot_t *sl = &h->st->slots[j->slot];
+    bool same = sl->state == SLOT_ACTIVE && atomic_load(&sl->gen) == j->gen;
+    char sz[32];
+    cogpu__fmt_size(j->bytes, sz, sizeof sz);
+    double secs = (double)j->took_ns / 1e9;
+    if (j->op == LEDGER_OP_SUSPEND) {
+      if (!same && j->rc == 0) {
+        /* The job ended meanwhile and its processes outlived it (their
+         * share became their own, booked on the GPU): put them back. */
+        j->op = OP_UNDO;
+        j->next = NULL;
+        pthread_mutex_lock(&s->mu);
+        *s->todo_tail = j;
+        s->todo_tail = &j->next;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        continue;
+      }
+      if (j->rc == 0)
+        cogpu__log(COGPU_LOG_WARN,
+                   "suspended the job of pid %d (%s, %d processes) in "
+                   "%.2f s",
+                   sl->pid, sz, j->npids, secs);
+      else
+        cogpu__log(COGPU_LOG_WARN, "could not suspend the job of pid %d: %s",
+                   sl->pid, j->msg);
+      cogpu__ledger_lock(h);
+      cogpu__ledger_suspend_done(h, j->slot, j->gen, j->rc, j->broken);
+      cogpu__ledger_unlock(h);
+      if (j->rc == 0 && same)
+        note_waiters(d, j->slot);
+      answer_manual(d, j->slot, j->gen, LEDGER_OP_SUSPEND, j->rc, j->msg,
+                    j->bytes, j->took_ns / 1000000u);
+    } else if (j->op == LEDGER_OP_RESUME) {
+      uint64_t away = same ? (cogpu__now_ns() - sl->susp_since_ns) : 0;
+      if (j->rc == 0)
+        cogpu__log(COGPU_LOG_WARN,
+                   "resumed the job of pid %d (%s) in %.2f s, after %.1f s "
+                   "suspended",
+                   sl->pid, sz, secs, (double)away / 1e9);
+      else
+        cogpu__log(COGPU_LOG_ERROR, "resuming the job of pid %d: %s", sl->pid,
+                   j->msg);
+      cogpu__ledger_lock(h);
+      cogpu__ledger_resume_done(h, j->slot, j->gen, j->rc);
+      cogpu__ledger_unlock(h);
+      answer_manual(d, j->slot, j->gen, LEDGER_OP_RESUME, j->rc, j->msg,
+                    j->bytes, away / 1000000u);
+    } else {
+      cogpu__ledger_lock(h);
+      if (same && sl->susp == SUSP_SUSPENDING)
+        cogpu__ledger_suspend_done(h, j->slot, j->gen, -ECANCELED, j->broken);
+      cogpu__ledger_unlock(h);
+      if (j->broken)
+        cogpu__log(COGPU_LOG_ERROR,
+                   "putting back the processes of a "
+                   "suspension: %s",
+                   j->msg);
+    }
+    free(j);
+  }
+  cogpu__daemon_answer_waiters(d);
+}
+
+/* After a restart: jobs a previous daemon left half-way. A suspension
+ * under way is undone (its footprint is still booked: restore, unlock); a
+ * resume under way is done again (its footprint is booked). */
+void cogpu__susp_recover(cogpu__daemon_t *d) {
+  if (!d->susp || !d->dh)
+    return;
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    if (sl->state != SLOT_ACTIVE)
+      continue;
+    if (sl->susp == SUSP_SUSPENDING)
+      submit(d, s, atomic_load(&sl->gen), OP_UNDO);
+    else if (sl->susp == SUSP_RESUMING)
+      submit(d, s, atomic_load(&sl->gen), LEDGER_OP_RESUME);
+  }
+}
+
+/* --- `cogpu suspend` and `cogpu resume` ------------------------------------
+ */
+
+/* The job a request names: by a pid of any of its processes, or by job id;
+ * the job's slot. */
+static int64_t find_job(cogpu__daemon_t *d, const cogpu__m_suspend_t *q) {
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
+      continue;
+    bool hit = q->pid ? sl->pid == q->pid
+                      : strcmp(sl->job_id, q->job_id) == 0 &&
+                            (!sl->job || sl->job == (uint64_t)s + 1);
+    if (!hit)
+      continue;
+    if (sl->job && sl->job != (uint64_t)s + 1 && sl->job <= LEDGER_MAX_SLOTS) {
+      const ledger_slot_t *job = &st->slots[sl->job - 1];
+      if (job->state == SLOT_ACTIVE && atomic_load(&job->gen) == sl->job_gen)
+        return (int64_t)sl->job - 1;
+    }
+    return s;
+  }
+  return -1;
+}
+
+int cogpu__daemon_on_suspend(cogpu__daemon_t *d, dconn_t *c,
+                             const cogpu__msg_t *m) {
+  const cogpu__m_suspend_t *q = &m->u.suspend;
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  int64_t s = find_job(d, q);
+  int rc = 0;
+  if (s < 0) {
+    rc = -ESRCH;
+    if (q->pid)
+      snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+               "no process %d attached to cogpu on this node", q->pid);
+    else
+      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "no job '%s' on this node",
+               q->job_id);
+  } else if (d->dh->st->slots[s].uid != c->uid && c->uid != 0 && !c->admin) {
+    rc = -EPERM;
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+             "the job of pid %d belongs to another user",
+             d->dh->st->slots[s].pid);
+  } else if (!d->susp) {
+    rc = -ENOTSUP;
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+             "this daemon cannot suspend jobs");
+  }
+  if (rc) {
+    cogpu__daemon_reply(d, c, m, rc, &r);
+    return -1;
+  }
+  struct cogpu_s *h = d->dh;
+  ledger_slot_t *sl = &h->st->slots[s];
+  char why[256];
+  cogpu__ledger_lock(h);
+  if (q->resume)
+    rc = cogpu__ledger_resume_ask(h, (uint32_t)s, why, sizeof why);
+  else
+    rc = cogpu__ledger_suspend_begin(h, (uint32_t)s, true, why, sizeof why);
+  cogpu__ledger_unlock(h);
+  if (rc) {
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+             "cannot %s the job of pid "
+             "%d: %s",
+             q->resume ? "resume" : "suspend", sl->pid, why);
+    cogpu__daemon_reply(d, c, m, rc, &r);
+    return -1;
+  }
+  /* Answered when done (cogpu__susp_completed). */
+  c->susp_pending = true;
+  c->susp_slot = (uint32_t)s;
+  c->susp_gen = atomic_load(&sl->gen);
+  c->susp_op = q->resume ? LEDGER_OP_RESUME : LEDGER_OP_SUSPEND;
+  cogpu__susp_pump(d);
+  cogpu__daemon_answer_waiters(d);
+  return 0;
+}

@@ -1,0 +1,489 @@
+/*
+ * suspend.c: the ledger's side of suspending a job (node mode).
+ *
+ * The node daemon suspends a job through the driver's process checkpoint
+ * API: its processes are locked, their device memory is copied to host
+ * memory and released, and later restored at the same addresses. The
+ * ledger decides *whom* (a deadlock that would otherwise fail a request; a
+ * waiter of higher priority; a job idle too long) and keeps the books; the
+ * daemon performs the driver calls in a thread of its own, never under the
+ * lock, and reports back (cogpu__ledger_suspend_done, _resume_done).
+ *
+ * The unit is a job: its slot (the reservation) and every process of the
+ * job that uses CUDA (COGPU_MARK_CUDA). Its footprint is what the job
+ * holds on its one GPU: a job holding memory on several GPUs, exclusive
+ * use, or a process that used what the checkpoint API cannot move
+ * (managed memory, IPC or shareable VMM handles) is never picked.
+ *
+ * Reserve before restore: a restore that runs out of device memory leaves
+ * the process wedged on current drivers. So the resume is a queue entry
+ * like any other request, for the whole footprint plus what the job's own
+ * waiting requests ask on that GPU; only when the policy serves it is the
+ * footprint booked again (SUSPENDED -> RESUMING) and the daemon told to
+ * restore. The job's own requests are held back while it is suspended and
+ * granted together with its resume.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ledger-int.h"
+
+const ledger_suspender_t *cogpu__ledger_suspender;
+
+/* Operations for the daemon, collected under the lock (one thread: the
+ * daemon's), taken after it. A job has at most one in flight (its state
+ * says which), so the list never holds more than one per slot. */
+static ledger_susp_op_t ops[LEDGER_SUSP_OPS_MAX];
+static size_t nops;
+
+size_t cogpu__ledger_take_susp_ops(ledger_susp_op_t *out, size_t max) {
+  size_t n = nops < max ? nops : max;
+  memcpy(out, ops, n * sizeof *out);
+  memmove(ops, ops + n, (nops - n) * sizeof *ops);
+  nops -= n;
+  return n;
+}
+
+static void push_op(struct cogpu_s *h, uint32_t s, int op) {
+  if (nops == LEDGER_SUSP_OPS_MAX) {
+    /* Never expected (one per job in flight); the daemon's recovery scan
+     * finds a job stuck in a transitional state on its next tick. */
+    cogpu__log(COGPU_LOG_ERROR, "too many suspensions in flight");
+    return;
+  }
+  ops[nops++] = (ledger_susp_op_t){
+      .slot = s, .gen = atomic_load(&h->st->slots[s].gen), .op = op};
+}
+
+/* Does slot m belong to the job of slot s (its own process, or a member
+ * that joined it in this generation)? */
+static bool of_job(const ledger_state_t *st, uint32_t s, uint32_t m) {
+  const ledger_slot_t *ms = &st->slots[m];
+  if (ms->state != SLOT_ACTIVE)
+    return false;
+  if (m == s)
+    return true;
+  return ms->job == (uint64_t)s + 1 &&
+         ms->job_gen == atomic_load(&st->slots[s].gen);
+}
+
+size_t cogpu__ledger_job_pids(struct cogpu_s *h, uint32_t s, int32_t *pids,
+                              size_t max) {
+  size_t n = 0;
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS && n < max; m++)
+    if (of_job(h->st, s, m) && (h->st->slots[m].flags & COGPU_MARK_CUDA))
+      pids[n++] = h->st->slots[m].pid;
+  return n;
+}
+
+static const char *mark_name(uint64_t bits) {
+  if (bits & COGPU_MARK_MANAGED)
+    return "managed memory";
+  if (bits & COGPU_MARK_IPC)
+    return "CUDA IPC handles";
+  if (bits & COGPU_MARK_VMM_EXPORT)
+    return "shareable VMM handles";
+  if (bits & COGPU_MARK_BROKEN)
+    return "an earlier suspension or resume that failed";
+  return "an unsupported feature";
+}
+
+int cogpu__ledger_suspendable(struct cogpu_s *h, uint32_t s, int *gpu,
+                              char *why, size_t len) {
+  ledger_state_t *st = h->st;
+  ledger_hdr_t *hd = &st->hdr;
+  const ledger_slot_t *sl = &st->slots[s];
+  why[0] = 0;
+  if (s >= LEDGER_MAX_SLOTS || sl->state != SLOT_ACTIVE)
+    return snprintf(why, len, "no such job"), -ESRCH;
+  if (sl->job && sl->job != (uint64_t)s + 1 &&
+      of_job(st, (uint32_t)sl->job - 1, s))
+    return snprintf(why, len, "pid %d is a process of another job", sl->pid),
+           -EINVAL;
+  if (sl->susp != SUSP_NONE)
+    return snprintf(why, len, "already %s",
+                    sl->susp == SUSP_SUSPENDED    ? "suspended"
+                    : sl->susp == SUSP_SUSPENDING ? "being suspended"
+                                                  : "being resumed"),
+           -EALREADY;
+  int on = -1;
+  for (uint32_t g = 0; g < hd->ngpus; g++) {
+    if (hd->gpus[g].excl_slot == s + 1)
+      return snprintf(why, len, "it uses GPU %u exclusively", g), -EPERM;
+    if (sl->held[g] == 0)
+      continue;
+    if (on >= 0)
+      return snprintf(why, len, "it holds memory on more than one GPU"), -EPERM;
+    on = (int)g;
+  }
+  if (on < 0)
+    return snprintf(why, len, "it holds no GPU memory"), -EPERM;
+  size_t ncuda = 0;
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    if (!of_job(st, s, m))
+      continue;
+    const ledger_slot_t *ms = &st->slots[m];
+    uint64_t bad = ms->flags & (COGPU_MARK_UNSUSPENDABLE | COGPU_MARK_BROKEN);
+    if (bad)
+      return snprintf(why, len, "its process %d used %s", ms->pid,
+                      mark_name(bad)),
+             -EPERM;
+    ncuda += (ms->flags & COGPU_MARK_CUDA) != 0;
+  }
+  if (ncuda == 0)
+    return snprintf(why, len,
+                    "none of its processes runs under the preload library"),
+           -EPERM;
+  *gpu = on;
+  return 0;
+}
+
+int cogpu__ledger_suspend_begin(struct cogpu_s *h, uint32_t s, bool manual,
+                                char *why, size_t len) {
+  int g;
+  int rc = cogpu__ledger_suspendable(h, s, &g, why, len);
+  if (rc)
+    return rc;
+  ledger_slot_t *sl = &h->st->slots[s];
+  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  if (!sp)
+    return snprintf(why, len, "suspension needs the node daemon (cogpud)"),
+           -ENOTSUP;
+  rc = sp->can(sp->ctx, sl->held[g], why, len);
+  if (rc)
+    return rc;
+  cogpu__ledger_tx_set(h, &sl->susp_gpu, (uint64_t)g);
+  cogpu__ledger_tx_set(h, &sl->susp_manual, manual);
+  cogpu__ledger_tx_set(h, &sl->susp, SUSP_SUSPENDING);
+  cogpu__ledger_tx_commit(h);
+  push_op(h, s, LEDGER_OP_SUSPEND);
+  return 0;
+}
+
+/* The job's resume entry: the job's priority, and its place in the queue
+ * that of its oldest waiting request (it asks for that request too). */
+static void enqueue_resume(struct cogpu_s *h, uint32_t s) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_slot_t *sl = &h->st->slots[s];
+  uint64_t ticket = hd->next_ticket;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state == W_WAITING && !wt->resume && wt->slot == s &&
+        wt->ticket < ticket)
+      ticket = wt->ticket;
+  }
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state != W_FREE)
+      continue;
+    atomic_store(&wt->futex, 0);
+    wt->slot = s;
+    wt->gen = atomic_load(&sl->gen);
+    wt->owner = s;
+    wt->gpu = (int64_t)sl->susp_gpu;
+    wt->bytes = sl->parked;
+    wt->priority = sl->priority;
+    wt->since_ns = cogpu__now_ns();
+    wt->exclusive = 0;
+    wt->nowait = 0;
+    wt->granted_gpu = -1;
+    wt->resume = 1;
+    cogpu__ledger_tx_set(h, &wt->ticket, ticket);
+    if (ticket == hd->next_ticket)
+      cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
+    cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting + 1);
+    cogpu__ledger_tx_set(h, &wt->state, W_WAITING);
+    cogpu__ledger_tx_commit(h);
+    return;
+  }
+  /* The queue is full: the daemon's tick tries again (a suspended job
+   * without a resume entry is found by cogpu__ledger_susp_check). */
+  cogpu__log(COGPU_LOG_ERROR,
+             "queue full: job of pid %d cannot queue its "
+             "resume yet",
+             sl->pid);
+}
+
+static bool has_resume_entry(struct cogpu_s *h, uint32_t s) {
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state == W_WAITING && wt->resume && wt->slot == s &&
+        wt->gen == atomic_load(&h->st->slots[s].gen))
+      return true;
+  }
+  return false;
+}
+
+void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
+                                int rc, bool broken) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_slot_t *sl = &h->st->slots[s];
+  if (sl->state != SLOT_ACTIVE || atomic_load(&sl->gen) != gen ||
+      sl->susp != SUSP_SUSPENDING)
+    return; /* the job ended meanwhile: its slot went with its memory */
+  if (rc) {
+    /* Its memory never left the GPU: it stays booked as it was. Not picked
+     * again for a while (its kernel may still be running). */
+    cogpu__ledger_tx_set(h, &sl->susp, SUSP_NONE);
+    cogpu__ledger_tx_set(h, &sl->susp_retry_ns,
+                         cogpu__now_ns() + cogpu__ms_to_ns(30000));
+    if (broken)
+      cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_BROKEN);
+    cogpu__ledger_tx_commit(h);
+    cogpu__ledger_serve(h);
+    return;
+  }
+  uint32_t g = (uint32_t)sl->susp_gpu;
+  ledger_gpu_t *gp = &hd->gpus[g];
+  uint64_t held = sl->held[g];
+  cogpu__ledger_tx_set(h, &sl->parked, held);
+  cogpu__ledger_tx_set(h, &sl->held[g], 0);
+  cogpu__ledger_tx_set(h, &gp->reserved, gp->reserved - held);
+  if (held && gp->excl_slot != s + 1)
+    cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+  cogpu__ledger_tx_set(h, &sl->susp_since_ns, cogpu__now_ns());
+  cogpu__ledger_tx_set(h, &sl->susp_count, sl->susp_count + 1);
+  cogpu__ledger_tx_set(h, &sl->susp, SUSP_SUSPENDED);
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_note_left(h); /* the driver has just freed that memory */
+  if (!sl->susp_manual)
+    enqueue_resume(h, s);
+  cogpu__ledger_serve(h);
+}
+
+int cogpu__ledger_resume_ask(struct cogpu_s *h, uint32_t s, char *why,
+                             size_t len) {
+  ledger_slot_t *sl = &h->st->slots[s];
+  why[0] = 0;
+  if (s >= LEDGER_MAX_SLOTS || sl->state != SLOT_ACTIVE)
+    return snprintf(why, len, "no such job"), -ESRCH;
+  if (sl->susp == SUSP_NONE)
+    return snprintf(why, len, "it is not suspended"), -EALREADY;
+  if (sl->susp == SUSP_SUSPENDING && sl->susp_manual) {
+    /* Resumed as soon as its suspension is done. */
+    cogpu__ledger_tx_set(h, &sl->susp_manual, 0);
+    cogpu__ledger_tx_commit(h);
+  }
+  if (sl->susp != SUSP_SUSPENDED)
+    return 0; /* on its way: its answer comes when that is done */
+  if (sl->susp_manual) {
+    cogpu__ledger_tx_set(h, &sl->susp_manual, 0);
+    cogpu__ledger_tx_commit(h);
+  }
+  if (!has_resume_entry(h, s))
+    enqueue_resume(h, s);
+  cogpu__ledger_serve(h);
+  return 0;
+}
+
+void cogpu__ledger_resume_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
+                               int rc) {
+  ledger_slot_t *sl = &h->st->slots[s];
+  if (sl->state != SLOT_ACTIVE || atomic_load(&sl->gen) != gen ||
+      sl->susp != SUSP_RESUMING)
+    return;
+  cogpu__ledger_tx_set(h, &sl->susp, SUSP_NONE);
+  if (rc) /* its memory stays booked: whatever the driver did with it */
+    cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_BROKEN);
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_serve(h);
+}
+
+/* --- The policy's side ------------------------------------------------------
+ */
+
+bool cogpu__ledger_held_back(struct cogpu_s *h, const ledger_waiter_t *wt) {
+  return !wt->resume && wt->slot < LEDGER_MAX_SLOTS &&
+         h->st->slots[wt->slot].susp != SUSP_NONE;
+}
+
+/* The job's requests on g that wait for its resume. */
+static uint64_t pending_on(struct cogpu_s *h, uint32_t s, uint32_t g) {
+  uint64_t sum = 0;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state == W_WAITING && !wt->resume && wt->slot == s &&
+        !wt->exclusive && (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g))
+      sum += wt->bytes;
+  }
+  return sum;
+}
+
+bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
+  uint32_t s = (uint32_t)wt->slot, g = (uint32_t)wt->gpu;
+  const ledger_slot_t *sl = &h->st->slots[s];
+  if (sl->susp != SUSP_SUSPENDED || g >= h->st->hdr.ngpus)
+    return false;
+  return cogpu__ledger_fits(h, g, s, sl->parked + pending_on(h, s, g), false);
+}
+
+void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_waiter_t *wt = &h->st->waiters[w];
+  uint32_t s = (uint32_t)wt->slot, g = (uint32_t)wt->gpu;
+  ledger_slot_t *sl = &h->st->slots[s];
+  assert(sl->susp == SUSP_SUSPENDED);
+  /* Booked first: the daemon restores only what the ledger holds. */
+  if (sl->parked && !cogpu__ledger_grant(h, g, s, s, sl->parked, false))
+    return;
+  cogpu__ledger_tx_set(h, &sl->parked, 0);
+  cogpu__ledger_tx_set(h, &sl->susp, SUSP_RESUMING);
+  cogpu__ledger_tx_set(h, &wt->state, W_FREE);
+  cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+  cogpu__ledger_tx_commit(h);
+  push_op(h, s, LEDGER_OP_RESUME);
+}
+
+bool cogpu__ledger_susp_busy(struct cogpu_s *h, uint32_t g) {
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &h->st->slots[s];
+    if (sl->state == SLOT_ACTIVE && sl->susp == SUSP_SUSPENDING &&
+        sl->susp_gpu == g)
+      return true;
+  }
+  return false;
+}
+
+/* Candidate order: lowest priority first, then the newest job. */
+static bool worse_victim(const ledger_slot_t *a, const ledger_slot_t *b) {
+  if (a->priority != b->priority)
+    return a->priority < b->priority;
+  return a->attached_ns > b->attached_ns;
+}
+
+typedef bool (*victim_ok_fn)(struct cogpu_s *h, uint32_t s, const void *arg);
+
+/* Suspends the first job holding memory on g, in victim order, that `ok`
+ * accepts and that can be suspended now; true if one was begun. Reasons
+ * for those that could not go to why (the first one). */
+static bool suspend_some(struct cogpu_s *h, uint32_t g, victim_ok_fn ok,
+                         const void *arg, char *why, size_t len) {
+  uint64_t now = cogpu__now_ns();
+  uint8_t tried[LEDGER_MAX_SLOTS / 8] = {0};
+  char reason[192];
+  why[0] = 0;
+  /* A few candidates at most: each try scans the slots. */
+  for (int tries = 0; tries < 16; tries++) {
+    int64_t best = -1;
+    for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+      const ledger_slot_t *sl = &h->st->slots[s];
+      if (sl->state != SLOT_ACTIVE || sl->held[g] == 0 ||
+          (tried[s / 8] >> (s % 8)) & 1u)
+        continue;
+      if (best < 0 || worse_victim(sl, &h->st->slots[best]))
+        best = s;
+    }
+    if (best < 0)
+      return false;
+    uint32_t s = (uint32_t)best;
+    tried[s / 8] |= (uint8_t)(1u << (s % 8));
+    const ledger_slot_t *sl = &h->st->slots[s];
+    if (ok && !ok(h, s, arg))
+      continue;
+    if (now < sl->susp_retry_ns) {
+      if (!why[0])
+        snprintf(why, len, "pid %d: its last suspension failed", sl->pid);
+      continue;
+    }
+    int rc = cogpu__ledger_suspend_begin(h, s, false, reason, sizeof reason);
+    if (rc == 0) {
+      cogpu__log(COGPU_LOG_INFO, "GPU %u: suspending the job of pid %d", g,
+                 sl->pid);
+      return true;
+    }
+    /* The daemon is still starting CUDA (cuInit takes seconds): nobody is
+     * failed meanwhile; the next tick tries again. */
+    if (rc == -EAGAIN)
+      return true;
+    if (!why[0])
+      snprintf(why, len, "pid %d: %s", sl->pid, reason);
+  }
+  return false;
+}
+
+bool cogpu__ledger_suspend_for_deadlock(struct cogpu_s *h, uint32_t g,
+                                        char *why, size_t len) {
+  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  if (!sp || !sp->on_deadlock) {
+    snprintf(why, len, "%s",
+             sp ? "suspension is off (suspend=no)"
+                : "suspension needs the node daemon (cogpud)");
+    return false;
+  }
+  return suspend_some(h, g, NULL, NULL, why, len);
+}
+
+/* The first waiter on g in service order that is not served and could be:
+ * what a preemption would make room for. */
+static const ledger_waiter_t *blocked_head(struct cogpu_s *h, uint32_t g,
+                                           const uint32_t *order, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const ledger_waiter_t *wt = &h->st->waiters[order[i]];
+    if (wt->state != W_WAITING || wt->nowait || wt->exclusive ||
+        cogpu__ledger_held_back(h, wt) ||
+        (wt->gpu != COGPU_GPU_AUTO && wt->gpu != (int64_t)g))
+      continue;
+    if (wt->bytes > cogpu__ledger_capacity(&h->st->hdr.gpus[g]))
+      continue;
+    return wt;
+  }
+  return NULL;
+}
+
+static bool lower_priority(struct cogpu_s *h, uint32_t s, const void *arg) {
+  const ledger_waiter_t *wt = arg;
+  return h->st->slots[s].priority < wt->priority && wt->slot != s;
+}
+
+static bool idle_enough(struct cogpu_s *h, uint32_t s, const void *arg) {
+  const ledger_waiter_t *wt = arg;
+  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  return wt->slot != s &&
+         sp->idle_ms(sp->ctx, h, s) >= (uint64_t)sp->max_idle_ms;
+}
+
+void cogpu__ledger_preempt(struct cogpu_s *h) {
+  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  ledger_hdr_t *hd = &h->st->hdr;
+  if (!sp || (!sp->on_priority && sp->max_idle_ms < 0) || hd->nwaiting == 0)
+    return;
+  uint32_t order[LEDGER_MAX_WAITERS];
+  size_t n = cogpu__ledger_queue_order(h, order);
+  char why[192];
+  for (uint32_t g = 0; g < hd->ngpus; g++) {
+    const ledger_waiter_t *head = blocked_head(h, g, order, n);
+    if (!head || cogpu__ledger_susp_busy(h, g))
+      continue;
+    if (cogpu__ledger_fits(h, g, (uint32_t)head->slot, head->bytes, false))
+      continue; /* it is about to be served */
+    if (sp->on_priority &&
+        suspend_some(h, g, lower_priority, head, why, sizeof why))
+      continue;
+    if (sp->max_idle_ms >= 0)
+      suspend_some(h, g, idle_enough, head, why, sizeof why);
+  }
+}
+
+/* The daemon's tick: a suspended job without its resume entry (the queue
+ * was full, or a restart dropped it) gets one. */
+void cogpu__ledger_susp_check(struct cogpu_s *h) {
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &h->st->slots[s];
+    if (sl->state == SLOT_ACTIVE && sl->susp == SUSP_SUSPENDED &&
+        !sl->susp_manual && !has_resume_entry(h, s))
+      enqueue_resume(h, s);
+  }
+}
+
+int cogpu__ledger_mark_locked(struct cogpu_s *h, uint32_t flags) {
+  if (flags & ~COGPU_MARK_ALL)
+    return cogpu__seterr(-EINVAL, "unknown mark 0x%x", flags);
+  ledger_slot_t *me = &h->st->slots[h->slot];
+  if ((me->flags | flags) != me->flags) {
+    cogpu__ledger_tx_set(h, &me->flags, me->flags | flags);
+    cogpu__ledger_tx_commit(h);
+  }
+  return 0;
+}
