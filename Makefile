@@ -155,14 +155,18 @@ $(B)/cogpud: $(DAEMON_OBJS) $(B)/libcogpu.a
 	$(CC) $(ALLCFLAGS) -o $@ $(DAEMON_OBJS) $(B)/libcogpu.a -lsystemd $(LDLIBS)
 
 # Test doubles are built without sanitizers: they stand in for vendor
-# libraries, which are not instrumented either.
-$(B)/tests/fakes/libnvidia-ml.so.1: $(FAKE_NVML_SRCS)
+# libraries, which are not instrumented either. They depend on their headers
+# too: both read the fake CUDA's shared state file, whose layout is
+# versioned, and a stale build of one ignores the other's file.
+$(B)/tests/fakes/libnvidia-ml.so.1: $(FAKE_NVML_SRCS) tests/fakes/cuda/fake-cuda-state.h
 	@mkdir -p $(dir $@)
-	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $^ $(LDLIBS)
+	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ \
+	    $(filter %.c,$^) $(LDLIBS)
 
-$(B)/tests/fakes/libcuda.so.1: $(sort $(wildcard tests/fakes/cuda/*.c))
+$(B)/tests/fakes/libcuda.so.1: $(sort $(wildcard tests/fakes/cuda/*.c tests/fakes/cuda/*.h)) \
+    src/cuda/cuda-abi.h
 	@mkdir -p $(dir $@)
-	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $^ $(LDLIBS)
+	$(CC) $(BASEFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $(filter %.c,$^) $(LDLIBS)
 
 # A minimal third-party CUDA interposer (profilers, other sharers), loaded
 # before or after the preload library in the tests.

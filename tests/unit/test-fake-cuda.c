@@ -841,9 +841,14 @@ TEST_IMPL(fakecuda_vmm_and_arrays) {
   ASSERT_EQ(F(cuMipmappedArrayDestroy)(m1), CUDA_ERROR_INVALID_HANDLE);
   ASSERT_UEQ(used(1), 0);
 
-  /* Not supported: IPC. */
+  /* IPC: a handle can be made for an allocation's base, not opened. */
   CUdeviceptr ip;
   fake_CUipcMemHandle ih = {{0}};
+  ASSERT_EQ(F(cuIpcGetMemHandle)(&ih, 0x1000), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(F(cuMemAlloc_v2)(&ip, MIB));
+  CU_OK(F(cuIpcGetMemHandle)(&ih, ip));
+  ASSERT_EQ(F(cuIpcGetMemHandle)(&ih, ip + 16), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(F(cuMemFree_v2)(ip));
   ASSERT_EQ(F(cuIpcOpenMemHandle_v2)(&ip, ih, 1), CUDA_ERROR_NOT_SUPPORTED);
   ASSERT_EQ(F(cuIpcCloseMemHandle)(0), CUDA_ERROR_NOT_SUPPORTED);
 }

@@ -22,24 +22,37 @@
 /* --- Entry ---------------------------------------------------------------- */
 
 /* Fault injection (FAKE_CUDA_FAIL): counts this call of `entry` and says
- * whether it must fail with CUDA_ERROR_UNKNOWN. */
+ * whether it must fail with CUDA_ERROR_UNKNOWN; first sleeps what
+ * FAKE_CUDA_SLOW asks of the entry. */
 bool fake_fail_now(const char *entry);
 /* Whether cuInit succeeded in this process. */
 bool fake_ready(void);
 
-/* First statement of every entry point. */
+/* The entry gate (checkpoint.c): while another process holds this one
+ * locked, checkpointed or failed, a call waits in fake_gate_enter until it
+ * is RUNNING again; a call past the gate counts as in flight, which a Lock
+ * waits for, until fake_gate_leave (run on every return by the cleanup
+ * attribute). `entry` is set when the call counted itself. */
+typedef struct {
+  fake_cuda_proc_state_t *entry; /* NULL: nothing to undo */
+} fake_gate_t;
+fake_gate_t fake_gate_enter(void);
+void fake_gate_leave(fake_gate_t *gate);
+
+/* First statement of every entry point (the checkpoint calls excepted):
+ * the gate, then fault injection, so a call that waited counts when it
+ * runs. A declaration, not a do-while block: the gate's cleanup runs when
+ * the function returns. */
 #define FAKE_ENTER()                                                           \
-  do {                                                                         \
-    if (fake_fail_now(__func__))                                               \
-      return CUDA_ERROR_UNKNOWN;                                               \
-  } while (0)
+  __attribute__((cleanup(fake_gate_leave))) fake_gate_t fake_gate_ =           \
+      fake_gate_enter();                                                       \
+  if (fake_fail_now(__func__))                                                 \
+  return CUDA_ERROR_UNKNOWN
 /* ... of every entry point that needs cuInit first. */
 #define FAKE_ENTER_INIT()                                                      \
-  do {                                                                         \
-    FAKE_ENTER();                                                              \
-    if (!fake_ready())                                                         \
-      return CUDA_ERROR_NOT_INITIALIZED;                                       \
-  } while (0)
+  FAKE_ENTER();                                                                \
+  if (!fake_ready())                                                           \
+  return CUDA_ERROR_NOT_INITIALIZED
 
 void fake_lock(void);
 void fake_unlock(void);
@@ -48,6 +61,9 @@ void fake_unlock(void);
 
 /* Whether dev is a valid ordinal; its NVML index into *nvml. */
 bool fake_device(CUdevice dev, unsigned *nvml);
+/* Whether u is the UUID of one of the fake GPUs; its NVML index into
+ * *nvml. */
+bool fake_uuid_nvml(const CUuuid *u, unsigned *nvml);
 
 /* --- Contexts ------------------------------------------------------------- */
 
@@ -141,12 +157,33 @@ CUresult fake_state_open(void);
 CUresult fake_state_join(void);
 /* In a forked child: the entry is the parent's. */
 void fake_state_forget(void);
+/* The mapping (NULL before fake_state_open), and this process's entry (NULL
+ * before it joined); both readable without the lock. */
+fake_cuda_state_t *fake_state_shared(void);
+fake_cuda_proc_state_t *fake_state_self(void);
 void fake_state_set_total(unsigned nvml, uint64_t total);
 uint64_t fake_state_total(unsigned nvml);
 uint64_t fake_state_used(unsigned nvml);
 /* Charge `bytes` to a GPU for this process: CUDA_SUCCESS, or
  * CUDA_ERROR_OUT_OF_MEMORY (counted) if they do not fit. */
 CUresult fake_state_charge(unsigned nvml, uint64_t bytes);
+/* The same for entry `e` (a Restore charges its target's entry). */
+CUresult fake_state_charge_entry(fake_cuda_proc_state_t *e, unsigned nvml,
+                                 uint64_t bytes);
 void fake_state_refund(unsigned nvml, uint64_t bytes);
+
+/* --- Work and checkpoints (checkpoint.c) ---------------------------------- */
+
+/* Locked. A kernel (or graph) launched on GPU `nvml`: the process is busy
+ * for FAKE_CUDA_KERNEL_MS more, after its earlier work. */
+void fake_work_launched(unsigned nvml);
+/* Waits until this process's submitted work is done (synchronisation). */
+void fake_work_wait(void);
+/* This process used something a checkpoint cannot handle
+ * (FAKE_CKPT_USED_*). */
+void fake_ckpt_mark(uint32_t what);
+/* The driver version cuDriverGetVersion reports (FAKE_CUDA_DRIVER_VERSION,
+ * read at each call; default 13000). */
+int fake_driver_version(void);
 
 #endif /* COGPU_FAKE_CUDA_INT_H */

@@ -4,7 +4,9 @@
  * file holds initialisation and configuration, fault injection, devices,
  * contexts, streams, modules and launches, error strings, and the table of
  * this process's allocations; memory.c has the memory calls, procaddr.c
- * cuGetProcAddress, state.c the accounting shared between processes.
+ * cuGetProcAddress, state.c the accounting shared between processes,
+ * checkpoint.c the process checkpoint API and the entry gate through which
+ * every call of a process that another one locked waits.
  *
  * Configuration, read by cuInit (once per process, and again in a forked
  * child, which starts afresh as with a real driver):
@@ -22,15 +24,29 @@
  *   FAKE_CUDA_FAIL        fault injection: "ENTRY:N" makes the Nth call of
  *                         that exported entry point in this process return
  *                         CUDA_ERROR_UNKNOWN, with no effect; "ENTRY:N+"
- *                         the Nth and every later call; comma list.
+ *                         the Nth and every later call; comma list. Read
+ *                         at the process's first call (after a fork, the
+ *                         child's first), as is FAKE_CUDA_SLOW.
+ *   FAKE_CUDA_SLOW        "ENTRY:MS": every call of that entry point takes
+ *                         MS milliseconds more, in flight (a Lock waits for
+ *                         it); comma list.
  *   FAKE_CUDA_PRIVATE_ENTRIES  set (to anything): cuGetProcAddress hands
  *                         out private functions, not the exported ones, for
  *                         cuMemAlloc_v2 and cuMemFree_v2 (read at each
  *                         call), as a driver might: an interposer cannot
  *                         recognise them.
+ *   FAKE_CUDA_DRIVER_VERSION  what cuDriverGetVersion reports (read at each
+ *                         call; default 13000, 2000 to 99999). The entry
+ *                         points of later versions are then absent from
+ *                         cuGetProcAddress, and below 12080 the checkpoint
+ *                         calls return CUDA_ERROR_NOT_SUPPORTED.
+ *
+ * checkpoint.c reads FAKE_CUDA_KERNEL_MS, FAKE_CUDA_CHECKPOINT and
+ * FAKE_CUDA_CKPT_GBPS (described there).
  */
 #include <limits.h>
 #include <pthread.h>
+#include <time.h>
 
 #include "fake-cuda-int.h"
 
@@ -170,18 +186,20 @@ bool fake_device(CUdevice dev, unsigned *nvml) {
 
 /* --- Fault injection ------------------------------------------------------ */
 
+/* A FAKE_CUDA_FAIL rule (nth > 0), or a FAKE_CUDA_SLOW one (slow_ms > 0). */
 typedef struct {
   char entry[64];
-  unsigned long nth, calls;
+  unsigned long nth, calls, slow_ms;
   bool onward;
 } fail_rule_t;
 
 static fail_rule_t g_rules[FAKE_MAX_RULES];
-static int g_nrules = -1; /* -1: FAKE_CUDA_FAIL not read yet */
+static int g_nrules = -1; /* -1: the variables not read yet */
 
-static void parse_rules(void) {
-  const char *s = getenv("FAKE_CUDA_FAIL");
-  g_nrules = 0;
+/* Adds the rules of variable `var`: "ENTRY:N[+]" (fail) or "ENTRY:MS"
+ * (slow). */
+static void parse_list(const char *var, bool slow) {
+  const char *s = getenv(var);
   while (s && *s && g_nrules < FAKE_MAX_RULES) {
     size_t n = strcspn(s, ",");
     char item[128];
@@ -192,38 +210,54 @@ static void parse_rules(void) {
       fail_rule_t *r = &g_rules[g_nrules];
       if (colon && colon - item < (ptrdiff_t)sizeof r->entry) {
         *colon = 0;
-        unsigned long nth = strtoul(colon + 1, &end, 10);
-        bool onward = *end == '+';
-        if (nth > 0 && end > colon + 1 && end[onward] == 0) {
+        unsigned long v = strtoul(colon + 1, &end, 10);
+        bool onward = !slow && *end == '+';
+        if (v > 0 && end > colon + 1 && end[onward] == 0) {
+          *r = (fail_rule_t){
+              .nth = slow ? 0 : v, .slow_ms = slow ? v : 0, .onward = onward};
           memcpy(r->entry, item, (size_t)(colon - item) + 1);
-          r->nth = nth;
-          r->onward = onward;
-          r->calls = 0;
           g_nrules++;
           s += n + (s[n] == ',');
           continue;
         }
       }
     }
-    fprintf(stderr, "fake-cuda: ignoring FAKE_CUDA_FAIL entry '%.*s'\n", (int)n,
-            s);
+    fprintf(stderr, "fake-cuda: ignoring %s entry '%.*s'\n", var, (int)n, s);
     s += n + (s[n] == ',');
   }
 }
 
+static void parse_rules(void) {
+  g_nrules = 0;
+  parse_list("FAKE_CUDA_FAIL", false);
+  parse_list("FAKE_CUDA_SLOW", true);
+}
+
 bool fake_fail_now(const char *entry) {
   bool fail = false;
+  unsigned long slow_ms = 0;
   fake_lock();
   if (g_nrules < 0)
     parse_rules();
   for (int i = 0; i < g_nrules; i++) {
     fail_rule_t *r = &g_rules[i];
-    if (strcmp(r->entry, entry) == 0) {
+    if (strcmp(r->entry, entry) != 0)
+      continue;
+    if (r->slow_ms) {
+      slow_ms += r->slow_ms;
+    } else {
       r->calls++;
       fail |= r->calls == r->nth || (r->onward && r->calls > r->nth);
     }
   }
   fake_unlock();
+  /* Past the entry gate: the call is in flight while it takes its time. */
+  if (slow_ms && !fail) {
+    struct timespec ts = {(time_t)(slow_ms / 1000),
+                          (long)(slow_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
   return fail;
 }
 
@@ -437,8 +471,12 @@ static CUresult ctx_device(CUcontext ctx, CUdevice *device) {
   return c ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
+/* Waits for the work the process submitted (FAKE_CUDA_KERNEL_MS). */
 static CUresult ctx_sync(CUcontext ctx) {
-  return ctx_device(ctx, &(CUdevice){0});
+  CUresult r = ctx_device(ctx, &(CUdevice){0});
+  if (r == CUDA_SUCCESS)
+    fake_work_wait();
+  return r;
 }
 
 /* --- Fork ----------------------------------------------------------------- */
@@ -529,11 +567,22 @@ FAKE_API CUresult cuInit(unsigned int Flags) {
   return r;
 }
 
+int fake_driver_version(void) {
+  const char *s = getenv("FAKE_CUDA_DRIVER_VERSION");
+  char *end;
+  long v = s ? strtol(s, &end, 10) : 13000;
+  if (s && (end == s || *end || v < 2000 || v > 99999)) {
+    fprintf(stderr, "fake-cuda: bad FAKE_CUDA_DRIVER_VERSION '%s'\n", s);
+    v = 13000;
+  }
+  return (int)v;
+}
+
 FAKE_API CUresult cuDriverGetVersion(int *driverVersion) {
   FAKE_ENTER();
   if (!driverVersion)
     return CUDA_ERROR_INVALID_VALUE;
-  *driverVersion = 13000;
+  *driverVersion = fake_driver_version();
   return CUDA_SUCCESS;
 }
 
@@ -558,7 +607,14 @@ static const struct {
      "invalid device context"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE",
      "invalid resource handle"},
+    {CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM",
+     "OS call failed or operation not supported on this OS"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
+     "the operation cannot be performed in the present state"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED",
+     "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
      "operation not supported"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
@@ -629,13 +685,9 @@ FAKE_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
-  unsigned nvml;
+/* The 16 bytes of GPU nvml's UUID. */
+static void uuid_bytes(unsigned nvml, CUuuid *uuid) {
   char text[64];
-  if (!uuid)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (!fake_device(dev, &nvml))
-    return CUDA_ERROR_INVALID_DEVICE;
   uuid_text(nvml, text, sizeof text);
   /* The 32 hex digits after "GPU-", dashes skipped. */
   int k = 0;
@@ -649,7 +701,28 @@ static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
       uuid->bytes[k / 2] = (char)(uuid->bytes[k / 2] | v);
     k++;
   }
+}
+
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
+  unsigned nvml;
+  if (!uuid)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fake_device(dev, &nvml))
+    return CUDA_ERROR_INVALID_DEVICE;
+  uuid_bytes(nvml, uuid);
   return CUDA_SUCCESS;
+}
+
+bool fake_uuid_nvml(const CUuuid *u, unsigned *nvml) {
+  for (unsigned i = 0; u && fake_ready() && i < g_ngpus; i++) {
+    CUuuid v;
+    uuid_bytes(i, &v);
+    if (memcmp(u->bytes, v.bytes, sizeof v.bytes) == 0) {
+      *nvml = i;
+      return true;
+    }
+  }
+  return false;
 }
 
 FAKE_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
@@ -955,6 +1028,8 @@ static CUresult stream_sync(CUstream hStream) {
   fake_lock();
   CUresult r = fake_stream_ctx(hStream, &c);
   fake_unlock();
+  if (r == CUDA_SUCCESS)
+    fake_work_wait();
   return r;
 }
 
@@ -1008,6 +1083,8 @@ static CUresult launch(CUfunction f, CUstream hStream) {
     return CUDA_ERROR_INVALID_HANDLE;
   fake_lock();
   CUresult r = fake_stream_ctx(hStream, &c);
+  if (r == CUDA_SUCCESS)
+    fake_work_launched(c->nvml);
   fake_unlock();
   if (r == CUDA_SUCCESS)
     __atomic_add_fetch(&g_launches, 1, __ATOMIC_RELAXED);

@@ -51,6 +51,22 @@ FAKE_API unsigned long long fake_cuda_launch_count(void);
 /* What cuGetExportTable hands out, whatever table is asked for. */
 FAKE_API extern const unsigned long long fake_cuda_export_table[8];
 
+/* Checkpoints (checkpoint.c has the model). The fake's own state of live
+ * process `pid`: FAKE_CKPT_RUNNING, _LOCKED, _CHECKPOINTED, _FAILED (stuck
+ * for good, whatever cuCheckpointProcessGetState says of it) or _LOCKING
+ * (a Lock waiting for its calls and work), as fake-cuda-state.h defines
+ * them; -1 if pid has no live fake-CUDA process. A caller that died
+ * mid-operation is settled first. No permission check. */
+FAKE_API int fake_cuda_ckpt_state(int pid);
+/* Bytes of GPU `nvml_index` that `pid` holds checkpointed in host memory;
+ * 0 if none, or if pid has no live fake-CUDA process. */
+FAKE_API unsigned long long fake_cuda_ckpt_bytes(int pid, int nvml_index);
+/* Processes left stuck for good by a checkpoint call (a Restore without
+ * enough memory, a Checkpoint of a process using managed memory, IPC or
+ * shareable handles) since the state file was made: tests assert that
+ * cogpu never causes one. */
+FAKE_API unsigned long long fake_cuda_ckpt_wedged(void);
+
 /* --- Initialisation, versions, errors ------------------------------------- */
 
 FAKE_API CUresult cuInit(unsigned int Flags);
@@ -252,7 +268,13 @@ FAKE_API CUresult cuDeviceGraphMemTrim(CUdevice device);
 FAKE_API CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr,
                                                void *value);
 
-/* Inter-process handles: not supported by the fake. */
+/* Exports a VMM handle as a file descriptor (handleType 1, POSIX). */
+FAKE_API CUresult cuMemExportToShareableHandle(
+    void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType,
+    unsigned long long flags);
+
+/* Inter-process handles: a handle can be made, not opened (fake device
+ * memory is private to its process). */
 FAKE_API CUresult cuIpcGetMemHandle(fake_CUipcMemHandle *pHandle,
                                     CUdeviceptr dptr);
 FAKE_API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr,
@@ -262,5 +284,17 @@ FAKE_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr,
                                         fake_CUipcMemHandle handle,
                                         unsigned int Flags);
 FAKE_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+
+/* Process checkpoints (checkpoint.c). The caller must have called cuInit;
+ * the target is another process, by pid. Each args may be NULL. */
+FAKE_API CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);
+FAKE_API CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state);
+FAKE_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args);
+FAKE_API CUresult
+cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args);
+FAKE_API CUresult cuCheckpointProcessRestore(int pid,
+                                             CUcheckpointRestoreArgs *args);
+FAKE_API CUresult cuCheckpointProcessUnlock(int pid,
+                                            CUcheckpointUnlockArgs *args);
 
 #endif /* COGPU_FAKE_CUDA_H */

@@ -155,7 +155,10 @@ static CUresult graph_run(struct CUgraphExec_st *e) {
   return rc;
 }
 
-static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream) {
+/* An upload (`run` false) only makes the allocator hold the memory; a launch
+ * also counts as one kernel's work. */
+static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream,
+                             bool run) {
   if (!hGraphExec)
     return CUDA_ERROR_INVALID_VALUE;
   fake_lock();
@@ -163,28 +166,30 @@ static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream) {
   CUresult rc = fake_stream_ctx(hStream, &ctx);
   if (rc == CUDA_SUCCESS)
     rc = graph_run(hGraphExec);
+  if (rc == CUDA_SUCCESS && run)
+    fake_work_launched(ctx->nvml);
   fake_unlock();
   return rc;
 }
 
 FAKE_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   FAKE_ENTER_INIT();
-  return graph_launch(hGraphExec, hStream);
+  return graph_launch(hGraphExec, hStream, true);
 }
 
 FAKE_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   FAKE_ENTER_INIT();
-  return graph_launch(hGraphExec, hStream);
+  return graph_launch(hGraphExec, hStream, true);
 }
 
 FAKE_API CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
   FAKE_ENTER_INIT();
-  return graph_launch(hGraphExec, hStream);
+  return graph_launch(hGraphExec, hStream, false);
 }
 
 FAKE_API CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   FAKE_ENTER_INIT();
-  return graph_launch(hGraphExec, hStream);
+  return graph_launch(hGraphExec, hStream, false);
 }
 
 FAKE_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {

@@ -16,6 +16,9 @@
  *                                    bytes per channel; mipmaps: all levels
  *
  * Allocations made in a context (not pool or VMM ones) go with it.
+ *
+ * cuMemAllocManaged, cuIpcGetMemHandle and cuMemExportToShareableHandle
+ * mark the process as one a checkpoint cannot handle (checkpoint.c).
  */
 #include <limits.h>
 
@@ -130,7 +133,10 @@ FAKE_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
   /* CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST */
   if (flags != 1 && flags != 2)
     return CUDA_ERROR_INVALID_VALUE;
-  return mem_alloc(dptr, bytesize, FAKE_MEM_MANAGED, false);
+  CUresult r = mem_alloc(dptr, bytesize, FAKE_MEM_MANAGED, false);
+  if (r == CUDA_SUCCESS)
+    fake_ckpt_mark(FAKE_CKPT_USED_MANAGED);
+  return r;
 }
 
 FAKE_API CUresult cuMemFree(fake_CUdeviceptr_v1 dptr) {
@@ -809,6 +815,30 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* A POSIX file descriptor (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) to a
+ * memfd of its own: importing it is not modelled, and the fake does not
+ * check that the handle was created exportable (requestedHandleTypes). */
+FAKE_API CUresult cuMemExportToShareableHandle(
+    void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType,
+    unsigned long long flags) {
+  FAKE_ENTER_INIT();
+  if (!shareableHandle || flags)
+    return CUDA_ERROR_INVALID_VALUE;
+  fake_lock();
+  bool ok = fake_obj_find(handle, FAKE_MEM_VMM) != NULL;
+  fake_unlock();
+  if (!ok)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (handleType != 1)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  int fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
+  if (fd < 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *(int *)shareableHandle = fd;
+  fake_ckpt_mark(FAKE_CKPT_USED_SHAREABLE);
+  return CUDA_SUCCESS;
+}
+
 FAKE_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
                                  const fake_CUmemAccessDesc *desc,
                                  size_t count) {
@@ -966,14 +996,33 @@ FAKE_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
   return r == CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_HANDLE;
 }
 
-/* --- Inter-process handles: not supported --------------------------------- */
+/* --- Inter-process handles ------------------------------------------------ */
 
+/* A handle can be made (for the base of a cuMemAlloc allocation), so a
+ * process can be an IPC exporter; opening one is not supported, since fake
+ * device memory is private to its process. */
 FAKE_API CUresult cuIpcGetMemHandle(fake_CUipcMemHandle *pHandle,
                                     CUdeviceptr dptr) {
   FAKE_ENTER_INIT();
-  (void)pHandle;
-  (void)dptr;
-  return CUDA_ERROR_NOT_SUPPORTED;
+  if (!pHandle)
+    return CUDA_ERROR_INVALID_VALUE;
+  fake_lock();
+  CUresult r = CUDA_SUCCESS;
+  if (!fake_current())
+    r = CUDA_ERROR_INVALID_CONTEXT;
+  else if (!fake_obj_find(dptr, FAKE_MEM_DEVICE))
+    r = CUDA_ERROR_INVALID_VALUE;
+  fake_unlock();
+  if (r != CUDA_SUCCESS)
+    return r;
+  const uint64_t tag = 0xfa4e19cULL;
+  const int32_t pid = (int32_t)getpid();
+  memset(pHandle, 0, sizeof *pHandle);
+  memcpy(pHandle->reserved, &tag, sizeof tag);
+  memcpy(pHandle->reserved + 8, &pid, sizeof pid);
+  memcpy(pHandle->reserved + 16, &dptr, sizeof dptr);
+  fake_ckpt_mark(FAKE_CKPT_USED_IPC);
+  return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr,

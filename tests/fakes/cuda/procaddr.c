@@ -7,6 +7,10 @@
  * (_ptsz, _ptds) when the flags ask for it and one exists. The minimum
  * versions are those of cudaTypedefs.h's PFN_<name>_v<version> types.
  *
+ * A driver knows only the entry points of its own version and earlier
+ * (FAKE_CUDA_DRIVER_VERSION): later ones are not found, whatever the
+ * caller's version.
+ *
  * The address returned is that of the exported symbol, looked up with
  * dlsym in this library itself, so it equals what dlsym on a dlopen'd
  * libcuda.so.1 gives, and never an interposer's (LD_PRELOAD) definition.
@@ -122,6 +126,8 @@ static const proc_entry_t g_procs[] = {
     {"cuMemMap", "cuMemMap", 10020, false},
     {"cuMemUnmap", "cuMemUnmap", 10020, false},
     {"cuMemSetAccess", "cuMemSetAccess", 10020, false},
+    {"cuMemExportToShareableHandle", "cuMemExportToShareableHandle", 10020,
+     false},
     {"cuArrayCreate", "cuArrayCreate_v2", 3020, false},
     {"cuArray3DCreate", "cuArray3DCreate_v2", 3020, false},
     {"cuArrayDestroy", "cuArrayDestroy", 2000, false},
@@ -146,6 +152,16 @@ static const proc_entry_t g_procs[] = {
     {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle", 4010, false},
     {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", 11000, false},
     {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle", 4010, false},
+    /* Process checkpoints (driver 570, CUDA 12.8) */
+    {"cuCheckpointProcessGetRestoreThreadId",
+     "cuCheckpointProcessGetRestoreThreadId", 12080, false},
+    {"cuCheckpointProcessGetState", "cuCheckpointProcessGetState", 12080,
+     false},
+    {"cuCheckpointProcessLock", "cuCheckpointProcessLock", 12080, false},
+    {"cuCheckpointProcessCheckpoint", "cuCheckpointProcessCheckpoint", 12080,
+     false},
+    {"cuCheckpointProcessRestore", "cuCheckpointProcessRestore", 12080, false},
+    {"cuCheckpointProcessUnlock", "cuCheckpointProcessUnlock", 12080, false},
 };
 
 /* Functions of their own (an alias would share the exported address),
@@ -184,15 +200,17 @@ static const proc_entry_t *resolve(const char *symbol, int version,
                                    CUdriverProcAddressQueryResult *status) {
   const proc_entry_t *best = NULL;
   bool known = false, has_per_thread = false;
+  int driver = fake_driver_version();
   for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++)
-    if (strcmp(g_procs[i].base, symbol) == 0 && g_procs[i].version <= version)
+    if (strcmp(g_procs[i].base, symbol) == 0 && g_procs[i].version <= version &&
+        g_procs[i].version <= driver)
       has_per_thread |= g_procs[i].per_thread;
   /* The per-thread flavour when asked for and available, else the legacy
    * one; then the highest version. */
   bool want = per_thread && has_per_thread;
   for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
     const proc_entry_t *e = &g_procs[i];
-    if (strcmp(e->base, symbol) != 0)
+    if (strcmp(e->base, symbol) != 0 || e->version > driver)
       continue;
     known = true;
     if (e->version <= version && e->per_thread == want &&

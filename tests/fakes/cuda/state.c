@@ -7,11 +7,23 @@
  * Also the test hooks fake_cuda_stats and fake_cuda_reset_peak.
  */
 #include <limits.h>
+#include <sys/syscall.h>
 
 #include "fake-cuda-int.h"
 
 static fake_cuda_state_t *g_st; /* the mapping; kept across fork */
-static int g_slot = -1;         /* this process's entry in g_st->proc */
+/* This process's entry in g_st->proc. Atomic: the entry gate of every call
+ * reads it without the lock. */
+static int g_slot = -1;
+
+fake_cuda_state_t *fake_state_shared(void) {
+  return __atomic_load_n(&g_st, __ATOMIC_ACQUIRE);
+}
+
+fake_cuda_proc_state_t *fake_state_self(void) {
+  int slot = __atomic_load_n(&g_slot, __ATOMIC_ACQUIRE);
+  return slot < 0 ? NULL : &g_st->proc[slot];
+}
 
 static void state_path(char *buf, size_t len) {
   const char *p = getenv("FAKE_CUDA_STATE");
@@ -74,23 +86,56 @@ CUresult fake_state_open(void) {
     fprintf(stderr, "fake-cuda: %s is not a fake CUDA state file\n", path);
     return CUDA_ERROR_UNKNOWN;
   }
-  g_st = m;
+  __atomic_store_n(&g_st, (fake_cuda_state_t *)m, __ATOMIC_RELEASE);
   return CUDA_SUCCESS;
+}
+
+/* Clears what a reclaimed entry says of its checkpoint, for the next owner
+ * (pid not yet given back). Its checkpointed bytes were host memory: nothing
+ * goes back to the GPUs. */
+static void reap_checkpoint(fake_cuda_proc_state_t *p) {
+  for (int g = 0; g < FAKE_CUDA_MAX_GPUS; g++) {
+    __atomic_store_n(&p->ckpt_bytes[g], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->work_from_us[g], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->work_until_us[g], 0, __ATOMIC_RELAXED);
+  }
+  __atomic_store_n(&p->ckpt_state, FAKE_CKPT_RUNNING, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->inflight, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->ckpt_op, FAKE_CKPT_OP_NONE, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->ckpt_caller_start, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->ckpt_unsupported, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->ckpt_wedge, FAKE_CKPT_WEDGE_NONE, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->restore_tid, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->busy_until_ns, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->uid, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->ckpt_caller, 0, __ATOMIC_RELEASE);
 }
 
 /* Gives back the usage of every entry whose process is gone; true if any
  * was found. Two processes may notice the same death: the CAS of the pid to
- * FAKE_CUDA_PID_REAPING picks the one that reclaims. */
+ * FAKE_CUDA_PID_REAPING picks the one that reclaims. An entry that a live
+ * caller of the checkpoint API is working on is left to that caller (it
+ * moves the entry's bytes): the caller claims the entry, then checks the
+ * pid; the reaper marks the pid, then checks for a claim (both seq_cst), so
+ * one of them always sees the other and backs off. */
 static bool state_reap(void) {
   bool any = false;
+  int self = __atomic_load_n(&g_slot, __ATOMIC_ACQUIRE);
   for (int i = 0; i < FAKE_CUDA_MAX_PROCS; i++) {
     fake_cuda_proc_state_t *p = &g_st->proc[i];
     int pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
-    if (pid <= 0 || i == g_slot || fake_cuda_entry_alive(p))
+    if (pid <= 0 || i == self || fake_cuda_entry_alive(p))
       continue;
     if (!__atomic_compare_exchange_n(&p->pid, &pid, FAKE_CUDA_PID_REAPING,
-                                     false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                                     false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
       continue;
+    int caller = __atomic_load_n(&p->ckpt_caller, __ATOMIC_SEQ_CST);
+    if (caller > 0 &&
+        fake_cuda_pid_alive(
+            caller, __atomic_load_n(&p->ckpt_caller_start, __ATOMIC_ACQUIRE))) {
+      __atomic_store_n(&p->pid, pid, __ATOMIC_RELEASE);
+      continue;
+    }
     for (int g = 0; g < FAKE_CUDA_MAX_GPUS; g++) {
       uint64_t u = __atomic_exchange_n(&p->used[g], 0, __ATOMIC_ACQ_REL);
       if (u) {
@@ -98,6 +143,7 @@ static bool state_reap(void) {
         any = true;
       }
     }
+    reap_checkpoint(p);
     __atomic_store_n(&p->start, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&p->pid, 0, __ATOMIC_RELEASE);
   }
@@ -105,7 +151,7 @@ static bool state_reap(void) {
 }
 
 CUresult fake_state_join(void) {
-  if (g_slot >= 0)
+  if (__atomic_load_n(&g_slot, __ATOMIC_ACQUIRE) >= 0)
     return CUDA_SUCCESS;
   state_reap();
   int pid = (int)getpid();
@@ -117,7 +163,10 @@ CUresult fake_state_join(void) {
     if (__atomic_compare_exchange_n(&p->pid, &expect, pid, false,
                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
       __atomic_store_n(&p->start, start, __ATOMIC_RELEASE);
-      g_slot = i;
+      __atomic_store_n(&p->uid, (uint32_t)getuid(), __ATOMIC_RELEASE);
+      __atomic_store_n(&p->restore_tid, (int32_t)syscall(SYS_gettid),
+                       __ATOMIC_RELEASE);
+      __atomic_store_n(&g_slot, i, __ATOMIC_RELEASE);
       return CUDA_SUCCESS;
     }
   }
@@ -127,7 +176,7 @@ CUresult fake_state_join(void) {
 }
 
 void fake_state_forget(void) {
-  g_slot = -1;
+  __atomic_store_n(&g_slot, -1, __ATOMIC_RELEASE);
 }
 
 void fake_state_set_total(unsigned nvml, uint64_t total) {
@@ -143,7 +192,15 @@ uint64_t fake_state_used(unsigned nvml) {
 }
 
 CUresult fake_state_charge(unsigned nvml, uint64_t bytes) {
-  if (g_slot < 0 || nvml >= FAKE_CUDA_MAX_GPUS)
+  fake_cuda_proc_state_t *self = fake_state_self();
+  if (!self)
+    return CUDA_ERROR_UNKNOWN;
+  return fake_state_charge_entry(self, nvml, bytes);
+}
+
+CUresult fake_state_charge_entry(fake_cuda_proc_state_t *e, unsigned nvml,
+                                 uint64_t bytes) {
+  if (nvml >= FAKE_CUDA_MAX_GPUS)
     return CUDA_ERROR_UNKNOWN;
   fake_cuda_gpu_state_t *g = &g_st->gpu[nvml];
   bool reaped = false;
@@ -172,14 +229,17 @@ CUresult fake_state_charge(unsigned nvml, uint64_t bytes) {
          !__atomic_compare_exchange_n(&g->peak, &peak, now, false,
                                       __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
   }
-  __atomic_add_fetch(&g_st->proc[g_slot].used[nvml], bytes, __ATOMIC_ACQ_REL);
+  /* The GPU first, the entry second: a process killed in between leaves
+   * the GPU's count too high, never below what entries hold. */
+  __atomic_add_fetch(&e->used[nvml], bytes, __ATOMIC_ACQ_REL);
   return CUDA_SUCCESS;
 }
 
 void fake_state_refund(unsigned nvml, uint64_t bytes) {
-  if (g_slot < 0 || nvml >= FAKE_CUDA_MAX_GPUS || bytes == 0)
+  fake_cuda_proc_state_t *self = fake_state_self();
+  if (!self || nvml >= FAKE_CUDA_MAX_GPUS || bytes == 0)
     return;
-  __atomic_sub_fetch(&g_st->proc[g_slot].used[nvml], bytes, __ATOMIC_ACQ_REL);
+  __atomic_sub_fetch(&self->used[nvml], bytes, __ATOMIC_ACQ_REL);
   __atomic_sub_fetch(&g_st->gpu[nvml].used, bytes, __ATOMIC_ACQ_REL);
 }
 

@@ -21,7 +21,21 @@
  *                    if it exists, every live process holding fake CUDA
  *                    memory on a GPU is also one of its compute processes
  *                    (its bytes added to a FAKE_NVML_PROCS line of the same
- *                    pid), and counts in the GPU's used memory.
+ *                    pid), and counts in the GPU's used memory. A process
+ *                    checkpointed by cuCheckpointProcessCheckpoint holds
+ *                    nothing on the GPU, so it is not listed, as with the
+ *                    real driver.
+ *
+ * nvmlDeviceGetProcessUtilization reports the fake CUDA processes only (no
+ * FAKE_NVML_PROCS line has any work): one sample per process whose latest
+ * busy period on the GPU (each kernel launch keeps it busy
+ * FAKE_CUDA_KERNEL_MS, see tests/fakes/cuda/checkpoint.c; an instant
+ * kernel still counts) ends after lastSeenTimeStamp. Its timeStamp is the
+ * end of that period, or now if it is still busy; smUtil the percentage of
+ * the last second (or of the time since lastSeenTimeStamp, if shorter) it
+ * was busy, at least 1; memUtil the same; encUtil and decUtil 0. FAKE_NVML_FAIL
+ * "util" makes it fail with NVML_ERROR_UNKNOWN. Copies and memsets are not
+ * work.
  */
 #include <ctype.h>
 #include <fcntl.h>
@@ -30,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../cuda/fake-cuda-state.h"
@@ -43,6 +58,7 @@ typedef enum {
   NVML_ERROR_UNINITIALIZED = 1,
   NVML_ERROR_INVALID_ARGUMENT = 2,
   NVML_ERROR_NOT_SUPPORTED = 3,
+  NVML_ERROR_NOT_FOUND = 6,
   NVML_ERROR_INSUFFICIENT_SIZE = 7,
   NVML_ERROR_DRIVER_NOT_LOADED = 9,
   NVML_ERROR_UNKNOWN = 999
@@ -65,6 +81,15 @@ typedef struct {
   unsigned int gpuInstanceId;
   unsigned int computeInstanceId;
 } nvmlProcessInfo_v2_t;
+
+typedef struct {
+  unsigned int pid;
+  unsigned long long timeStamp; /* CPU time, microseconds since the epoch */
+  unsigned int smUtil;
+  unsigned int memUtil;
+  unsigned int encUtil;
+  unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
 
 #define NVML_VALUE_NOT_AVAILABLE_ULL (~0ULL)
 
@@ -96,6 +121,9 @@ FAKE_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(
     nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos);
 FAKE_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(
     nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos);
+FAKE_API nvmlReturn_t nvmlDeviceGetProcessUtilization(
+    nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+    unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp);
 
 /* --- Configuration ------------------------------------------------------ */
 
@@ -330,6 +358,8 @@ FAKE_API const char *nvmlErrorString(nvmlReturn_t result) {
     return "Invalid Argument";
   case NVML_ERROR_NOT_SUPPORTED:
     return "Not Supported";
+  case NVML_ERROR_NOT_FOUND:
+    return "Not Found";
   case NVML_ERROR_INSUFFICIENT_SIZE:
     return "Insufficient Size";
   case NVML_ERROR_DRIVER_NOT_LOADED:
@@ -504,4 +534,71 @@ FAKE_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(
 FAKE_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(
     nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos) {
   return FAKE_QUERY(FAKE_GRAPHICS, nvmlProcessInfo_v1_t);
+}
+
+/* --- Utilisation -------------------------------------------------------- */
+
+/* The samples of GPU `index` after `since` (see the top of this file), at
+ * most `max` of them into out (NULL: just count); the number there are. */
+static unsigned fake_util_samples(unsigned index, unsigned long long since,
+                                  nvmlProcessUtilizationSample_t *out,
+                                  unsigned max) {
+  const char *path = getenv("FAKE_CUDA_STATE");
+  const fake_cuda_state_t *st = path && *path && index < FAKE_CUDA_MAX_GPUS
+                                    ? fake_cuda_state_map_ro(path)
+                                    : NULL;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ull +
+                           (unsigned long long)ts.tv_nsec / 1000;
+  /* The period smUtil measures: the last second, or less. */
+  unsigned long long lo = now > 1000000 ? now - 1000000 : 0;
+  if (since > lo)
+    lo = since;
+  unsigned n = 0;
+  for (int i = 0; st && i < FAKE_CUDA_MAX_PROCS; i++) {
+    const fake_cuda_proc_state_t *e = &st->proc[i];
+    int pid = __atomic_load_n(&e->pid, __ATOMIC_ACQUIRE);
+    unsigned long long from =
+        __atomic_load_n(&e->work_from_us[index], __ATOMIC_ACQUIRE);
+    unsigned long long until =
+        __atomic_load_n(&e->work_until_us[index], __ATOMIC_ACQUIRE);
+    if (pid <= 0 || until == 0 || until <= since || from > now ||
+        !fake_cuda_entry_alive(e))
+      continue;
+    unsigned long long end = until < now ? until : now;
+    unsigned long long start = from > lo ? from : lo;
+    unsigned util = 1;
+    if (now > lo && end > start)
+      util = (unsigned)((100 * (end - start) + (now - lo) - 1) / (now - lo));
+    util = util < 1 ? 1 : util > 100 ? 100 : util;
+    if (out && n < max)
+      out[n] = (nvmlProcessUtilizationSample_t){(unsigned)pid, end, util,
+                                                util,          0,   0};
+    n++;
+  }
+  if (st)
+    munmap((void *)st, sizeof *st);
+  return n;
+}
+
+/* NVML's protocol: NVML_ERROR_NOT_FOUND when no process has a sample since
+ * lastSeenTimeStamp; with utilization NULL, or *processSamplesCount too
+ * small, NVML_ERROR_INSUFFICIENT_SIZE and the count needed. */
+FAKE_API nvmlReturn_t nvmlDeviceGetProcessUtilization(
+    nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+    unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp) {
+  fake_gpus_t g;
+  unsigned i;
+  fake_record(__func__);
+  if (!processSamplesCount || !fake_device(device, &g, &i))
+    return NVML_ERROR_INVALID_ARGUMENT;
+  if (fake_failing("util"))
+    return NVML_ERROR_UNKNOWN;
+  unsigned room = utilization ? *processSamplesCount : 0;
+  unsigned n = fake_util_samples(i, lastSeenTimeStamp, utilization, room);
+  if (n == 0)
+    return NVML_ERROR_NOT_FOUND;
+  *processSamplesCount = n;
+  return n > room ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
 }
