@@ -32,8 +32,9 @@
 #include "nvml/nvml.h"
 
 #define SUSP_MAX_PIDS 64
-#define OP_UNDO 3 /* recovery: a suspension a previous daemon left half done   \
-                   */
+#define OP_UNDO                                                                \
+  3 /* recovery: a suspension a previous daemon left half done                 \
+     */
 
 typedef struct sjob_s {
   uint32_t slot, gen;
@@ -472,9 +473,9 @@ static void submit(cogpu__daemon_t *d, uint32_t slot, uint32_t gen, int op) {
   j->op = op;
   const ledger_slot_t *sl = &h->st->slots[slot];
   j->npids = (int)cogpu__ledger_job_pids(h, slot, j->pids, SUSP_MAX_PIDS);
-  j->bytes = op == LEDGER_OP_SUSPEND && sl->susp_gpu < LEDGER_MAX_GPUS
-                 ? sl->held[sl->susp_gpu]
-                 : sl->parked;
+  /* The footprint: still in held while suspending, booked back into held
+   * when resuming. */
+  j->bytes = sl->susp_gpu < LEDGER_MAX_GPUS ? sl->held[sl->susp_gpu] : 0;
   j->lock_ms = (unsigned)d->cfg.v[COGPU_OPT_SUSPEND_LOCK_TIMEOUT].i;
   pthread_mutex_lock(&s->mu);
   *s->todo_tail = j;

@@ -162,18 +162,14 @@ int cogpu__ledger_suspend_begin(struct cogpu_s *h, uint32_t s, bool manual,
   return 0;
 }
 
-/* The job's resume entry: the job's priority, and its place in the queue
- * that of its oldest waiting request (it asks for that request too). */
+/* The job's resume entry: the job's priority, and a place at the back of
+ * the queue as it is now. Not its oldest request's place: the requests
+ * already waiting are those it was suspended for, and a resume ahead of
+ * them would hold back, under fifo, the very memory it just gave up. */
 static void enqueue_resume(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
   uint64_t ticket = hd->next_ticket;
-  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
-    const ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->state == W_WAITING && !wt->resume && wt->slot == s &&
-        wt->ticket < ticket)
-      ticket = wt->ticket;
-  }
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
     if (wt->state != W_FREE)
@@ -191,8 +187,7 @@ static void enqueue_resume(struct cogpu_s *h, uint32_t s) {
     wt->granted_gpu = -1;
     wt->resume = 1;
     cogpu__ledger_tx_set(h, &wt->ticket, ticket);
-    if (ticket == hd->next_ticket)
-      cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
+    cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting + 1);
     cogpu__ledger_tx_set(h, &wt->state, W_WAITING);
     cogpu__ledger_tx_commit(h);

@@ -1,0 +1,607 @@
+/*
+ * test-suspend.c: suspension through the driver's checkpoint API, driven
+ * through the public interfaces (cogpu run, cogpu suspend/resume, cogpu
+ * status, the preload library) against the fake driver, whose checkpoint
+ * API moves a process's device memory off the GPU and wedges a process for
+ * good if it is restored without room (tests/fakes/cuda). Each test runs
+ * against a node daemon (the runner's in node mode, one it starts
+ * otherwise): suspension needs the daemon.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ledger-helpers.h"
+
+/* The node for these tests: a 16 GiB fake GPU, no margin, a fast tick,
+ * and host-memory bounds that the fake's footprints (which cost the host
+ * nothing) never reach. */
+static void su_begin(void) {
+  if (th_sanitizer_runtime()[0])
+    setenv("LD_PRELOAD", th_sanitizer_runtime(), 1);
+  setenv("COGPU_NODE_MODE", "daemon", 1);
+  setenv("COGPU_CONTEXT_BYTES", "300M", 1);
+  setenv("FAKE_CUDA_CTX_BYTES", "300M", 1);
+  setenv("COGPU_LOG", "warn", 1);
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  th_setenv("COGPU_SUSPEND_HOST_MARGIN", "0");
+  if (!getenv("COGPU_SUSPEND_MAX")) /* a test of the bound sets its own */
+    th_setenv("COGPU_SUSPEND_MAX", "1T");
+  if (th_daemon_pid() <= 0)
+    th_daemon_start();
+}
+
+static const char *prog(void) {
+  static char p[4096];
+  snprintf(p, sizeof p, "%s/tests/cudaprog", th_build_dir());
+  return p;
+}
+
+/* Start argv (NULL-ended) with stdout and stderr in th_path(tag). */
+static pid_t su_spawn(const char *tag, const char *const argv[]) {
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    int fd = open(th_path(tag), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+static char *su_slurp(const char *tag) {
+  static char buf[65536];
+  int fd = open(th_path(tag), O_RDONLY);
+  ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : 0;
+  if (fd >= 0)
+    close(fd);
+  buf[n > 0 ? n : 0] = 0;
+  return buf;
+}
+
+static int su_finish(pid_t pid, const char *tag, int ms) {
+  int code = th_exit_code(th_wait(pid, th_ms(ms)));
+  if (code != 0)
+    fprintf(stderr, "[%s exit %d]\n%s\n", tag, code, su_slurp(tag));
+  return code;
+}
+
+/* The client of GPU 0 whose pid is pid, in a fresh status (NULL if not
+ * listed); *st to free. */
+static const cogpu_client_info_t *su_client(cogpu_status_t **st, int pid) {
+  *st = lt_status();
+  for (size_t i = 0; i < (*st)->gpus[0].nclients; i++)
+    if ((*st)->gpus[0].clients[i].pid == pid)
+      return &(*st)->gpus[0].clients[i];
+  return NULL;
+}
+
+/* Waits (bounded) until the job of `pid` is in `state`. */
+static void su_wait_state(int pid, int state, int ms) {
+  for (int t = 0;; t += 20) {
+    cogpu_status_t *st;
+    const cogpu_client_info_t *c = su_client(&st, pid);
+    bool ok = c && c->state == state;
+    cogpu_status_free(st);
+    if (ok)
+      return;
+    if (t > th_ms(ms))
+      th_fail(__FILE__, __LINE__, "job of pid %d not in state %d", pid, state);
+    th_sleep_ms(20);
+  }
+}
+
+/* Runs `cogpu ARGS...`; returns its exit code, stdout and stderr in out. */
+static int su_cogpu(char *out, size_t len, const char *const argv[]) {
+  char err[4096];
+  int rc = th_run(argv, NULL, out, len / 2, err, sizeof err, th_ms(30000));
+  size_t n = strlen(out);
+  snprintf(out + n, len - n, "%s", err);
+  return rc;
+}
+
+/* Eight unmodified programs, each growing to 4.8 GiB (its 300 MiB context,
+ * then 9 steps of 512 MiB) of a 16 GiB GPU, started together: without
+ * suspension some die (hold-and-wait; the deadlock guard fails one). With
+ * it all complete, none is told out-of-memory, the device never holds
+ * more than its size, and each suspended job finds its data intact. */
+static void growing_jobs(const char *mem) {
+  su_begin();
+  lt_fake_reset_peak();
+  enum { N = 8 };
+  pid_t p[N];
+  char tag[N][16];
+  for (int i = 0; i < N; i++) {
+    const char *argv[40];
+    int k = 0;
+    argv[k++] = "cogpu";
+    argv[k++] = "run";
+    if (mem) {
+      argv[k++] = "--mem";
+      argv[k++] = mem;
+    }
+    argv[k++] = "--";
+    argv[k++] = prog();
+    argv[k++] = "direct";
+    argv[k++] = "init";
+    argv[k++] = "ctx";
+    for (int s = 0; s < 9; s++) {
+      argv[k++] = "alloc:512M";
+      argv[k++] = "hold:50";
+    }
+    argv[k++] = "verify";
+    argv[k++] = "freeall";
+    argv[k] = NULL;
+    snprintf(tag[i], sizeof tag[i], "job%d", i);
+    p[i] = su_spawn(tag[i], argv);
+  }
+  int suspended = 0, failed = 0;
+  for (int i = 0; i < N; i++) {
+    int code = su_finish(p[i], tag[i], 120000);
+    failed += code != 0;
+    const char *out = su_slurp(tag[i]);
+    if (strstr(out, "suspended: this job")) {
+      suspended++;
+      ASSERT_CONTAINS(out, "resumed after");
+    }
+    ASSERT_CONTAINS(out, "verify ok");
+  }
+  ASSERT_EQ(failed, 0);
+  ASSERT_GT(suspended, 0);
+  unsigned long long peak = 0, ooms = 0;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  ASSERT_ULE(peak, 16 * GiB);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+  ASSERT_UEQ(lt_fake_cuda_used(), 0);
+}
+
+TEST_IMPL_T(susp_growing_jobs_on_demand, 180) {
+  growing_jobs(NULL);
+}
+
+/* The same programs declaring too little: growth past --mem waits (the
+ * default now), and suspension keeps that from deadlocking. */
+TEST_IMPL_T(susp_growing_jobs_underdeclared, 180) {
+  growing_jobs("2G");
+}
+
+/* `cogpu suspend PID` parks a job: its memory leaves the device (another
+ * job can use it), status shows it suspended with its footprint; `cogpu
+ * resume` brings it back, data intact, and it finishes normally. */
+TEST_IMPL_T(susp_manual_suspend_resume, 60) {
+  su_begin();
+  const char *argv[] = {"cogpu",     "run",    "--",      prog(),
+                        "direct",    "init",   "ctx",     "alloc:4G",
+                        "hold:3000", "verify", "freeall", NULL};
+  pid_t job = su_spawn("job", argv);
+  /* The job's slot is cogpu run's; name it by the program's pid, found
+   * when it holds its memory. */
+  int cpid = 0;
+  for (int t = 0; !cpid; t += 20) {
+    cogpu_status_t *st = lt_status();
+    for (size_t i = 0; i < st->gpus[0].nclients; i++)
+      if (st->gpus[0].clients[i].reserved_bytes >= 4 * GiB)
+        cpid = st->gpus[0].clients[i].pid;
+    cogpu_status_free(st);
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the job never held its memory");
+    th_sleep_ms(20);
+  }
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
+  ASSERT_CONTAINS(out, "moved to host memory");
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c != NULL);
+  ASSERT_EQ(c->state, COGPU_JOB_SUSPENDED);
+  ASSERT_UEQ(c->reserved_bytes, 0);
+  ASSERT(c->suspended_bytes >= 4 * GiB);
+  ASSERT_UEQ(st->gpus[0].suspended_bytes, c->suspended_bytes);
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+  ASSERT_UEQ(lt_fake_cuda_used(), 0); /* the device is empty */
+  /* Another job may use that memory meanwhile. */
+  pid_t other = lt_hold("other", 0, 12 * GiB, 0, 0, 300);
+  ASSERT_EQ(th_exit_code(th_wait(other, th_ms(10000))), HOLD_OK);
+  /* The job stays parked (suspended by hand) until resumed. */
+  th_sleep_ms(300);
+  c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_SUSPENDED);
+  cogpu_status_free(st);
+  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, res), 0);
+  ASSERT_CONTAINS(out, "resumed");
+  c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_RUNNING && c->reserved_bytes >= 4 * GiB);
+  cogpu_status_free(st);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* Reserve before restore: a resume waits in the queue until the GPU has
+ * room for the whole footprint; the driver's restore is never tried
+ * without it (the fake would wedge the process for good). */
+TEST_IMPL_T(susp_resume_waits_for_room, 60) {
+  su_begin();
+  const char *argv[] = {"cogpu",    "run",    "--",      prog(),
+                        "direct",   "init",   "ctx",     "alloc:6G",
+                        "hold:500", "verify", "freeall", NULL};
+  pid_t job = su_spawn("job", argv);
+  int cpid = 0;
+  for (int t = 0; !cpid; t += 20) {
+    cogpu_status_t *st = lt_status();
+    for (size_t i = 0; i < st->gpus[0].nclients; i++)
+      if (st->gpus[0].clients[i].reserved_bytes >= 6 * GiB)
+        cpid = st->gpus[0].clients[i].pid;
+    cogpu_status_free(st);
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the job never held its memory");
+    th_sleep_ms(20);
+  }
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
+  /* 12 GiB taken meanwhile: 6.3 GiB no longer fit. */
+  pid_t big = lt_hold("big", 0, 12 * GiB, 0, 0, 2000);
+  lt_wait_nclients(0, 2, th_ms(5000));
+  const char *res[] = {"cogpu", "resume", pidtxt, "--timeout", "500ms", NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, res), 125);
+  ASSERT_CONTAINS(out, "not done");
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_SUSPENDED);
+  cogpu_status_free(st);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  /* When the other job leaves, the resume (still queued) is served. */
+  ASSERT_EQ(th_exit_code(th_wait(big, th_ms(10000))), HOLD_OK);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* The pid of the (first) client of GPU 0 holding at least `bytes`, waited
+ * for (bounded). */
+static int su_holder(uint64_t bytes) {
+  for (int t = 0;; t += 20) {
+    int pid = 0;
+    cogpu_status_t *st = lt_status();
+    for (size_t i = 0; i < st->gpus[0].nclients && !pid; i++)
+      if (st->gpus[0].clients[i].reserved_bytes >= bytes)
+        pid = st->gpus[0].clients[i].pid;
+    cogpu_status_free(st);
+    if (pid)
+      return pid;
+    if (t > th_ms(15000))
+      th_fail(__FILE__, __LINE__, "no job came to hold %llu bytes",
+              (unsigned long long)bytes);
+    th_sleep_ms(20);
+  }
+}
+
+/* Times the job of pid has been suspended, waited for (bounded) to reach
+ * at least n while it runs again. */
+static void su_wait_suspensions(int pid, unsigned n, int ms) {
+  for (int t = 0;; t += 20) {
+    cogpu_status_t *st;
+    const cogpu_client_info_t *c = su_client(&st, pid);
+    bool ok = c && c->suspensions >= n;
+    cogpu_status_free(st);
+    if (ok)
+      return;
+    if (t > th_ms(ms))
+      th_fail(__FILE__, __LINE__, "job of pid %d never suspended %u times", pid,
+              n);
+    th_sleep_ms(20);
+  }
+}
+
+static pid_t su_job(const char *tag, const char *prio, const char *take,
+                    const char *hold) {
+  const char *argv[] = {"cogpu", "run",    "--priority", prio,  "--",
+                        prog(),  "direct", "init",       "ctx", take,
+                        hold,    "verify", "freeall",    NULL};
+  return su_spawn(tag, argv);
+}
+
+/* preempt_priority: a request of higher priority suspends a job of lower
+ * priority that holds the memory it needs; both complete, data intact. */
+TEST_IMPL_T(susp_priority_preemption, 90) {
+  th_setenv("COGPU_PREEMPT_PRIORITY", "yes");
+  su_begin();
+  pid_t low = su_job("low", "-5", "alloc:12G", "hold:2500");
+  int lpid = su_holder(12 * GiB);
+  pid_t high = su_job("high", "10", "alloc:8G", "hold:200");
+  su_wait_suspensions(lpid, 1, 20000);
+  ASSERT_EQ(su_finish(high, "high", 30000), 0);
+  ASSERT_EQ(su_finish(low, "low", 30000), 0);
+  ASSERT_CONTAINS(su_slurp("low"), "verify ok");
+  unsigned long long peak = 0, ooms = 0;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* Without preempt_priority (the default) the same high-priority request
+ * waits for the low one to finish: nothing is suspended. */
+TEST_IMPL_T(susp_no_priority_preemption_by_default, 90) {
+  su_begin();
+  pid_t low = su_job("low", "-5", "alloc:12G", "hold:1500");
+  int lpid = su_holder(12 * GiB);
+  pid_t high = su_job("high", "10", "alloc:8G", "hold:100");
+  th_sleep_ms(800);
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, lpid);
+  ASSERT(c && c->suspensions == 0 && c->state == COGPU_JOB_RUNNING);
+  cogpu_status_free(st);
+  ASSERT_EQ(su_finish(low, "low", 30000), 0);
+  ASSERT_EQ(su_finish(high, "high", 30000), 0);
+  lt_check_invariants();
+}
+
+/* max_idle: a job whose processes did no GPU work for that long is
+ * suspended while another's request waits; both complete. */
+TEST_IMPL_T(susp_idle_preemption, 90) {
+  th_setenv("COGPU_MAX_IDLE", "500ms");
+  su_begin();
+  pid_t idle = su_job("idle", "0", "alloc:12G", "hold:3000");
+  int ipid = su_holder(12 * GiB);
+  pid_t other = su_job("other", "0", "alloc:8G", "hold:100");
+  su_wait_suspensions(ipid, 1, 20000);
+  ASSERT_EQ(su_finish(other, "other", 30000), 0);
+  ASSERT_EQ(su_finish(idle, "idle", 30000), 0);
+  ASSERT_CONTAINS(su_slurp("idle"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* Deadlock between a job that used managed memory (cannot be checkpointed)
+ * and one that did not: only the second is ever suspended, and both
+ * complete. */
+TEST_IMPL_T(susp_unsuspendable_never_picked, 90) {
+  su_begin();
+  const char *a[] = {"cogpu",    "run",      "--",      prog(),
+                     "direct",   "init",     "ctx",     "managed:7G",
+                     "hold:400", "alloc:4G", "freeall", NULL};
+  const char *b[] = {"cogpu",  "run",     "--",       prog(),     "direct",
+                     "init",   "ctx",     "alloc:7G", "hold:400", "alloc:4G",
+                     "verify", "freeall", NULL};
+  pid_t pa = su_spawn("a", a);
+  pid_t pb = su_spawn("b", b);
+  ASSERT_EQ(su_finish(pa, "a", 60000), 0);
+  ASSERT_EQ(su_finish(pb, "b", 60000), 0);
+  ASSERT(strstr(su_slurp("a"), "suspended:") == NULL);
+  ASSERT_CONTAINS(su_slurp("b"), "suspended: this job");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* Both deadlocked jobs used managed memory: nothing can be suspended, so
+ * the deadlock guard fails one request, saying why. */
+TEST_IMPL_T(susp_guard_says_why_nothing_suspends, 90) {
+  su_begin();
+  const char *a[] = {"cogpu",    "run",      "--",      prog(),
+                     "direct",   "init",     "ctx",     "managed:7G",
+                     "hold:400", "alloc:4G", "freeall", NULL};
+  pid_t pa = su_spawn("a", a);
+  pid_t pb = su_spawn("b", a);
+  int ca = th_exit_code(th_wait(pa, th_ms(30000)));
+  int cb = th_exit_code(th_wait(pb, th_ms(30000)));
+  ASSERT((ca == 0 && cb == 2) || (ca == 2 && cb == 0));
+  ASSERT_CONTAINS(su_slurp(ca == 2 ? "a" : "b"), "deadlock");
+  char out[4096];
+  const char *sus[] = {"cogpu", "status", NULL};
+  su_cogpu(out, sizeof out, sus);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* Host memory: a suspension whose footprint would pass suspend_max is not
+ * made, and the command says why. */
+TEST_IMPL_T(susp_host_memory_bound, 60) {
+  th_setenv("COGPU_SUSPEND_MAX", "1G");
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:1000");
+  int cpid = su_holder(4 * GiB);
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 125);
+  ASSERT_CONTAINS(out, "suspend_max");
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_RUNNING && c->suspensions == 0);
+  cogpu_status_free(st);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+}
+
+/* A user cannot suspend another user's job; root can (done elsewhere). */
+TEST_IMPL_T(susp_other_user_refused, 60) {
+  if (geteuid() != 0)
+    SKIP("needs root: runs the command as another user (setpriv)");
+  ASSERT(chmod(th_tmpdir(), 0711) == 0);
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:2G", "hold:1000");
+  int cpid = su_holder(2 * GiB);
+  char pidtxt[16], out[4096], err[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *argv[] = {
+      "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+      "cogpu",   "suspend",       pidtxt,          NULL};
+  int rc = th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(20000));
+  ASSERT_EQ(rc, 125);
+  ASSERT_CONTAINS(err, "another user");
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c && c->suspensions == 0);
+  cogpu_status_free(st);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+}
+
+/* Only jobs under the daemon: a job that holds memory without the preload
+ * library cannot be suspended, and the command says why. */
+TEST_IMPL_T(susp_refuses_what_it_cannot_checkpoint, 60) {
+  su_begin();
+  pid_t h = lt_hold("plain", 0, 2 * GiB, 0, 0, -1);
+  lt_wait_nclients(0, 1, th_ms(5000));
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", (int)h);
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 125);
+  ASSERT_CONTAINS(out, "preload library");
+  const char *none[] = {"cogpu", "suspend", "no-such-job", NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, none), 125);
+  ASSERT_CONTAINS(out, "no job 'no-such-job'");
+  kill(h, SIGKILL);
+  th_wait(h, th_ms(5000));
+}
+
+/* kill -9 of a suspended job: its footprint and its entries go with it. */
+TEST_IMPL_T(susp_kill_suspended_job, 60) {
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:30000");
+  int cpid = su_holder(4 * GiB);
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
+  ASSERT_EQ(kill(cpid, SIGKILL), 0);
+  th_wait(job, th_ms(10000));
+  for (int t = 0;; t += 20) {
+    cogpu_status_t *st = lt_status();
+    bool gone = st->gpus[0].nclients == 0 && st->gpus[0].nwaiting == 0 &&
+                st->gpus[0].suspended_bytes == 0;
+    cogpu_status_free(st);
+    if (gone)
+      break;
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the killed job's entries stayed");
+    th_sleep_ms(20);
+  }
+  ASSERT_UEQ(lt_fake_cuda_used(), 0);
+  lt_check_invariants();
+}
+
+/* The daemon killed while a job is suspended: the next one knows it, and
+ * resumes it on request; the job finishes with its data. */
+TEST_IMPL_T(susp_daemon_restart_while_suspended, 60) {
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:2000");
+  int cpid = su_holder(4 * GiB);
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
+  th_daemon_stop(SIGKILL);
+  th_daemon_start();
+  su_wait_state(cpid, COGPU_JOB_SUSPENDED, 10000);
+  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, res), 0);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* The daemon killed in the middle of a suspension (a slow checkpoint):
+ * the next daemon undoes it, so the job runs again and finishes. */
+TEST_IMPL_T(susp_daemon_killed_mid_suspend, 60) {
+  setenv("FAKE_CUDA_CKPT_GBPS", "2", 1); /* 4 GiB: about 2 s */
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:1500");
+  int cpid = su_holder(4 * GiB);
+  char pidtxt[16];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  pid_t s = su_spawn("suspend", sus);
+  su_wait_state(cpid, COGPU_JOB_SUSPENDING, 5000);
+  th_sleep_ms(300);
+  th_daemon_stop(SIGKILL);
+  th_wait(s, th_ms(10000));
+  th_daemon_start();
+  su_wait_state(cpid, COGPU_JOB_RUNNING, 20000);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* Chaos: growing jobs that deadlock again and again, with random kill -9s
+ * among them while suspensions and resumes go on. The survivors complete,
+ * nothing is left locked or wedged, and the books balance. */
+TEST_IMPL_T(susp_chaos_kills, 180) {
+  su_begin();
+  enum { N = 6 };
+  pid_t p[N];
+  char tag[N][16];
+  for (int i = 0; i < N; i++) {
+    const char *argv[40];
+    int k = 0;
+    argv[k++] = "cogpu";
+    argv[k++] = "run";
+    argv[k++] = "--";
+    argv[k++] = prog();
+    argv[k++] = "direct";
+    argv[k++] = "init";
+    argv[k++] = "ctx";
+    for (int s = 0; s < 10; s++) {
+      argv[k++] = "alloc:512M";
+      argv[k++] = "hold:60";
+    }
+    argv[k++] = "verify";
+    argv[k++] = "freeall";
+    argv[k] = NULL;
+    snprintf(tag[i], sizeof tag[i], "job%d", i);
+    p[i] = su_spawn(tag[i], argv);
+  }
+  /* Kill the program (not cogpu run) of jobs 1, 3 and 5 at random times,
+   * whatever state they are in. */
+  unsigned seed = (unsigned)getpid();
+  for (int i = 1; i < N; i += 2) {
+    th_sleep_ms(200 + (int)(rand_r(&seed) % 700));
+    char parent[16], o[256], e[256];
+    snprintf(parent, sizeof parent, "%d", (int)p[i]);
+    /* Not through a shell: a sanitizer runtime preloaded into dash faults. */
+    static const char *const noenv[] = {"LD_PRELOAD=", NULL};
+    const char *argv[] = {"pkill", "-KILL", "-P", parent, NULL};
+    th_run(argv, noenv, o, sizeof o, e, sizeof e, th_ms(10000));
+  }
+  for (int i = 0; i < N; i++) {
+    int code = th_exit_code(th_wait(p[i], th_ms(120000)));
+    if (i % 2 == 0) {
+      if (code != 0)
+        th_fail(__FILE__, __LINE__, "job %d exit %d:\n%s", i, code,
+                su_slurp(tag[i]));
+      ASSERT_CONTAINS(su_slurp(tag[i]), "verify ok");
+    }
+  }
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  for (int t = 0; lt_fake_cuda_used() != 0; t += 20) {
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "device memory left: %llu",
+              lt_fake_cuda_used());
+    th_sleep_ms(20);
+  }
+  lt_check_invariants();
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].suspended_bytes, 0);
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+}
