@@ -378,8 +378,18 @@ static bool node_setting(const char *k) {
                                      "COGPU_ADMIN_GROUP",
                                      "COGPU_USER_MAX_CLIENTS",
                                      "COGPU_USER_MAX_WAITERS",
+                                     "COGPU_SUSPEND",
+                                     "COGPU_PREEMPT_PRIORITY",
+                                     "COGPU_MAX_IDLE",
+                                     "COGPU_SUSPEND_LOCK_TIMEOUT",
+                                     "COGPU_SUSPEND_HOST_MARGIN",
+                                     "COGPU_SUSPEND_MAX",
                                      "COGPU_CONFIG"};
-  if (strncmp(k, "FAKE_NVML_", 10) == 0)
+  /* The fake NVML, and the fake driver's checkpoint API as its caller (the
+   * daemon) sees it. */
+  if (strncmp(k, "FAKE_NVML_", 10) == 0 ||
+      strcmp(k, "FAKE_CUDA_CHECKPOINT") == 0 ||
+      strcmp(k, "FAKE_CUDA_CKPT_GBPS") == 0)
     return true;
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (strcmp(k, keys[i]) == 0)

@@ -523,7 +523,7 @@ TEST_IMPL_T(susp_daemon_restart_while_suspended, 60) {
 /* The daemon killed in the middle of a suspension (a slow checkpoint):
  * the next daemon undoes it, so the job runs again and finishes. */
 TEST_IMPL_T(susp_daemon_killed_mid_suspend, 60) {
-  setenv("FAKE_CUDA_CKPT_GBPS", "2", 1); /* 4 GiB: about 2 s */
+  th_setenv("FAKE_CUDA_CKPT_GBPS", "2"); /* 4 GiB: about 2 s */
   su_begin();
   pid_t job = su_job("job", "0", "alloc:4G", "hold:1500");
   int cpid = su_holder(4 * GiB);
@@ -604,4 +604,92 @@ TEST_IMPL_T(susp_chaos_kills, 180) {
   ASSERT_UEQ(st->gpus[0].suspended_bytes, 0);
   ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
   cogpu_status_free(st);
+}
+
+/* The daemon killed in the middle of a resume (a slow restore): the next
+ * daemon finds the footprint booked and the job half restored, and does
+ * the resume again; the job finishes with its data. */
+TEST_IMPL_T(susp_daemon_killed_mid_resume, 60) {
+  th_setenv("FAKE_CUDA_CKPT_GBPS", "2"); /* 4 GiB: about 2 s each way */
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:1000");
+  int cpid = su_holder(4 * GiB);
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
+  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
+  pid_t r = su_spawn("resume", res);
+  su_wait_state(cpid, COGPU_JOB_RESUMING, 5000);
+  th_sleep_ms(300);
+  th_daemon_stop(SIGKILL);
+  th_wait(r, th_ms(10000));
+  th_daemon_start();
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* Exactly one suspension per job at a time: a second `cogpu suspend`
+ * while the first is under way is refused, and so is a resume of a job
+ * that is not suspended. */
+TEST_IMPL_T(susp_one_at_a_time, 60) {
+  th_setenv("FAKE_CUDA_CKPT_GBPS", "4"); /* 4 GiB: about 1 s */
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:2500");
+  int cpid = su_holder(4 * GiB);
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, res), 125);
+  ASSERT_CONTAINS(out, "not suspended");
+  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
+  pid_t first = su_spawn("first", sus);
+  su_wait_state(cpid, COGPU_JOB_SUSPENDING, 5000);
+  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 125);
+  ASSERT_CONTAINS(out, "already being suspended");
+  ASSERT_EQ(su_finish(first, "first", 20000), 0);
+  ASSERT_EQ(su_cogpu(out, sizeof out, res), 0);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* The job a suspension made room for is killed: the suspended one resumes
+ * in the memory that frees, and completes. */
+TEST_IMPL_T(susp_waiter_killed, 60) {
+  su_begin();
+  const char *argv[] = {"cogpu",    "run",      "--",        prog(),
+                        "direct",   "init",     "ctx",       "alloc:7G",
+                        "hold:300", "alloc:4G", "hold:3000", "verify",
+                        "freeall",  NULL};
+  pid_t a = su_spawn("a", argv);
+  pid_t b = su_spawn("b", argv);
+  /* One of them is suspended so that the other may grow; kill that one. */
+  int suspended = 0, runner = 0;
+  for (int t = 0; !runner; t += 20) {
+    cogpu_status_t *st = lt_status();
+    for (size_t i = 0; i < st->gpus[0].nclients; i++) {
+      const cogpu_client_info_t *c = &st->gpus[0].clients[i];
+      if (c->state == COGPU_JOB_SUSPENDED)
+        suspended = c->pid;
+      else if (c->reserved_bytes >= 11 * GiB)
+        runner = c->pid;
+    }
+    cogpu_status_free(st);
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "no job was suspended for the other");
+    th_sleep_ms(20);
+  }
+  ASSERT(suspended != 0);
+  ASSERT_EQ(kill(runner, SIGKILL), 0);
+  int ca = th_exit_code(th_wait(a, th_ms(30000)));
+  int cb = th_exit_code(th_wait(b, th_ms(30000)));
+  /* The killed job's cogpu run dies of its command's signal; the other
+   * completes. */
+  ASSERT((ca == 0) != (cb == 0));
+  ASSERT_CONTAINS(su_slurp(ca == 0 ? "a" : "b"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
 }
