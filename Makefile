@@ -252,8 +252,10 @@ check: all
 # mode) and in node mode, each test against a private cogpud (tests of the
 # daemonless state file only run in the first pass). TSan runs it
 # daemonless, and in node mode only the tests where threads of one process
-# share a connection to the daemon (the daemon itself is one thread).
-TSAN_NODE_TESTS := threads another_thread concurrent_members daemon_kill9
+# share a connection to the daemon, and those where the daemon's suspender
+# thread works beside its loop.
+TSAN_NODE_TESTS := threads another_thread concurrent_members daemon_kill9 \
+                   susp_growing_jobs_on_demand susp_daemon_killed_mid_resume
 check-node: all
 	COGPU_TEST_NODE=1 $(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) \
 	    $(TEST_WRAP) $(B)/tests/run-tests $(T)
