@@ -3,6 +3,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -166,4 +167,33 @@ HELPER_IMPL(hold) {
   cogpu_release(h, gpu, COGPU_ALL);
   cogpu_detach(h);
   return HOLD_OK;
+}
+
+const char *lt_cudaprog(void) {
+  static char p[4096];
+  snprintf(p, sizeof p, "%s/tests/cudaprog", th_build_dir());
+  return p;
+}
+
+pid_t lt_spawn_logged(const char *tag, const char *const argv[]) {
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    int fd = open(th_path(tag), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+char *lt_slurp(const char *tag) {
+  static char buf[65536];
+  int fd = open(th_path(tag), O_RDONLY);
+  ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : 0;
+  if (fd >= 0)
+    close(fd);
+  buf[n > 0 ? n : 0] = 0;
+  return buf;
 }

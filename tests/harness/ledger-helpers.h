@@ -48,4 +48,12 @@ unsigned long long lt_fake_wedged(void);
 pid_t lt_hold(const char *name, int gpu, uint64_t bytes, int prio,
               int64_t timeout_ms, int hold_ms);
 
+/* The path of tests/cudaprog in the build directory. */
+const char *lt_cudaprog(void);
+/* Starts argv (NULL-ended, argv[0] from PATH) with stdout and stderr in
+ * th_path(tag). */
+pid_t lt_spawn_logged(const char *tag, const char *const argv[]);
+/* What th_path(tag) holds (the first 64 KiB; a static buffer). */
+char *lt_slurp(const char *tag);
+
 #endif

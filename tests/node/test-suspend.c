@@ -38,40 +38,10 @@ static void su_begin(void) {
     th_daemon_start();
 }
 
-static const char *prog(void) {
-  static char p[4096];
-  snprintf(p, sizeof p, "%s/tests/cudaprog", th_build_dir());
-  return p;
-}
-
-/* Start argv (NULL-ended) with stdout and stderr in th_path(tag). */
-static pid_t su_spawn(const char *tag, const char *const argv[]) {
-  pid_t pid = fork();
-  ASSERT(pid >= 0);
-  if (pid == 0) {
-    int fd = open(th_path(tag), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execvp(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  return pid;
-}
-
-static char *su_slurp(const char *tag) {
-  static char buf[65536];
-  int fd = open(th_path(tag), O_RDONLY);
-  ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : 0;
-  if (fd >= 0)
-    close(fd);
-  buf[n > 0 ? n : 0] = 0;
-  return buf;
-}
-
 static int su_finish(pid_t pid, const char *tag, int ms) {
   int code = th_exit_code(th_wait(pid, th_ms(ms)));
   if (code != 0)
-    fprintf(stderr, "[%s exit %d]\n%s\n", tag, code, su_slurp(tag));
+    fprintf(stderr, "[%s exit %d]\n%s\n", tag, code, lt_slurp(tag));
   return code;
 }
 
@@ -107,173 +77,6 @@ static int su_cogpu(char *out, size_t len, const char *const argv[]) {
   size_t n = strlen(out);
   snprintf(out + n, len - n, "%s", err);
   return rc;
-}
-
-/* Eight unmodified programs, each growing to 4.8 GiB (its 300 MiB context,
- * then 9 steps of 512 MiB) of a 16 GiB GPU, started together: without
- * suspension some die (hold-and-wait; the deadlock guard fails one). With
- * it all complete, none is told out-of-memory, the device never holds
- * more than its size, and each suspended job finds its data intact. */
-static void growing_jobs(const char *mem) {
-  su_begin();
-  lt_fake_reset_peak();
-  enum { N = 8 };
-  pid_t p[N];
-  char tag[N][16];
-  for (int i = 0; i < N; i++) {
-    const char *argv[40];
-    int k = 0;
-    argv[k++] = "cogpu";
-    argv[k++] = "run";
-    if (mem) {
-      argv[k++] = "--mem";
-      argv[k++] = mem;
-    }
-    argv[k++] = "--";
-    argv[k++] = prog();
-    argv[k++] = "direct";
-    argv[k++] = "init";
-    argv[k++] = "ctx";
-    for (int s = 0; s < 9; s++) {
-      argv[k++] = "alloc:512M";
-      argv[k++] = "hold:50";
-    }
-    argv[k++] = "verify";
-    argv[k++] = "freeall";
-    argv[k] = NULL;
-    snprintf(tag[i], sizeof tag[i], "job%d", i);
-    p[i] = su_spawn(tag[i], argv);
-  }
-  int suspended = 0, failed = 0;
-  for (int i = 0; i < N; i++) {
-    int code = su_finish(p[i], tag[i], 120000);
-    failed += code != 0;
-    const char *out = su_slurp(tag[i]);
-    if (strstr(out, "suspended: this job")) {
-      suspended++;
-      ASSERT_CONTAINS(out, "resumed after");
-    }
-    ASSERT_CONTAINS(out, "verify ok");
-  }
-  ASSERT_EQ(failed, 0);
-  ASSERT_GT(suspended, 0);
-  unsigned long long peak = 0, ooms = 0;
-  lt_fake_cuda_stats(&peak, &ooms);
-  ASSERT_EQ(ooms, 0);
-  ASSERT_ULE(peak, 16 * GiB);
-  ASSERT_EQ(lt_fake_wedged(), 0);
-  lt_check_invariants();
-  ASSERT_UEQ(lt_fake_cuda_used(), 0);
-}
-
-TEST_IMPL_T(susp_growing_jobs_on_demand, 180) {
-  growing_jobs(NULL);
-}
-
-/* The same programs declaring too little: growth past --mem waits (the
- * default now), and suspension keeps that from deadlocking. */
-TEST_IMPL_T(susp_growing_jobs_underdeclared, 180) {
-  growing_jobs("2G");
-}
-
-/* `cogpu suspend PID` parks a job: its memory leaves the device (another
- * job can use it), status shows it suspended with its footprint; `cogpu
- * resume` brings it back, data intact, and it finishes normally. */
-TEST_IMPL_T(susp_manual_suspend_resume, 60) {
-  su_begin();
-  const char *argv[] = {"cogpu",     "run",    "--",      prog(),
-                        "direct",    "init",   "ctx",     "alloc:4G",
-                        "hold:3000", "verify", "freeall", NULL};
-  pid_t job = su_spawn("job", argv);
-  /* The job's slot is cogpu run's; name it by the program's pid, found
-   * when it holds its memory. */
-  int cpid = 0;
-  for (int t = 0; !cpid; t += 20) {
-    cogpu_status_t *st = lt_status();
-    for (size_t i = 0; i < st->gpus[0].nclients; i++)
-      if (st->gpus[0].clients[i].reserved_bytes >= 4 * GiB)
-        cpid = st->gpus[0].clients[i].pid;
-    cogpu_status_free(st);
-    if (t > th_ms(10000))
-      th_fail(__FILE__, __LINE__, "the job never held its memory");
-    th_sleep_ms(20);
-  }
-  char pidtxt[16], out[4096];
-  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
-  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
-  ASSERT_CONTAINS(out, "moved to host memory");
-  cogpu_status_t *st;
-  const cogpu_client_info_t *c = su_client(&st, cpid);
-  ASSERT(c != NULL);
-  ASSERT_EQ(c->state, COGPU_JOB_SUSPENDED);
-  ASSERT_UEQ(c->reserved_bytes, 0);
-  ASSERT(c->suspended_bytes >= 4 * GiB);
-  ASSERT_UEQ(st->gpus[0].suspended_bytes, c->suspended_bytes);
-  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
-  cogpu_status_free(st);
-  ASSERT_UEQ(lt_fake_cuda_used(), 0); /* the device is empty */
-  /* Another job may use that memory meanwhile. */
-  pid_t other = lt_hold("other", 0, 12 * GiB, 0, 0, 300);
-  ASSERT_EQ(th_exit_code(th_wait(other, th_ms(10000))), HOLD_OK);
-  /* The job stays parked (suspended by hand) until resumed. */
-  th_sleep_ms(300);
-  c = su_client(&st, cpid);
-  ASSERT(c && c->state == COGPU_JOB_SUSPENDED);
-  cogpu_status_free(st);
-  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, res), 0);
-  ASSERT_CONTAINS(out, "resumed");
-  c = su_client(&st, cpid);
-  ASSERT(c && c->state == COGPU_JOB_RUNNING && c->reserved_bytes >= 4 * GiB);
-  cogpu_status_free(st);
-  ASSERT_EQ(su_finish(job, "job", 30000), 0);
-  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
-  ASSERT_EQ(lt_fake_wedged(), 0);
-  lt_check_invariants();
-}
-
-/* Reserve before restore: a resume waits in the queue until the GPU has
- * room for the whole footprint; the driver's restore is never tried
- * without it (the fake would wedge the process for good). */
-TEST_IMPL_T(susp_resume_waits_for_room, 60) {
-  su_begin();
-  const char *argv[] = {"cogpu",    "run",    "--",      prog(),
-                        "direct",   "init",   "ctx",     "alloc:6G",
-                        "hold:500", "verify", "freeall", NULL};
-  pid_t job = su_spawn("job", argv);
-  int cpid = 0;
-  for (int t = 0; !cpid; t += 20) {
-    cogpu_status_t *st = lt_status();
-    for (size_t i = 0; i < st->gpus[0].nclients; i++)
-      if (st->gpus[0].clients[i].reserved_bytes >= 6 * GiB)
-        cpid = st->gpus[0].clients[i].pid;
-    cogpu_status_free(st);
-    if (t > th_ms(10000))
-      th_fail(__FILE__, __LINE__, "the job never held its memory");
-    th_sleep_ms(20);
-  }
-  char pidtxt[16], out[4096];
-  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
-  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
-  /* 12 GiB taken meanwhile: 6.3 GiB no longer fit. */
-  pid_t big = lt_hold("big", 0, 12 * GiB, 0, 0, 2000);
-  lt_wait_nclients(0, 2, th_ms(5000));
-  const char *res[] = {"cogpu", "resume", pidtxt, "--timeout", "500ms", NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, res), 125);
-  ASSERT_CONTAINS(out, "not done");
-  cogpu_status_t *st;
-  const cogpu_client_info_t *c = su_client(&st, cpid);
-  ASSERT(c && c->state == COGPU_JOB_SUSPENDED);
-  cogpu_status_free(st);
-  ASSERT_EQ(lt_fake_wedged(), 0);
-  /* When the other job leaves, the resume (still queued) is served. */
-  ASSERT_EQ(th_exit_code(th_wait(big, th_ms(10000))), HOLD_OK);
-  ASSERT_EQ(su_finish(job, "job", 30000), 0);
-  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
-  ASSERT_EQ(lt_fake_wedged(), 0);
-  lt_check_invariants();
 }
 
 /* The pid of the (first) client of GPU 0 holding at least `bytes`, waited
@@ -314,29 +117,187 @@ static void su_wait_suspensions(int pid, unsigned n, int ms) {
 
 static pid_t su_job(const char *tag, const char *prio, const char *take,
                     const char *hold) {
-  const char *argv[] = {"cogpu", "run",    "--priority", prio,  "--",
-                        prog(),  "direct", "init",       "ctx", take,
-                        hold,    "verify", "freeall",    NULL};
-  return su_spawn(tag, argv);
+  const char *argv[] = {"cogpu",       "run",    "--priority", prio,  "--",
+                        lt_cudaprog(), "direct", "init",       "ctx", take,
+                        hold,          "verify", "freeall",    NULL};
+  return lt_spawn_logged(tag, argv);
 }
 
-/* preempt_priority: a request of higher priority suspends a job of lower
- * priority that holds the memory it needs; both complete, data intact. */
-TEST_IMPL_T(susp_priority_preemption, 90) {
-  th_setenv("COGPU_PREEMPT_PRIORITY", "yes");
+/* `cogpu VERB PID` (suspend or resume); its exit code, output in out. */
+static int su_cmd(const char *verb, int pid, char *out, size_t len) {
+  char pidtxt[16];
+  snprintf(pidtxt, sizeof pidtxt, "%d", pid);
+  const char *argv[] = {"cogpu", verb, pidtxt, NULL};
+  return su_cogpu(out, len, argv);
+}
+
+/* Starts a growing job: `cogpu run [--mem mem] -- cudaprog` taking its
+ * context, then `steps` steps of 512 MiB `hold_ms` apart, then checking
+ * its data; output in th_path(tag). */
+static pid_t su_growing(const char *tag, const char *mem, int steps,
+                        const char *hold) {
+  const char *argv[64];
+  int k = 0;
+  argv[k++] = "cogpu";
+  argv[k++] = "run";
+  if (mem) {
+    argv[k++] = "--mem";
+    argv[k++] = mem;
+  }
+  argv[k++] = "--";
+  argv[k++] = lt_cudaprog();
+  argv[k++] = "direct";
+  argv[k++] = "init";
+  argv[k++] = "ctx";
+  for (int s = 0; s < steps && k < 58; s++) {
+    argv[k++] = "alloc:512M";
+    argv[k++] = hold;
+  }
+  argv[k++] = "verify";
+  argv[k++] = "freeall";
+  argv[k] = NULL;
+  return lt_spawn_logged(tag, argv);
+}
+
+/* Eight unmodified programs, each growing to 4.8 GiB (its 300 MiB context,
+ * then 9 steps of 512 MiB) of a 16 GiB GPU, started together: without
+ * suspension some die (hold-and-wait; the deadlock guard fails one). With
+ * it all complete, none is told out-of-memory, the device never holds
+ * more than its size, and each suspended job finds its data intact. */
+static void growing_jobs(const char *mem) {
   su_begin();
-  pid_t low = su_job("low", "-5", "alloc:12G", "hold:2500");
+  lt_fake_reset_peak();
+  enum { N = 8 };
+  pid_t p[N];
+  char tag[N][16];
+  for (int i = 0; i < N; i++) {
+    snprintf(tag[i], sizeof tag[i], "job%d", i);
+    p[i] = su_growing(tag[i], mem, 9, "hold:50");
+  }
+  int suspended = 0, failed = 0;
+  for (int i = 0; i < N; i++) {
+    int code = su_finish(p[i], tag[i], 120000);
+    failed += code != 0;
+    const char *out = lt_slurp(tag[i]);
+    if (strstr(out, "suspended: this job")) {
+      suspended++;
+      ASSERT_CONTAINS(out, "resumed after");
+    }
+    ASSERT_CONTAINS(out, "verify ok");
+  }
+  ASSERT_EQ(failed, 0);
+  ASSERT_GT(suspended, 0);
+  unsigned long long peak = 0, ooms = 0;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  ASSERT_ULE(peak, 16 * GiB);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+  ASSERT_UEQ(lt_fake_cuda_used(), 0);
+}
+
+TEST_IMPL_T(susp_growing_jobs_on_demand, 180) {
+  growing_jobs(NULL);
+}
+
+/* The same programs declaring too little: growth past --mem waits (the
+ * default now), and suspension keeps that from deadlocking. */
+TEST_IMPL_T(susp_growing_jobs_underdeclared, 180) {
+  growing_jobs("2G");
+}
+
+/* `cogpu suspend PID` parks a job: its memory leaves the device (another
+ * job can use it), status shows it suspended with its footprint; `cogpu
+ * resume` brings it back, data intact, and it finishes normally. */
+TEST_IMPL_T(susp_manual_suspend_resume, 60) {
+  su_begin();
+  /* The job's slot is cogpu run's; it is named by its program's pid. */
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:3000");
+  int cpid = su_holder(4 * GiB);
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  ASSERT_CONTAINS(out, "moved to host memory");
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c != NULL);
+  ASSERT_EQ(c->state, COGPU_JOB_SUSPENDED);
+  ASSERT_UEQ(c->reserved_bytes, 0);
+  ASSERT(c->suspended_bytes >= 4 * GiB);
+  ASSERT_UEQ(st->gpus[0].suspended_bytes, c->suspended_bytes);
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+  ASSERT_UEQ(lt_fake_cuda_used(), 0); /* the device is empty */
+  /* Another job may use that memory meanwhile. */
+  pid_t other = lt_hold("other", 0, 12 * GiB, 0, 0, 300);
+  ASSERT_EQ(th_exit_code(th_wait(other, th_ms(10000))), HOLD_OK);
+  /* The job stays parked (suspended by hand) until resumed. */
+  th_sleep_ms(300);
+  c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_SUSPENDED);
+  cogpu_status_free(st);
+  ASSERT_EQ(su_cmd("resume", cpid, out, sizeof out), 0);
+  ASSERT_CONTAINS(out, "resumed");
+  c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_RUNNING && c->reserved_bytes >= 4 * GiB);
+  cogpu_status_free(st);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* Reserve before restore: a resume waits in the queue until the GPU has
+ * room for the whole footprint; the driver's restore is never tried
+ * without it (the fake would wedge the process for good). */
+TEST_IMPL_T(susp_resume_waits_for_room, 60) {
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:6G", "hold:500");
+  int cpid = su_holder(6 * GiB);
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  /* 12 GiB taken meanwhile: 6.3 GiB no longer fit. */
+  pid_t big = lt_hold("big", 0, 12 * GiB, 0, 0, 2000);
+  lt_wait_nclients(0, 2, th_ms(5000));
+  const char *res[] = {"cogpu", "resume", pidtxt, "--timeout", "500ms", NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, res), 125);
+  ASSERT_CONTAINS(out, "not done");
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_SUSPENDED);
+  cogpu_status_free(st);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  /* When the other job leaves, the resume (still queued) is served. */
+  ASSERT_EQ(th_exit_code(th_wait(big, th_ms(10000))), HOLD_OK);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* A job holding 12 GiB (priority low_prio) is suspended to make room for
+ * another's 8 GiB (priority high_prio); both complete, data intact. */
+static void preempted(const char *low_prio, const char *high_prio) {
+  su_begin();
+  pid_t low = su_job("low", low_prio, "alloc:12G", "hold:2500");
   int lpid = su_holder(12 * GiB);
-  pid_t high = su_job("high", "10", "alloc:8G", "hold:200");
+  pid_t high = su_job("high", high_prio, "alloc:8G", "hold:200");
   su_wait_suspensions(lpid, 1, 20000);
   ASSERT_EQ(su_finish(high, "high", 30000), 0);
   ASSERT_EQ(su_finish(low, "low", 30000), 0);
-  ASSERT_CONTAINS(su_slurp("low"), "verify ok");
+  ASSERT_CONTAINS(lt_slurp("low"), "verify ok");
   unsigned long long peak = 0, ooms = 0;
   lt_fake_cuda_stats(&peak, &ooms);
   ASSERT_EQ(ooms, 0);
   ASSERT_EQ(lt_fake_wedged(), 0);
   lt_check_invariants();
+}
+
+/* preempt_priority: a request of higher priority suspends a job of lower
+ * priority that holds the memory it needs. */
+TEST_IMPL_T(susp_priority_preemption, 90) {
+  th_setenv("COGPU_PREEMPT_PRIORITY", "yes");
+  preempted("-5", "10");
 }
 
 /* Without preempt_priority (the default) the same high-priority request
@@ -357,19 +318,10 @@ TEST_IMPL_T(susp_no_priority_preemption_by_default, 90) {
 }
 
 /* max_idle: a job whose processes did no GPU work for that long is
- * suspended while another's request waits; both complete. */
+ * suspended while another's request (of the same priority) waits. */
 TEST_IMPL_T(susp_idle_preemption, 90) {
   th_setenv("COGPU_MAX_IDLE", "500ms");
-  su_begin();
-  pid_t idle = su_job("idle", "0", "alloc:12G", "hold:3000");
-  int ipid = su_holder(12 * GiB);
-  pid_t other = su_job("other", "0", "alloc:8G", "hold:100");
-  su_wait_suspensions(ipid, 1, 20000);
-  ASSERT_EQ(su_finish(other, "other", 30000), 0);
-  ASSERT_EQ(su_finish(idle, "idle", 30000), 0);
-  ASSERT_CONTAINS(su_slurp("idle"), "verify ok");
-  ASSERT_EQ(lt_fake_wedged(), 0);
-  lt_check_invariants();
+  preempted("0", "0");
 }
 
 /* Deadlock between a job that used managed memory (cannot be checkpointed)
@@ -377,18 +329,18 @@ TEST_IMPL_T(susp_idle_preemption, 90) {
  * complete. */
 TEST_IMPL_T(susp_unsuspendable_never_picked, 90) {
   su_begin();
-  const char *a[] = {"cogpu",    "run",      "--",      prog(),
+  const char *a[] = {"cogpu",    "run",      "--",      lt_cudaprog(),
                      "direct",   "init",     "ctx",     "managed:7G",
                      "hold:400", "alloc:4G", "freeall", NULL};
-  const char *b[] = {"cogpu",  "run",     "--",       prog(),     "direct",
-                     "init",   "ctx",     "alloc:7G", "hold:400", "alloc:4G",
+  const char *b[] = {"cogpu",  "run",     "--",       lt_cudaprog(), "direct",
+                     "init",   "ctx",     "alloc:7G", "hold:400",    "alloc:4G",
                      "verify", "freeall", NULL};
-  pid_t pa = su_spawn("a", a);
-  pid_t pb = su_spawn("b", b);
+  pid_t pa = lt_spawn_logged("a", a);
+  pid_t pb = lt_spawn_logged("b", b);
   ASSERT_EQ(su_finish(pa, "a", 60000), 0);
   ASSERT_EQ(su_finish(pb, "b", 60000), 0);
-  ASSERT(strstr(su_slurp("a"), "suspended:") == NULL);
-  ASSERT_CONTAINS(su_slurp("b"), "suspended: this job");
+  ASSERT(strstr(lt_slurp("a"), "suspended:") == NULL);
+  ASSERT_CONTAINS(lt_slurp("b"), "suspended: this job");
   ASSERT_EQ(lt_fake_wedged(), 0);
   lt_check_invariants();
 }
@@ -397,15 +349,15 @@ TEST_IMPL_T(susp_unsuspendable_never_picked, 90) {
  * the deadlock guard fails one request, saying why. */
 TEST_IMPL_T(susp_guard_says_why_nothing_suspends, 90) {
   su_begin();
-  const char *a[] = {"cogpu",    "run",      "--",      prog(),
+  const char *a[] = {"cogpu",    "run",      "--",      lt_cudaprog(),
                      "direct",   "init",     "ctx",     "managed:7G",
                      "hold:400", "alloc:4G", "freeall", NULL};
-  pid_t pa = su_spawn("a", a);
-  pid_t pb = su_spawn("b", a);
+  pid_t pa = lt_spawn_logged("a", a);
+  pid_t pb = lt_spawn_logged("b", a);
   int ca = th_exit_code(th_wait(pa, th_ms(30000)));
   int cb = th_exit_code(th_wait(pb, th_ms(30000)));
   ASSERT((ca == 0 && cb == 2) || (ca == 2 && cb == 0));
-  ASSERT_CONTAINS(su_slurp(ca == 2 ? "a" : "b"), "deadlock");
+  ASSERT_CONTAINS(lt_slurp(ca == 2 ? "a" : "b"), "deadlock");
   char out[4096];
   const char *sus[] = {"cogpu", "status", NULL};
   su_cogpu(out, sizeof out, sus);
@@ -420,10 +372,8 @@ TEST_IMPL_T(susp_host_memory_bound, 60) {
   su_begin();
   pid_t job = su_job("job", "0", "alloc:4G", "hold:1000");
   int cpid = su_holder(4 * GiB);
-  char pidtxt[16], out[4096];
-  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
-  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 125);
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 125);
   ASSERT_CONTAINS(out, "suspend_max");
   cogpu_status_t *st;
   const cogpu_client_info_t *c = su_client(&st, cpid);
@@ -478,10 +428,8 @@ TEST_IMPL_T(susp_kill_suspended_job, 60) {
   su_begin();
   pid_t job = su_job("job", "0", "alloc:4G", "hold:30000");
   int cpid = su_holder(4 * GiB);
-  char pidtxt[16], out[4096];
-  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
-  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
   ASSERT_EQ(kill(cpid, SIGKILL), 0);
   th_wait(job, th_ms(10000));
   for (int t = 0;; t += 20) {
@@ -505,17 +453,14 @@ TEST_IMPL_T(susp_daemon_restart_while_suspended, 60) {
   su_begin();
   pid_t job = su_job("job", "0", "alloc:4G", "hold:2000");
   int cpid = su_holder(4 * GiB);
-  char pidtxt[16], out[4096];
-  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
-  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
   th_daemon_stop(SIGKILL);
   th_daemon_start();
   su_wait_state(cpid, COGPU_JOB_SUSPENDED, 10000);
-  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, res), 0);
+  ASSERT_EQ(su_cmd("resume", cpid, out, sizeof out), 0);
   ASSERT_EQ(su_finish(job, "job", 30000), 0);
-  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
   ASSERT_EQ(lt_fake_wedged(), 0);
   lt_check_invariants();
 }
@@ -530,7 +475,7 @@ TEST_IMPL_T(susp_daemon_killed_mid_suspend, 60) {
   char pidtxt[16];
   snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
   const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
-  pid_t s = su_spawn("suspend", sus);
+  pid_t s = lt_spawn_logged("suspend", sus);
   su_wait_state(cpid, COGPU_JOB_SUSPENDING, 5000);
   th_sleep_ms(300);
   th_daemon_stop(SIGKILL);
@@ -538,7 +483,7 @@ TEST_IMPL_T(susp_daemon_killed_mid_suspend, 60) {
   th_daemon_start();
   su_wait_state(cpid, COGPU_JOB_RUNNING, 20000);
   ASSERT_EQ(su_finish(job, "job", 30000), 0);
-  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
   ASSERT_EQ(lt_fake_wedged(), 0);
   lt_check_invariants();
 }
@@ -552,24 +497,8 @@ TEST_IMPL_T(susp_chaos_kills, 180) {
   pid_t p[N];
   char tag[N][16];
   for (int i = 0; i < N; i++) {
-    const char *argv[40];
-    int k = 0;
-    argv[k++] = "cogpu";
-    argv[k++] = "run";
-    argv[k++] = "--";
-    argv[k++] = prog();
-    argv[k++] = "direct";
-    argv[k++] = "init";
-    argv[k++] = "ctx";
-    for (int s = 0; s < 10; s++) {
-      argv[k++] = "alloc:512M";
-      argv[k++] = "hold:60";
-    }
-    argv[k++] = "verify";
-    argv[k++] = "freeall";
-    argv[k] = NULL;
     snprintf(tag[i], sizeof tag[i], "job%d", i);
-    p[i] = su_spawn(tag[i], argv);
+    p[i] = su_growing(tag[i], NULL, 10, "hold:60");
   }
   /* Kill the program (not cogpu run) of jobs 1, 3 and 5 at random times,
    * whatever state they are in. */
@@ -588,8 +517,8 @@ TEST_IMPL_T(susp_chaos_kills, 180) {
     if (i % 2 == 0) {
       if (code != 0)
         th_fail(__FILE__, __LINE__, "job %d exit %d:\n%s", i, code,
-                su_slurp(tag[i]));
-      ASSERT_CONTAINS(su_slurp(tag[i]), "verify ok");
+                lt_slurp(tag[i]));
+      ASSERT_CONTAINS(lt_slurp(tag[i]), "verify ok");
     }
   }
   ASSERT_EQ(lt_fake_wedged(), 0);
@@ -616,17 +545,16 @@ TEST_IMPL_T(susp_daemon_killed_mid_resume, 60) {
   int cpid = su_holder(4 * GiB);
   char pidtxt[16], out[4096];
   snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
-  const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
-  ASSERT_EQ(su_cogpu(out, sizeof out, sus), 0);
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
   const char *res[] = {"cogpu", "resume", pidtxt, NULL};
-  pid_t r = su_spawn("resume", res);
+  pid_t r = lt_spawn_logged("resume", res);
   su_wait_state(cpid, COGPU_JOB_RESUMING, 5000);
   th_sleep_ms(300);
   th_daemon_stop(SIGKILL);
   th_wait(r, th_ms(10000));
   th_daemon_start();
   ASSERT_EQ(su_finish(job, "job", 30000), 0);
-  ASSERT_CONTAINS(su_slurp("job"), "verify ok");
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
   ASSERT_EQ(lt_fake_wedged(), 0);
   lt_check_invariants();
 }
@@ -645,7 +573,7 @@ TEST_IMPL_T(susp_one_at_a_time, 60) {
   ASSERT_EQ(su_cogpu(out, sizeof out, res), 125);
   ASSERT_CONTAINS(out, "not suspended");
   const char *sus[] = {"cogpu", "suspend", pidtxt, NULL};
-  pid_t first = su_spawn("first", sus);
+  pid_t first = lt_spawn_logged("first", sus);
   su_wait_state(cpid, COGPU_JOB_SUSPENDING, 5000);
   ASSERT_EQ(su_cogpu(out, sizeof out, sus), 125);
   ASSERT_CONTAINS(out, "already being suspended");
@@ -660,12 +588,12 @@ TEST_IMPL_T(susp_one_at_a_time, 60) {
  * in the memory that frees, and completes. */
 TEST_IMPL_T(susp_waiter_killed, 60) {
   su_begin();
-  const char *argv[] = {"cogpu",    "run",      "--",        prog(),
+  const char *argv[] = {"cogpu",    "run",      "--",        lt_cudaprog(),
                         "direct",   "init",     "ctx",       "alloc:7G",
                         "hold:300", "alloc:4G", "hold:3000", "verify",
                         "freeall",  NULL};
-  pid_t a = su_spawn("a", argv);
-  pid_t b = su_spawn("b", argv);
+  pid_t a = lt_spawn_logged("a", argv);
+  pid_t b = lt_spawn_logged("b", argv);
   /* One of them is suspended so that the other may grow; kill that one. */
   int suspended = 0, runner = 0;
   for (int t = 0; !runner; t += 20) {
@@ -689,7 +617,7 @@ TEST_IMPL_T(susp_waiter_killed, 60) {
   /* The killed job's cogpu run dies of its command's signal; the other
    * completes. */
   ASSERT((ca == 0) != (cb == 0));
-  ASSERT_CONTAINS(su_slurp(ca == 0 ? "a" : "b"), "verify ok");
+  ASSERT_CONTAINS(lt_slurp(ca == 0 ? "a" : "b"), "verify ok");
   ASSERT_EQ(lt_fake_wedged(), 0);
   lt_check_invariants();
 }

@@ -33,40 +33,10 @@ static void preload_env(void) {
   setenv("COGPU_LOG", "warn", 1);
 }
 
-static const char *prog(void) {
-  static char p[4096];
-  snprintf(p, sizeof p, "%s/tests/cudaprog", th_build_dir());
-  return p;
-}
-
-/* Start argv (NULL-ended) with stdout and stderr in th_path(tag). */
-static pid_t spawn(const char *tag, const char *const argv[]) {
-  pid_t pid = fork();
-  ASSERT(pid >= 0);
-  if (pid == 0) {
-    int fd = open(th_path(tag), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execvp(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  return pid;
-}
-
-static char *slurp(const char *tag) {
-  static char buf[65536];
-  int fd = open(th_path(tag), O_RDONLY);
-  ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : 0;
-  if (fd >= 0)
-    close(fd);
-  buf[n > 0 ? n : 0] = 0;
-  return buf;
-}
-
 static int finish(pid_t pid, const char *tag) {
   int code = th_exit_code(th_wait(pid, th_ms(30000)));
   if (code != 0)
-    fprintf(stderr, "[%s exit %d]\n%s\n", tag, code, slurp(tag));
+    fprintf(stderr, "[%s exit %d]\n%s\n", tag, code, lt_slurp(tag));
   return code;
 }
 
@@ -103,12 +73,12 @@ static void held_then_returned(const char *route, const char *take,
                                uint64_t held, const char *give,
                                const char *last) {
   preload_env();
-  const char *argv[] = {"cogpu",     "run", "--", prog(),      route,
-                        "init",      "ctx", take, "hold:1500", give,
+  const char *argv[] = {"cogpu",     "run", "--", lt_cudaprog(), route,
+                        "init",      "ctx", take, "hold:1500",   give,
                         "hold:1500", last,  NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s %s", prog(), route);
+  snprintf(job, sizeof job, "%s %s", lt_cudaprog(), route);
   expect_job(job, 300 * MiB + held, 0);
   expect_job(job, 300 * MiB, 128 * MiB);
   ASSERT_EQ(finish(p, "out"), 0);
@@ -139,32 +109,32 @@ TEST_IMPL(preload_route_unrecognised_entries_pass_through) {
   preload_env();
   setenv("FAKE_CUDA_PRIVATE_ENTRIES", "1", 1);
   setenv("COGPU_LOG", "info", 1);
-  const char *argv[] = {"cogpu",     "run",     "--",  prog(),
+  const char *argv[] = {"cogpu",     "run",     "--",  lt_cudaprog(),
                         "runtime",   "init",    "ctx", "alloc:1G",
                         "hold:1500", "freeall", NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s runtime", prog());
+  snprintf(job, sizeof job, "%s runtime", lt_cudaprog());
   /* The context is accounted (its entry points are recognised); the 1G
    * is not, at any point. */
   expect_job(job, 300 * MiB, 0);
   th_sleep_ms(500);
   expect_job(job, 300 * MiB, 0);
   ASSERT_EQ(finish(p, "out"), 0);
-  ASSERT_CONTAINS(slurp("out"), "cuGetProcAddress(cuMemAlloc) gave an entry "
-                                "point cogpu does not recognise");
-  ASSERT_CONTAINS(slurp("out"), "alloc 1073741824 ok");
+  ASSERT_CONTAINS(lt_slurp("out"), "cuGetProcAddress(cuMemAlloc) gave an entry "
+                                   "point cogpu does not recognise");
+  ASSERT_CONTAINS(lt_slurp("out"), "alloc 1073741824 ok");
 }
 
 TEST_IMPL(preload_reserve_mode) {
   preload_env();
-  const char *argv[] = {"cogpu",     "run",      "--mem",      "2G",
-                        "--",        prog(),     "direct",     "init",
-                        "ctx",       "alloc:1G", "alloc:512M", "info",
-                        "hold:1000", "alloc:1G", "hold:1000",  NULL};
-  pid_t p = spawn("out", argv);
+  const char *argv[] = {"cogpu",     "run",         "--mem",      "2G",
+                        "--",        lt_cudaprog(), "direct",     "init",
+                        "ctx",       "alloc:1G",    "alloc:512M", "info",
+                        "hold:1000", "alloc:1G",    "hold:1000",  NULL};
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   expect_job(job, 2 * GiB, 0);
   /* Past --mem it grows, since the memory is free: 300M + 2.5G. */
   expect_job(job, 300 * MiB + 2 * GiB + 512 * MiB, 0);
@@ -174,7 +144,7 @@ TEST_IMPL(preload_reserve_mode) {
   snprintf(want, sizeof want, "free=%llu total=%llu",
            (unsigned long long)(2 * GiB - 300 * MiB - GiB - 512 * MiB),
            (unsigned long long)(2 * GiB));
-  ASSERT_CONTAINS(slurp("out"), want);
+  ASSERT_CONTAINS(lt_slurp("out"), want);
 }
 
 /* With grow_wait=no, growth past --mem that does not fit now is told
@@ -185,12 +155,12 @@ TEST_IMPL(preload_reserve_mode_out_of_memory) {
   pid_t other = lt_hold("other", 0, 13 * GiB, 0, 0, -1);
   lt_wait_nclients(0, 1, 5000);
   /* 3G reserved; growing past it finds nothing free: out-of-memory. */
-  const char *argv[] = {"cogpu", "run",      "--mem",    "3G",
-                        "--",    prog(),     "direct",   "init",
-                        "ctx",   "alloc:2G", "alloc:1G", NULL};
-  pid_t p = spawn("out", argv);
+  const char *argv[] = {"cogpu", "run",         "--mem",    "3G",
+                        "--",    lt_cudaprog(), "direct",   "init",
+                        "ctx",   "alloc:2G",    "alloc:1G", NULL};
+  pid_t p = lt_spawn_logged("out", argv);
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(30000))), 2);
-  ASSERT_CONTAINS(slurp("out"), "alloc: error 2");
+  ASSERT_CONTAINS(lt_slurp("out"), "alloc: error 2");
   kill(other, SIGKILL);
   th_wait(other, th_ms(5000));
 }
@@ -201,12 +171,12 @@ TEST_IMPL(preload_reserve_mode_growth_waits) {
   preload_env();
   pid_t other = lt_hold("other", 0, 13 * GiB, 0, 0, 1500);
   lt_wait_nclients(0, 1, 5000);
-  const char *argv[] = {"cogpu",    "run",     "--mem", "3G",  "--",
-                        prog(),     "direct",  "init",  "ctx", "alloc:2G",
-                        "alloc:1G", "freeall", NULL};
-  pid_t p = spawn("out", argv);
+  const char *argv[] = {"cogpu",       "run",     "--mem", "3G",  "--",
+                        lt_cudaprog(), "direct",  "init",  "ctx", "alloc:2G",
+                        "alloc:1G",    "freeall", NULL};
+  pid_t p = lt_spawn_logged("out", argv);
   ASSERT_EQ(finish(p, "out"), 0);
-  ASSERT_CONTAINS(slurp("out"), "waiting for");
+  ASSERT_CONTAINS(lt_slurp("out"), "waiting for");
   ASSERT_EQ(th_exit_code(th_wait(other, th_ms(5000))), HOLD_OK);
   lt_check_invariants();
 }
@@ -219,7 +189,7 @@ TEST_IMPL(preload_memory_paths) {
   const char *argv[] = {"cogpu",
                         "run",
                         "--",
-                        prog(),
+                        lt_cudaprog(),
                         "direct",
                         "init",
                         "ctx",
@@ -240,9 +210,9 @@ TEST_IMPL(preload_memory_paths) {
                         "freeall",
                         "hold:700",
                         NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   uint64_t base = 300 * MiB, slack = 4 * MiB;
   expect_job(job, base, slack);
   expect_job(job, base + MiB, slack);                 /* pitch 1024 x 1024 */
@@ -259,12 +229,13 @@ TEST_IMPL(preload_stream_ordered_pool) {
   setenv("COGPU_GROW_STEP", "1M", 1);
   /* A pool reserves 2 MiB granules and keeps freed memory until trimmed:
    * the job is charged what the pool holds. */
-  const char *argv[] = {"cogpu",    "run",  "--",       prog(),     "runtime",
-                        "init",     "ctx",  "async:1M", "hold:700", "asyncfree",
-                        "hold:700", "trim", "hold:700", NULL};
-  pid_t p = spawn("out", argv);
+  const char *argv[] = {"cogpu",    "run",       "--",       lt_cudaprog(),
+                        "runtime",  "init",      "ctx",      "async:1M",
+                        "hold:700", "asyncfree", "hold:700", "trim",
+                        "hold:700", NULL};
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s runtime", prog());
+  snprintf(job, sizeof job, "%s runtime", lt_cudaprog());
   expect_job(job, 302 * MiB, 3 * MiB); /* granule held */
   expect_job(job, 302 * MiB, 3 * MiB); /* freed, still in the pool */
   expect_job(job, 300 * MiB, 3 * MiB); /* trimmed */
@@ -274,36 +245,36 @@ TEST_IMPL(preload_stream_ordered_pool) {
 TEST_IMPL(preload_passes_errors_and_unknown_frees) {
   preload_env();
   setenv("FAKE_CUDA_FAIL", "cuMemAlloc_v2:1", 1);
-  const char *argv[] = {"cogpu", "run", "--",       prog(), "direct",
+  const char *argv[] = {"cogpu", "run", "--",       lt_cudaprog(), "direct",
                         "init",  "ctx", "alloc:1G", NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(30000))), 3);
-  ASSERT_CONTAINS(slurp("out"), "alloc: error 999");
+  ASSERT_CONTAINS(lt_slurp("out"), "alloc: error 999");
   unsetenv("FAKE_CUDA_FAIL");
-  const char *argv2[] = {"cogpu",       "run",      "--",  prog(),
+  const char *argv2[] = {"cogpu",       "run",      "--",  lt_cudaprog(),
                          "direct",      "init",     "ctx", "freeunknown",
                          "exporttable", "rtldnext", NULL};
-  p = spawn("out2", argv2);
+  p = lt_spawn_logged("out2", argv2);
   ASSERT_EQ(finish(p, "out2"), 0);
-  ASSERT_CONTAINS(slurp("out2"), "freeunknown=1"); /* the driver's answer */
-  ASSERT_CONTAINS(slurp("out2"), "rtldnext same");
-  ASSERT_CONTAINS(slurp("out2"), "exporttable same");
+  ASSERT_CONTAINS(lt_slurp("out2"), "freeunknown=1"); /* the driver's answer */
+  ASSERT_CONTAINS(lt_slurp("out2"), "rtldnext same");
+  ASSERT_CONTAINS(lt_slurp("out2"), "exporttable same");
 }
 
 TEST_IMPL(preload_meminfo_on_demand) {
   preload_env();
   pid_t other = lt_hold("other", 0, 6 * GiB, 0, 0, -1);
   lt_wait_nclients(0, 1, 5000);
-  const char *argv[] = {"cogpu", "run", "--",       prog(), "direct",
-                        "init",  "ctx", "alloc:1G", "info", NULL};
-  pid_t p = spawn("out", argv);
+  const char *argv[] = {"cogpu", "run", "--",       lt_cudaprog(), "direct",
+                        "init",  "ctx", "alloc:1G", "info",        NULL};
+  pid_t p = lt_spawn_logged("out", argv);
   ASSERT_EQ(finish(p, "out"), 0);
   /* Free: 16G - 6G (other) - 1.3G (own), plus nothing spare. */
   char want[128];
   snprintf(want, sizeof want, "free=%llu total=%llu",
            (unsigned long long)(10 * GiB - 300 * MiB - GiB),
            (unsigned long long)(16 * GiB));
-  ASSERT_CONTAINS(slurp("out"), want);
+  ASSERT_CONTAINS(lt_slurp("out"), want);
   kill(other, SIGKILL);
   th_wait(other, th_ms(5000));
 }
@@ -319,8 +290,8 @@ TEST_IMPL(preload_unaccounted_without_ledger) {
   const char *rt = getenv("LD_PRELOAD");
   snprintf(pre, sizeof pre, "LD_PRELOAD=%s%s%s/libcogpu-preload.so",
            rt ? rt : "", rt ? " " : "", th_build_dir());
-  const char *argv[] = {prog(),     "direct", "init", "ctx",
-                        "alloc:1G", "free",   NULL};
+  const char *argv[] = {lt_cudaprog(), "direct", "init", "ctx",
+                        "alloc:1G",    "free",   NULL};
   const char *env[] = {pre, NULL};
   char out[4096], err[4096];
   ASSERT_EQ(th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(20000)),
@@ -334,14 +305,13 @@ TEST_IMPL(preload_unaccounted_without_ledger) {
  * context goes (`end`), the driver frees it, and so does the job. */
 static void freed_with_context(const char *ctx, const char *end) {
   preload_env();
-  const char *argv[] = {"cogpu",     "run",      "--",
-                        prog(),      "direct",   "init",
-                        ctx,         "alloc:1G", "array:1024:1024",
-                        "hold:1200", end,        "hold:4000",
-                        NULL};
-  pid_t p = spawn("out", argv);
+  const char *argv[] = {
+      "cogpu", "run",       "--",       lt_cudaprog(),     "direct",
+      "init",  ctx,         "alloc:1G", "array:1024:1024", "hold:1200",
+      end,     "hold:4000", NULL};
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   expect_job(job, 300 * MiB + GiB + 16 * MiB, 64 * MiB);
   /* While the program still runs: at most two spare growth steps. */
   expect_job_within(job, 0, 128 * MiB, 3000);
@@ -375,15 +345,15 @@ static void with_interposer(bool before) {
   snprintf(pre, sizeof pre, "%s%s%s%s/tests/fakes/libinterposer.so",
            rt ? rt : "", rt ? " " : "", ours, th_build_dir());
   setenv("LD_PRELOAD", pre, 1);
-  const char *argv[] = {"cogpu",     "run",  "--",  prog(),
+  const char *argv[] = {"cogpu",     "run",  "--",  lt_cudaprog(),
                         "direct",    "init", "ctx", "alloc:1G",
                         "hold:1500", "free", NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   expect_job(job, 300 * MiB + GiB, 0);
   ASSERT_EQ(finish(p, "out"), 0);
-  ASSERT_CONTAINS(slurp("out"), "interposer: 1 cuMemAlloc_v2 calls");
+  ASSERT_CONTAINS(lt_slurp("out"), "interposer: 1 cuMemAlloc_v2 calls");
 }
 
 TEST_IMPL(preload_interposer_before) {
@@ -415,19 +385,19 @@ TEST_IMPL(preload_graph_memory_runtime) {
  * being handed memory the driver does not have. */
 TEST_IMPL(preload_graph_memory_protects_neighbours) {
   preload_env();
-  const char *a[] = {"cogpu",     "run",       "--",       prog(),
+  const char *a[] = {"cogpu",     "run",       "--",       lt_cudaprog(),
                      "direct",    "init",      "ctx",      "graph:10G",
                      "hold:1500", "graphtrim", "hold:300", NULL};
-  pid_t pa = spawn("a", a);
+  pid_t pa = lt_spawn_logged("a", a);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   expect_job(job, 300 * MiB + 10 * GiB, 0);
-  const char *b[] = {"cogpu", "run", "--",       prog(),    "dlsym",
-                     "init",  "ctx", "alloc:8G", "freeall", NULL};
-  pid_t pb = spawn("b", b);
+  const char *b[] = {"cogpu", "run", "--",       lt_cudaprog(), "dlsym",
+                     "init",  "ctx", "alloc:8G", "freeall",     NULL};
+  pid_t pb = lt_spawn_logged("b", b);
   ASSERT_EQ(finish(pb, "b"), 0);
   ASSERT_EQ(finish(pa, "a"), 0);
-  ASSERT_CONTAINS(slurp("b"), "waiting for");
+  ASSERT_CONTAINS(lt_slurp("b"), "waiting for");
   unsigned long long peak, ooms;
   lt_fake_cuda_stats(&peak, &ooms);
   ASSERT_EQ(ooms, 0);
@@ -443,21 +413,22 @@ TEST_IMPL(preload_graph_launch_while_another_thread_waits) {
   preload_env();
   pid_t other = lt_hold("other", 0, 14 * GiB, 0, 0, -1);
   lt_wait_nclients(0, 1, 5000);
-  const char *argv[] = {
-      "cogpu",       "run",      "--",        prog(), "direct",  "init", "ctx",
-      "bg:alloc:4G", "hold:500", "graph:64M", "join", "freeall", NULL};
-  pid_t p = spawn("out", argv);
+  const char *argv[] = {"cogpu",    "run",       "--",   lt_cudaprog(),
+                        "direct",   "init",      "ctx",  "bg:alloc:4G",
+                        "hold:500", "graph:64M", "join", "freeall",
+                        NULL};
+  pid_t p = lt_spawn_logged("out", argv);
   bool launched = false;
   for (int i = 0; i < th_ms(3000) / 20 && !launched; i++) {
     th_sleep_ms(20);
-    launched = strstr(slurp("out"), "graph launched") != NULL;
+    launched = strstr(lt_slurp("out"), "graph launched") != NULL;
   }
-  ASSERT_CONTAINS(slurp("out"), "waiting for"); /* the other thread */
-  ASSERT(!strstr(slurp("out"), "joined"));
+  ASSERT_CONTAINS(lt_slurp("out"), "waiting for"); /* the other thread */
+  ASSERT(!strstr(lt_slurp("out"), "joined"));
   kill(other, SIGKILL);
   th_wait(other, th_ms(5000));
   ASSERT_EQ(finish(p, "out"), 0);
-  ASSERT_CONTAINS(slurp("out"), "joined 0");
+  ASSERT_CONTAINS(lt_slurp("out"), "joined 0");
   ASSERT(launched); /* before the other thread was served */
   lt_check_invariants();
 }
@@ -473,16 +444,16 @@ TEST_IMPL(preload_graph_launch_while_another_thread_waits) {
 static pid_t hidden_holder_left(const char *hold, bool left) {
   th_setenv("COGPU_FOREIGN_REFRESH", "1h");
   const char *st[] = {"cogpu", "status", NULL};
-  ASSERT_EQ(finish(spawn("status", st), "status"), 0);
-  const char *argv[] = {prog(),      "direct", "init", "ctx",
-                        "alloc:10G", hold,     NULL};
-  pid_t h = spawn("holder", argv);
+  ASSERT_EQ(finish(lt_spawn_logged("status", st), "status"), 0);
+  const char *argv[] = {lt_cudaprog(), "direct", "init", "ctx",
+                        "alloc:10G",   hold,     NULL};
+  pid_t h = lt_spawn_logged("holder", argv);
   for (int i = 0; i < 500 && lt_fake_cuda_used() < 10 * GiB; i++)
     th_sleep_ms(10);
   ASSERT(lt_fake_cuda_used() >= 10 * GiB);
   if (left) {
     const char *gone[] = {"cogpu", "run", "--mem", "10G", "--", "true", NULL};
-    ASSERT_EQ(finish(spawn("gone", gone), "gone"), 0);
+    ASSERT_EQ(finish(lt_spawn_logged("gone", gone), "gone"), 0);
   }
   return h;
 }
@@ -493,9 +464,9 @@ static pid_t hidden_holder(const char *hold) {
 
 /* An 8G job: with the holder's 10G, more than the GPU has. */
 static pid_t big_job(const char *tag) {
-  const char *argv[] = {"cogpu", "run", "--",       prog(),    "direct",
-                        "init",  "ctx", "alloc:8G", "freeall", NULL};
-  return spawn(tag, argv);
+  const char *argv[] = {"cogpu", "run", "--",       lt_cudaprog(), "direct",
+                        "init",  "ctx", "alloc:8G", "freeall",     NULL};
+  return lt_spawn_logged(tag, argv);
 }
 
 TEST_IMPL(preload_driver_refusal_waits) {
@@ -503,7 +474,7 @@ TEST_IMPL(preload_driver_refusal_waits) {
   setenv("COGPU_LOG", "info", 1);
   pid_t h = hidden_holder("hold:1000");
   ASSERT_EQ(finish(big_job("out"), "out"), 0);
-  ASSERT_CONTAINS(slurp("out"), "the driver refused memory cogpu granted");
+  ASSERT_CONTAINS(lt_slurp("out"), "the driver refused memory cogpu granted");
   ASSERT_EQ(th_exit_code(th_wait(h, th_ms(10000))), 0);
 }
 
@@ -512,14 +483,14 @@ TEST_IMPL(preload_driver_refusal_bounded) {
   pid_t h = hidden_holder("hold:20000");
   setenv("COGPU_DRIVER_WAIT", "0", 1);
   ASSERT_EQ(th_exit_code(th_wait(big_job("now"), th_ms(10000))), 2);
-  ASSERT_CONTAINS(slurp("now"), "alloc: error 2");
-  ASSERT(!strstr(slurp("now"), "the driver is out of memory"));
+  ASSERT_CONTAINS(lt_slurp("now"), "alloc: error 2");
+  ASSERT(!strstr(lt_slurp("now"), "the driver is out of memory"));
   setenv("COGPU_DRIVER_WAIT", "300ms", 1);
   uint64_t t0 = cogpu__now_ns();
   ASSERT_EQ(th_exit_code(th_wait(big_job("later"), th_ms(10000))), 2);
   ASSERT_GE((int64_t)((cogpu__now_ns() - t0) / 1000000), 300);
-  ASSERT_CONTAINS(slurp("later"), "alloc: error 2");
-  ASSERT_CONTAINS(slurp("later"),
+  ASSERT_CONTAINS(lt_slurp("later"), "alloc: error 2");
+  ASSERT_CONTAINS(lt_slurp("later"),
                   "the driver is out of memory that cogpu counts as free");
   kill(h, SIGKILL);
   th_wait(h, th_ms(5000));
@@ -539,8 +510,8 @@ TEST_IMPL(preload_genuine_out_of_memory_is_fast) {
   ASSERT_EQ(th_exit_code(th_wait(big_job("oom"), th_ms(10000))), 2);
   /* driver_wait is 2 s; start-up and the job itself take far less. */
   ASSERT_LT((int64_t)((cogpu__now_ns() - t0) / 1000000), 1500);
-  ASSERT_CONTAINS(slurp("oom"), "alloc: error 2");
-  ASSERT(!strstr(slurp("oom"), "the driver refused memory cogpu granted"));
+  ASSERT_CONTAINS(lt_slurp("oom"), "alloc: error 2");
+  ASSERT(!strstr(lt_slurp("oom"), "the driver refused memory cogpu granted"));
   kill(h, SIGKILL);
   th_wait(h, th_ms(5000));
   lt_check_invariants();
@@ -555,15 +526,18 @@ static int eight_jobs(bool with_cogpu, const char *mem, int kill_one) {
   char tag[N][16];
   for (int i = 0; i < N; i++) {
     snprintf(tag[i], sizeof tag[i], "job%d", i);
-    const char *direct[] = {prog(),        "direct",   "init",    "ctx",
+    const char *direct[] = {lt_cudaprog(), "direct",   "init",    "ctx",
                             "alloc:4800M", "hold:300", "freeall", NULL};
-    const char *under[] = {"cogpu",    "run",     "--mem", mem,   "--",
-                           prog(),     "direct",  "init",  "ctx", "alloc:4800M",
-                           "hold:300", "freeall", NULL};
-    const char *on_demand[] = {"cogpu",    "run",     "--",  prog(),
+    const char *under[] = {"cogpu", "run",         "--mem",    mem,
+                           "--",    lt_cudaprog(), "direct",   "init",
+                           "ctx",   "alloc:4800M", "hold:300", "freeall",
+                           NULL};
+    const char *on_demand[] = {"cogpu",    "run",     "--",  lt_cudaprog(),
                                "direct",   "init",    "ctx", "alloc:4800M",
                                "hold:300", "freeall", NULL};
-    p[i] = spawn(tag[i], !with_cogpu ? direct : mem ? under : on_demand);
+    p[i] = lt_spawn_logged(tag[i], !with_cogpu ? direct
+                                   : mem       ? under
+                                               : on_demand);
   }
   if (kill_one >= 0) {
     /* Kill the job itself (the child of its cogpu run) midway. */
@@ -590,7 +564,7 @@ static int eight_jobs(bool with_cogpu, const char *mem, int kill_one) {
     if (code != 0) {
       failed++;
       if (with_cogpu)
-        fprintf(stderr, "[%s exit %d]\n%s\n", tag[i], code, slurp(tag[i]));
+        fprintf(stderr, "[%s exit %d]\n%s\n", tag[i], code, lt_slurp(tag[i]));
     }
   }
   return failed;
@@ -602,7 +576,7 @@ static int jobs_retried(void) {
   for (int i = 0; i < 8; i++) {
     char tag[16];
     snprintf(tag, sizeof tag, "job%d", i);
-    n += strstr(slurp(tag), "the driver refused memory cogpu granted") != 0;
+    n += strstr(lt_slurp(tag), "the driver refused memory cogpu granted") != 0;
   }
   return n;
 }
@@ -655,16 +629,16 @@ TEST_IMPL_T(preload_headline_one_killed, 120) {
 
 TEST_IMPL(preload_threads) {
   preload_env();
-  const char *argv[] = {"cogpu",     "run",  "--",  prog(),
+  const char *argv[] = {"cogpu",     "run",  "--",  lt_cudaprog(),
                         "direct",    "init", "ctx", "threads:8:100M:200",
                         "hold:1500", NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   /* Everything freed: back to the context and two spare steps at most. */
   expect_job(job, 300 * MiB, 128 * MiB);
   ASSERT_EQ(finish(p, "out"), 0);
-  ASSERT_CONTAINS(slurp("out"), "threads 8 x 200: 0 failed");
+  ASSERT_CONTAINS(lt_slurp("out"), "threads 8 x 200: 0 failed");
 }
 
 /* The most the job named cmd_prefix reserves until pid exits. */
@@ -684,7 +658,7 @@ static uint64_t job_peak_until_exit(const char *cmd_prefix, pid_t pid,
     peak = got > peak ? got : peak;
     if (r == pid) {
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        th_fail(__FILE__, __LINE__, "%s failed:\n%s", tag, slurp(tag));
+        th_fail(__FILE__, __LINE__, "%s failed:\n%s", tag, lt_slurp(tag));
       return peak;
     }
     th_sleep_ms(10);
@@ -700,10 +674,10 @@ TEST_IMPL(preload_job_script_counts_mem_once) {
   snprintf(script, sizeof script,
            "%s direct init ctx alloc:1G hold:400 && "
            "%s direct init ctx alloc:1G hold:400",
-           prog(), prog());
+           lt_cudaprog(), lt_cudaprog());
   const char *argv[] = {"cogpu", "run", "--mem", "2G", "--",
                         "sh",    "-c",  script,  NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   ASSERT_UEQ(job_peak_until_exit("sh -c", p, "out"), 2 * GiB);
   lt_check_invariants();
 }
@@ -715,10 +689,10 @@ static uint64_t concurrent_peak(const char *second) {
   snprintf(script, sizeof script,
            "%s direct init ctx alloc:1G hold:1200 & "
            "sleep 0.3; %s direct init ctx alloc:%s hold:300; wait",
-           prog(), prog(), second);
+           lt_cudaprog(), lt_cudaprog(), second);
   const char *argv[] = {"cogpu", "run", "--mem", "2G", "--",
                         "sh",    "-c",  script,  NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   uint64_t peak = job_peak_until_exit("sh -c", p, "out");
   lt_check_invariants();
   return peak;
@@ -744,31 +718,31 @@ TEST_IMPL(preload_job_meminfo_shared) {
   snprintf(script, sizeof script,
            "%s direct init ctx alloc:1G hold:1500 & "
            "sleep 0.5; %s direct init ctx info; wait",
-           prog(), prog());
+           lt_cudaprog(), lt_cudaprog());
   const char *argv[] = {"cogpu", "run", "--mem", "2G", "--",
                         "sh",    "-c",  script,  NULL};
-  ASSERT_EQ(finish(spawn("out", argv), "out"), 0);
+  ASSERT_EQ(finish(lt_spawn_logged("out", argv), "out"), 0);
   /* 2G less the first's 1G + 300M and the second's own 300M context. */
   char want[96];
   snprintf(want, sizeof want, "free=%llu total=%llu",
            (unsigned long long)(2 * GiB - GiB - 600 * MiB),
            (unsigned long long)(2 * GiB));
-  ASSERT_CONTAINS(slurp("out"), want);
+  ASSERT_CONTAINS(lt_slurp("out"), want);
 }
 
 /* A forked child makes its own primary context (the parent's does not
  * survive fork) and is charged for it: parent 300M + 1G, child 300M + 2G. */
 TEST_IMPL(preload_fork_child_attaches_to_job) {
   preload_env();
-  const char *argv[] = {"cogpu",       "run",      "--",  prog(),
+  const char *argv[] = {"cogpu",       "run",      "--",  lt_cudaprog(),
                         "direct",      "init",     "ctx", "alloc:1G",
                         "fork:2G:800", "hold:300", NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   ASSERT_UEQ(job_peak_until_exit(job, p, "out"),
              300 * MiB + GiB + 300 * MiB + 2 * GiB);
-  ASSERT_CONTAINS(slurp("out"), "fork child exit 0");
+  ASSERT_CONTAINS(lt_slurp("out"), "fork child exit 0");
   lt_check_invariants();
   cogpu_status_t *st = lt_status();
   ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
@@ -781,15 +755,15 @@ TEST_IMPL(preload_deadlock_guard) {
    * node mode, neither fails: tests/node/test-suspend.c.) */
   th_setenv("COGPU_SUSPEND", "no");
   preload_env();
-  const char *argv[] = {"cogpu",    "run",      "--",      prog(),
+  const char *argv[] = {"cogpu",    "run",      "--",      lt_cudaprog(),
                         "direct",   "init",     "ctx",     "alloc:7G",
                         "hold:500", "alloc:4G", "freeall", NULL};
-  pid_t a = spawn("a", argv);
-  pid_t b = spawn("b", argv);
+  pid_t a = lt_spawn_logged("a", argv);
+  pid_t b = lt_spawn_logged("b", argv);
   int ca = th_exit_code(th_wait(a, th_ms(30000)));
   int cb = th_exit_code(th_wait(b, th_ms(30000)));
   ASSERT((ca == 0 && cb == 2) || (ca == 2 && cb == 0));
-  ASSERT_CONTAINS(slurp(ca == 2 ? "a" : "b"), "deadlock");
+  ASSERT_CONTAINS(lt_slurp(ca == 2 ? "a" : "b"), "deadlock");
 }
 
 /* Thread-local storage of a loaded object whose name ends with `suffix`
@@ -824,14 +798,14 @@ TEST_IMPL(preload_non_cuda_command_costs_nothing) {
   setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
   const char *argv[] = {
       "cogpu", "run", "--", "sh", "-c", "echo $LD_PRELOAD; sleep 0.5", NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   lt_wait_nclients(0, 0, 5000);
   th_sleep_ms(200);
   cogpu_status_t *st = lt_status();
   ASSERT_EQ(st->gpus[0].nclients, 0); /* nothing reserved, nobody listed */
   cogpu_status_free(st);
   ASSERT_EQ(finish(p, "out"), 0);
-  ASSERT_CONTAINS(slurp("out"), "libcogpu-preload.so");
+  ASSERT_CONTAINS(lt_slurp("out"), "libcogpu-preload.so");
   /* Loaded now, after start-up, with nothing of CUDA around. */
   char lib[4200];
   snprintf(lib, sizeof lib, "%s/libcogpu-preload.so", th_build_dir());
@@ -869,12 +843,12 @@ static void expect_on_gpus(const char *visible, const char *dev, uint64_t want0,
     setenv("CUDA_VISIBLE_DEVICES", visible, 1);
   char on[32];
   snprintf(on, sizeof on, "ctxon:%s", dev);
-  const char *argv[] = {"cogpu",     "run",     "--", prog(),
+  const char *argv[] = {"cogpu",     "run",     "--", lt_cudaprog(),
                         "direct",    "init",    on,   "alloc:1G",
                         "hold:1500", "freeall", NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   uint64_t g0 = 0, g1 = 0;
   for (int i = 0; i < th_ms(5000) / 20; i++) {
     job_per_gpu(job, &g0, &g1);
@@ -903,11 +877,11 @@ TEST_IMPL(preload_pool_charges_its_device) {
   preload_env();
   th_setenv("FAKE_NVML_GPUS", "8G,8G");
   setenv("COGPU_GROW_STEP", "1M", 1);
-  const char *argv[] = {"cogpu", "run", "--",          prog(),      "direct",
-                        "init",  "ctx", "poolon:1:1M", "hold:1500", NULL};
-  pid_t p = spawn("out", argv);
+  const char *argv[] = {"cogpu", "run", "--",          lt_cudaprog(), "direct",
+                        "init",  "ctx", "poolon:1:1M", "hold:1500",   NULL};
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   uint64_t g0 = 0, g1 = 0;
   for (int i = 0; i < th_ms(5000) / 20; i++) {
     job_per_gpu(job, &g0, &g1);
@@ -925,12 +899,12 @@ TEST_IMPL(preload_pool_charges_its_device) {
 TEST_IMPL(preload_array_packed_format) {
   preload_env();
   setenv("COGPU_GROW_STEP", "1M", 1);
-  const char *argv[] = {"cogpu",     "run",  "--",  prog(),
+  const char *argv[] = {"cogpu",     "run",  "--",  lt_cudaprog(),
                         "direct",    "init", "ctx", "array8x4:1024:1024",
                         "hold:1500", NULL};
-  pid_t p = spawn("out", argv);
+  pid_t p = lt_spawn_logged("out", argv);
   char job[4200];
-  snprintf(job, sizeof job, "%s direct", prog());
+  snprintf(job, sizeof job, "%s direct", lt_cudaprog());
   expect_job(job, 300 * MiB + 4 * MiB, 0);
   ASSERT_EQ(finish(p, "out"), 0);
   unsigned long long peak, ooms;
@@ -947,30 +921,30 @@ TEST_IMPL_T(preload_member_outlives_its_job, 60) {
   preload_env();
   const char *big[] = {"cogpu", "run",   "--mem", "14G",
                        "--",    "sleep", "3",     NULL};
-  pid_t b = spawn("big", big);
+  pid_t b = lt_spawn_logged("big", big);
   expect_job("sleep", 14 * GiB, 0);
   char script[9000];
   snprintf(script, sizeof script,
            "(%s direct init ctx alloc:1G alloc:1G alloc:1G hold:200; "
            "echo member-exit=$?) > %s 2>&1 & sleep 1",
-           prog(), th_path("member"));
+           lt_cudaprog(), th_path("member"));
   const char *job[] = {"cogpu", "run", "--mem", "1G", "--",
                        "sh",    "-c",  script,  NULL};
   setenv("COGPU_GROW_WAIT", "yes", 1);
-  pid_t j = spawn("job", job);
+  pid_t j = lt_spawn_logged("job", job);
   unsetenv("COGPU_GROW_WAIT");
   ASSERT_EQ(finish(j, "job"), 0);
   /* The job is gone; its program still holds what it claimed (1.3G and
    * more), counted as its own, and still waits. */
   char name[4200];
-  snprintf(name, sizeof name, "%s direct", prog());
+  snprintf(name, sizeof name, "%s direct", lt_cudaprog());
   expect_job_within(name, 1300 * MiB, GiB, th_ms(2000));
   ASSERT_EQ(lt_nwaiting(0), 1);
   lt_check_invariants();
   ASSERT_EQ(finish(b, "big"), 0);
   const char *out = "";
   for (int i = 0; i < th_ms(15000) / 50; i++) {
-    out = slurp("member");
+    out = lt_slurp("member");
     if (strstr(out, "member-exit="))
       break;
     th_sleep_ms(50);
