@@ -621,3 +621,61 @@ TEST_IMPL_T(susp_waiter_killed, 60) {
   ASSERT_EQ(lt_fake_wedged(), 0);
   lt_check_invariants();
 }
+
+/* The driver's lock waits for a job's running kernels, bounded by
+ * suspend_lock_timeout: a job busy with a long kernel is not suspended by
+ * hand (the command says why) and runs on untouched. */
+TEST_IMPL_T(susp_lock_timeout_by_hand, 60) {
+  th_setenv("COGPU_SUSPEND_LOCK_TIMEOUT", "300ms");
+  su_begin();
+  setenv("FAKE_CUDA_KERNEL_MS", "4000", 1); /* the job's, not the daemon's */
+  const char *argv[] = {"cogpu",     "run",       "--",     lt_cudaprog(),
+                        "direct",    "init",      "ctx",    "alloc:4G",
+                        "graph:64M", "hold:1500", "verify", "freeall",
+                        NULL};
+  pid_t job = lt_spawn_logged("job", argv);
+  unsetenv("FAKE_CUDA_KERNEL_MS");
+  int cpid = su_holder(4 * GiB);
+  for (int t = 0; !strstr(lt_slurp("job"), "graph launched"); t += 20) {
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the job never launched its kernel");
+    th_sleep_ms(20);
+  }
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 125);
+  ASSERT_CONTAINS(out, "lock timeout");
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_RUNNING && c->suspensions == 0);
+  cogpu_status_free(st);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* In a deadlock, the first victim (lowest priority) is busy with a long
+ * kernel: its lock times out, and the next job is suspended instead; both
+ * complete. */
+TEST_IMPL_T(susp_lock_timeout_next_victim, 90) {
+  th_setenv("COGPU_SUSPEND_LOCK_TIMEOUT", "300ms");
+  su_begin();
+  setenv("FAKE_CUDA_KERNEL_MS", "3000", 1);
+  const char *busy[] = {"cogpu",    "run",         "--priority", "-5",
+                        "--",       lt_cudaprog(), "direct",     "init",
+                        "ctx",      "alloc:7G",    "graph:64M",  "hold:300",
+                        "alloc:4G", "verify",      "freeall",    NULL};
+  pid_t a = lt_spawn_logged("busy", busy);
+  unsetenv("FAKE_CUDA_KERNEL_MS");
+  const char *calm[] = {"cogpu",    "run",      "--",     lt_cudaprog(),
+                        "direct",   "init",     "ctx",    "alloc:7G",
+                        "hold:300", "alloc:4G", "verify", "freeall",
+                        NULL};
+  pid_t b = lt_spawn_logged("calm", calm);
+  ASSERT_EQ(su_finish(a, "busy", 60000), 0);
+  ASSERT_EQ(su_finish(b, "calm", 60000), 0);
+  ASSERT_CONTAINS(lt_slurp("calm"), "suspended: this job");
+  /* The busy one was tried first (it is the lowest priority). */
+  ASSERT_CONTAINS(lt_slurp("cogpud.log"), "lock timeout");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
