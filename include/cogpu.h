@@ -225,6 +225,15 @@ typedef struct cogpu_status_s {
   unsigned layout_version;
   size_t ngpus;
   cogpu_gpu_info_t *gpus;
+  /* Suspension (node mode; 0 and empty otherwise): the node's suspended
+   * footprints, their bound (suspend_max), the host memory available now
+   * and the margin suspensions leave (suspend_host_margin), and whether
+   * the daemon can suspend ("yes", or why not). */
+  uint64_t suspended_bytes;
+  uint64_t suspend_max_bytes;
+  uint64_t host_available_bytes;
+  uint64_t host_margin_bytes;
+  char suspension[128];
 } cogpu_status_t;
 
 /* A consistent snapshot of the node (h may be NULL: attaches briefly as an

@@ -139,6 +139,8 @@ void cogpu__susp_pump(cogpu__daemon_t *d);
 void cogpu__susp_completed(cogpu__daemon_t *d);
 /* After a restart: finishes what a previous daemon left half done. */
 void cogpu__susp_recover(cogpu__daemon_t *d);
+/* The suspension figures of a status snapshot (host memory, bounds). */
+void cogpu__susp_status(cogpu__daemon_t *d, cogpu_status_t *st);
 /* On the timer: which processes did GPU work (max_idle). */
 void cogpu__susp_sample(cogpu__daemon_t *d);
 /* SUSPEND on a query connection. */

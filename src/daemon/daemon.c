@@ -303,7 +303,8 @@ static void arm_timer(cogpu__daemon_t *d) {
     d->orphans_dirty = false;
   }
   if (d->dh && (d->dh->st->hdr.nwaiting || d->rebind_deadline_ms || d->orphans))
-    ms = d->dh->st->hdr.sweep_interval_ms;
+    ms = d->dh->st->hdr.nwaiting ? cogpu__ledger_guard_delay_ms(d->dh)
+                                 : d->dh->st->hdr.sweep_interval_ms;
   if (watchdog_us && (ms == 0 || ms > watchdog_us / 2000))
     ms = watchdog_us / 2000;
   /* Re-arming at every batch would also restart the period, so that a

@@ -735,6 +735,7 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__ledger_lock(h);
   int rc = cogpu__ledger_status_fill(h, &st);
   cogpu__ledger_unlock(h);
+  cogpu__susp_status(d, &st);
   /* Clients see the daemon's socket: the state file is root's own. */
   snprintf(st.state_path, sizeof st.state_path, "cogpud %.400s",
            d->cfg.v[COGPU_OPT_SOCKET].s);
@@ -758,6 +759,11 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     sh->layout_version = st.layout_version;
     snprintf(sh->policy, sizeof sh->policy, "%s", st.policy);
     snprintf(sh->state_path, sizeof sh->state_path, "%s", st.state_path);
+    sh->suspended = st.suspended_bytes;
+    sh->suspend_max = st.suspend_max_bytes;
+    sh->host_available = st.host_available_bytes;
+    sh->host_margin = st.host_margin_bytes;
+    snprintf(sh->suspension, sizeof sh->suspension, "%s", st.suspension);
     cogpu__snap_gpu_t *gs = (void *)(sh + 1);
     cogpu__snap_client_t *cs = (void *)(gs + st.ngpus);
     cogpu__snap_waiter_t *ws = (void *)(cs + nc);

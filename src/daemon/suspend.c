@@ -293,6 +293,11 @@ static uint64_t suspended_total(cogpu__daemon_t *d) {
   return sum;
 }
 
+static uint64_t suspend_max(cogpu__daemon_t *d) {
+  uint64_t most = d->cfg.v[COGPU_OPT_SUSPEND_MAX].u;
+  return most ? most : meminfo("MemTotal") / 2;
+}
+
 static int hook_can(void *ctx, uint64_t bytes, char *why, size_t len) {
   cogpu__susp_t *s = ctx;
   cogpu__daemon_t *d = s->d;
@@ -304,11 +309,9 @@ static int hook_can(void *ctx, uint64_t bytes, char *why, size_t len) {
   if (cap == CAP_NONE)
     return snprintf(why, len, "%s", s->cap_why), -ENOTSUP;
   char a[32], b[32];
-  uint64_t total = meminfo("MemTotal"), avail = meminfo("MemAvailable");
+  uint64_t avail = meminfo("MemAvailable");
   uint64_t margin = d->cfg.v[COGPU_OPT_SUSPEND_HOST_MARGIN].u;
-  uint64_t most = d->cfg.v[COGPU_OPT_SUSPEND_MAX].u;
-  if (most == 0)
-    most = total / 2;
+  uint64_t most = suspend_max(d);
   uint64_t now = suspended_total(d);
   if (now + bytes > most)
     return snprintf(why, len, "%s more suspended would pass suspend_max (%s)",
@@ -323,6 +326,28 @@ static int hook_can(void *ctx, uint64_t bytes, char *why, size_t len) {
                     cogpu__fmt_size(bytes, b, sizeof b)),
            -ENOMEM;
   return 0;
+}
+
+void cogpu__susp_status(cogpu__daemon_t *d, cogpu_status_t *st) {
+  cogpu__susp_t *s = d->susp;
+  if (!d->dh)
+    return;
+  st->suspended_bytes = suspended_total(d);
+  st->suspend_max_bytes = suspend_max(d);
+  st->host_available_bytes = meminfo("MemAvailable");
+  st->host_margin_bytes = d->cfg.v[COGPU_OPT_SUSPEND_HOST_MARGIN].u;
+  int cap = CAP_NONE;
+  if (s) {
+    pthread_mutex_lock(&s->mu);
+    cap = s->cap;
+    pthread_mutex_unlock(&s->mu);
+  }
+  snprintf(st->suspension, sizeof st->suspension, "%.120s",
+           !s                   ? "no: not in this daemon"
+           : cap == CAP_INIT    ? "starting (cuInit)"
+           : cap == CAP_NONE    ? s->cap_why
+           : !s->sp.on_deadlock ? "yes (by hand; suspend=no)"
+                                : "yes");
 }
 
 static idle_ent_t *idle_find(cogpu__susp_t *s, int32_t pid, bool add) {
@@ -516,7 +541,7 @@ static void note_waiters(cogpu__daemon_t *d, uint32_t slot) {
 /* Answer the `cogpu suspend`/`resume` commands waiting on this job. */
 static void answer_manual(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
                           int op, int rc, const char *msg, uint64_t bytes,
-                          uint64_t ms) {
+                          uint64_t ms, uint64_t took_ms) {
   for (dconn_t *c = d->conns; c; c = c->next) {
     if (c->kind != DC_QUERY || !c->susp_pending || c->susp_slot != slot ||
         c->susp_gen != gen || c->susp_op != op)
@@ -526,6 +551,7 @@ static void answer_manual(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
     cogpu__msg_init(&req, COGPU_M_SUSPEND, 1);
     r.u.reply.a = bytes;
     r.u.reply.b = ms;
+    r.u.reply.ticket = took_ms;
     if (rc)
       snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", msg);
     c->susp_pending = false;
@@ -585,7 +611,7 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
       if (j->rc == 0 && same)
         note_waiters(d, j->slot);
       answer_manual(d, j->slot, j->gen, LEDGER_OP_SUSPEND, j->rc, j->msg,
-                    j->bytes, j->took_ns / 1000000u);
+                    j->bytes, j->took_ns / 1000000u, j->took_ns / 1000000u);
     } else if (j->op == LEDGER_OP_RESUME) {
       uint64_t away = same ? (cogpu__now_ns() - sl->susp_since_ns) : 0;
       if (j->rc == 0)
@@ -600,7 +626,7 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
       cogpu__ledger_resume_done(h, j->slot, j->gen, j->rc);
       cogpu__ledger_unlock(h);
       answer_manual(d, j->slot, j->gen, LEDGER_OP_RESUME, j->rc, j->msg,
-                    j->bytes, away / 1000000u);
+                    j->bytes, away / 1000000u, j->took_ns / 1000000u);
     } else {
       cogpu__ledger_lock(h);
       if (same && sl->susp == SUSP_SUSPENDING)

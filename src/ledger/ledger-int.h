@@ -318,6 +318,11 @@ bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                          uint32_t member, uint64_t bytes, bool exclusive);
 /* Serve every waiter the node's policy allows now, waking each. */
 void cogpu__ledger_serve(struct cogpu_s *h);
+/* How long a request must wait, and a job must not have released, before
+ * the deadlock guard counts it: a housekeeping tick, at most
+ * LEDGER_GUARD_DELAY_MS in the daemon. */
+#define LEDGER_GUARD_DELAY_MS 200u
+uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h);
 /* Service order of the waiting waiters (indices), per policy; returns n. */
 size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
 

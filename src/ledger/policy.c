@@ -206,15 +206,26 @@ static bool could_fit(struct cogpu_s *h, const ledger_waiter_t *wt,
          wt->bytes <= cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
 }
 
+uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h) {
+  uint64_t tick = h->st->hdr.sweep_interval_ms;
+  /* The daemon sees every release as it happens and runs its timer at this
+   * delay while requests wait: a deadlock is broken within a fraction of a
+   * second, not a tick of up to an hour later. */
+  if (cogpu__ledger_trusted && tick > LEDGER_GUARD_DELAY_MS)
+    return LEDGER_GUARD_DELAY_MS;
+  return tick;
+}
+
 /* A waiter that counts for the deadlock guard: really waiting (not just
- * asking), for g, for longer than one housekeeping tick, so that a job
- * whose other thread is about to release is not failed in passing. */
+ * asking), for g, for longer than the guard's delay (a housekeeping tick),
+ * so that a job whose other thread is about to release is not failed (or
+ * suspended) in passing. */
 static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
                           uint32_t g, uint64_t now) {
   return wt->state == W_WAITING && !wt->nowait && !wt->resume &&
          !cogpu__ledger_held_back(h, wt) &&
          (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g) &&
-         now - wt->since_ns >= cogpu__ms_to_ns(h->st->hdr.sweep_interval_ms);
+         now - wt->since_ns >= cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h));
 }
 
 #define BIT_SET(map, i) ((map)[(i) / 8] |= (uint8_t)(1u << ((i) % 8)))
@@ -277,8 +288,8 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
         sl->held[g] > sl->lent[g] || h->st->hdr.gpus[g].excl_slot == s + 1;
     /* A job that gave memory back within the last tick is moving: one of
      * its threads waits while others release. */
-    bool moving =
-        now - sl->released_ns < cogpu__ms_to_ns(h->st->hdr.sweep_interval_ms);
+    bool moving = now - sl->released_ns <
+                  cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h));
     bool stuck = BIT_GET(waits, s) && !BIT_GET(running, s) && !moving &&
                  (!own || BIT_GET(owner_w, s));
     if (!stuck)

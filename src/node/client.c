@@ -660,7 +660,7 @@ int cogpu__node_mark(cogpu__node_t *n, uint32_t flags) {
 
 int cogpu__node_suspend(const cogpu__config_t *cfg, int pid, const char *job_id,
                         bool resume, int64_t timeout_ms, uint64_t *bytes,
-                        uint64_t *ms) {
+                        uint64_t *ms, uint64_t *took_ms) {
   cogpu__msg_t m, r;
   cogpu__msg_init(&m, COGPU_M_SUSPEND, 1);
   m.u.suspend.pid = pid;
@@ -695,6 +695,8 @@ int cogpu__node_suspend(const cogpu__config_t *cfg, int pid, const char *job_id,
     *bytes = r.u.reply.a;
   if (ms)
     *ms = r.u.reply.b;
+  if (took_ms)
+    *took_ms = r.u.reply.ticket;
   return reply_rc(&r);
 }
 
@@ -748,6 +750,11 @@ static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
   COPY_STR(st->policy, h->policy);
   COPY_STR(st->state_path, h->state_path);
   st->layout_version = h->layout_version;
+  st->suspended_bytes = h->suspended;
+  st->suspend_max_bytes = h->suspend_max;
+  st->host_available_bytes = h->host_available;
+  st->host_margin_bytes = h->host_margin;
+  COPY_STR(st->suspension, h->suspension);
   st->ngpus = h->ngpus;
   st->gpus = calloc(h->ngpus ? h->ngpus : 1, sizeof *st->gpus);
   if (!st->gpus)

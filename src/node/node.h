@@ -49,10 +49,11 @@ int cogpu__node_job_token(cogpu__node_t *n, char *buf, size_t len);
 int cogpu__node_mark(cogpu__node_t *n, uint32_t flags);
 /* Suspend (or resume) the job of pid, or of job_id; waits until it is done
  * or timeout_ms passes (-1: no bound). *bytes: the footprint moved; *ms:
- * how long it took (suspend) or was suspended (resume). */
+ * how long it took (suspend) or was suspended (resume); *took_ms: how long
+ * the driver's part took. */
 int cogpu__node_suspend(const cogpu__config_t *cfg, int pid, const char *job_id,
                         bool resume, int64_t timeout_ms, uint64_t *bytes,
-                        uint64_t *ms);
+                        uint64_t *ms, uint64_t *took_ms);
 int cogpu__node_gpu_count(cogpu__node_t *n);
 int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu);
 

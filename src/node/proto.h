@@ -201,6 +201,8 @@ typedef struct cogpu__snap_hdr_s {
   uint32_t ngpus, nclients, nwaiters, layout_version;
   char policy[16];
   char state_path[512];
+  uint64_t suspended, suspend_max, host_available, host_margin;
+  char suspension[128];
 } cogpu__snap_hdr_t;
 
 typedef struct cogpu__snap_gpu_s {

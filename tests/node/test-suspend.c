@@ -225,7 +225,15 @@ TEST_IMPL_T(susp_manual_suspend_resume, 60) {
   ASSERT(c->suspended_bytes >= 4 * GiB);
   ASSERT_UEQ(st->gpus[0].suspended_bytes, c->suspended_bytes);
   ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  /* The node's figures: what is suspended, its bound, the host's memory. */
+  ASSERT_STREQ(st->suspension, "yes");
+  ASSERT_UEQ(st->suspended_bytes, c->suspended_bytes);
+  ASSERT(st->suspend_max_bytes > 0 && st->host_available_bytes > 0);
   cogpu_status_free(st);
+  const char *stat[] = {"cogpu", "status", NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, stat), 0);
+  ASSERT_CONTAINS(out, "suspension yes  suspended ");
+  ASSERT_CONTAINS(out, "[suspended: ");
   ASSERT_UEQ(lt_fake_cuda_used(), 0); /* the device is empty */
   /* Another job may use that memory meanwhile. */
   pid_t other = lt_hold("other", 0, 12 * GiB, 0, 0, 300);

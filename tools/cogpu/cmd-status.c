@@ -95,6 +95,19 @@ static void status_json(FILE *f, const cogpu_status_t *st) {
   json_str(f, st->state_path);
   json_key(f, &first, "layout_version");
   fprintf(f, "%u", st->layout_version);
+  if (st->suspension[0]) { /* node mode */
+    json_key(f, &first, "suspension");
+    json_str(f, st->suspension);
+    static const char *const keys[] = {"suspended_bytes", "suspend_max_bytes",
+                                       "host_available_bytes",
+                                       "host_margin_bytes"};
+    const uint64_t vals[] = {st->suspended_bytes, st->suspend_max_bytes,
+                             st->host_available_bytes, st->host_margin_bytes};
+    for (size_t k = 0; k < COGPU_ARRAY_SIZE(keys); k++) {
+      json_key(f, &first, keys[k]);
+      fprintf(f, "%llu", (unsigned long long)vals[k]);
+    }
+  }
   json_key(f, &first, "gpus");
   fputc('[', f);
   for (size_t i = 0; i < st->ngpus; i++) {
@@ -199,6 +212,17 @@ static void status_table(FILE *f, const cogpu_status_t *st) {
   fprintf(f, "policy %s  state %s\n",
           cli_safe(st->policy, policy, sizeof policy),
           cli_safe(st->state_path, path, sizeof path));
+  if (st->suspension[0]) {
+    char why[4 * 128], a[32], b[32], c[32], m[32];
+    fprintf(f,
+            "suspension %s  suspended %s of at most %s  host memory "
+            "available %s (margin %s)\n",
+            cli_safe(st->suspension, why, sizeof why),
+            cogpu__fmt_size(st->suspended_bytes, a, sizeof a),
+            cogpu__fmt_size(st->suspend_max_bytes, b, sizeof b),
+            cogpu__fmt_size(st->host_available_bytes, c, sizeof c),
+            cogpu__fmt_size(st->host_margin_bytes, m, sizeof m));
+  }
   for (size_t i = 0; i < st->ngpus; i++)
     status_table_gpu(f, &st->gpus[i]);
 }

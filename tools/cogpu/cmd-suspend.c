@@ -64,12 +64,12 @@ static int suspend_cmd(int argc, char **argv, bool resume) {
             cmd);
     return CLI_EXIT_FAIL;
   }
-  uint64_t bytes = 0, ms = 0;
+  uint64_t bytes = 0, ms = 0, took = 0;
   /* A daemon that has just started may still be initialising CUDA (cuInit
    * takes seconds on real nodes): ask again for a little while. */
   for (int tries = 0;; tries++) {
     rc = cogpu__node_suspend(&cfg, pid, pid ? NULL : target, resume, timeout_ms,
-                             &bytes, &ms);
+                             &bytes, &ms, &took);
     if (rc != -EAGAIN || tries == 50)
       break;
     struct timespec ts = {0, 200 * 1000000L};
@@ -79,9 +79,11 @@ static int suspend_cmd(int argc, char **argv, bool resume) {
     return cli_fail(cmd, rc);
   char sz[32], safe[96];
   if (resume)
-    printf("resumed %s (%s back on the GPU) after %.1f s suspended\n",
+    printf("resumed %s (%s back on the GPU in %.2f s) after %.1f s "
+           "suspended\n",
            cli_safe(target, safe, sizeof safe),
-           cogpu__fmt_size(bytes, sz, sizeof sz), (double)ms / 1000.0);
+           cogpu__fmt_size(bytes, sz, sizeof sz), (double)took / 1000.0,
+           (double)ms / 1000.0);
   else
     printf("suspended %s: %s moved to host memory in %.2f s\n",
            cli_safe(target, safe, sizeof safe),
