@@ -125,7 +125,7 @@ else
 	daemon_env=()
 	WL_DIR=${WL_DIR:-$bdir/experiment}
 	PYTHON=${PYTHON:-python3}
-	if [ ! -x "$WL_DIR/stencil" ]; then
+	if grep -q '^[^#]*@WL' "$mixfile" && [ ! -x "$WL_DIR/stencil" ]; then
 		echo "run.sh: no workloads in $WL_DIR: run 'make -C bench/experiment workloads B=$B'" >&2
 		exit 2
 	fi
