@@ -166,7 +166,10 @@ def main():
               meta.get("commit"), meta.get("host"), meta.get("date"),
               meta.get("gpu_name", "fake 16 GiB" if (meta.get("mix") or "").startswith("fake") else "?"),
               total_mib, ", driver " + meta["driver"] if meta.get("driver") else "",
-              meta.get("sampler")), "",
+              meta.get("sampler")), ""]
+    if meta.get("settings", "").strip():
+        md += ["Settings: `%s`." % meta["settings"].strip(), ""]
+    md += [
           "| scenario | makespan (s) | speed-up vs one-at-a-time | jobs failed (OOM) | mean turnaround (s) | mean memory used (GiB, % of GPU) | peak memory (GiB) | mean GPU util (%) | suspensions (jobs) |",
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in scenarios:

@@ -254,6 +254,10 @@ commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 	printf 'host\t%s\n' "$(uname -n)"
 	printf 'date\t%s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	printf 'cogpu\t%s\n' "$COGPU"
+	# Settings that change the results (the policy, the daemon's tick, the
+	# fake's copy bandwidth...), as this run had them before any scenario.
+	printf 'settings\t%s\n' "$(env | grep -E '^(COGPU_[A-Z_]*|FAKE_CUDA_CKPT_GBPS)=' |
+		grep -vE '^COGPU_(CONFIG|STATE_DIR|SOCKET|DAEMON_DIR|EXP_PRELOAD)=' | sort | tr '\n' ' ')"
 	if [ "$sampler_mode" = nvidia-smi ]; then
 		printf 'gpu_name\t%s\n' "$(nvidia-smi -i "$gpu" --query-gpu=name --format=csv,noheader 2>/dev/null)"
 		printf 'driver\t%s\n' "$(nvidia-smi -i "$gpu" --query-gpu=driver_version --format=csv,noheader 2>/dev/null)"
