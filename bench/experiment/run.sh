@@ -186,8 +186,7 @@ start_daemon() {
 	env -u COGPU_NODE_MODE -u LD_PRELOAD COGPU_SUSPEND="$1" COGPU_LOG=info \
 		"${daemon_env[@]}" "$COGPUD" 2>"$sdir/cogpud.log" </dev/null &
 	daemon_pid=$!
-	local i
-	for i in $(seq 600); do
+	for _ in $(seq 600); do
 		if ! kill -0 "$daemon_pid" 2>/dev/null; then
 			echo "run.sh: cogpud exited at start:" >&2
 			cat "$sdir/cogpud.log" >&2
@@ -210,8 +209,7 @@ start_daemon() {
 stop_daemon() {
 	[ -n "$daemon_pid" ] || return 0
 	kill -TERM "$daemon_pid" 2>/dev/null
-	local i
-	for i in $(seq 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.05; done
+	for _ in $(seq 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.05; done
 	kill -KILL "$daemon_pid" 2>/dev/null
 	wait "$daemon_pid" 2>/dev/null
 	daemon_pid=
