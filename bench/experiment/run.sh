@@ -177,12 +177,18 @@ cleanup() {
 	stop_daemon
 }
 
-# start_daemon yes|no: a private cogpud for this scenario (its socket and
-# state under $sdir), with suspension on or off; the jobs use it. Waits
-# until it answers and has initialised CUDA (seconds on a real node):
-# until then it can suspend nobody.
+# start_daemon yes|no: a private cogpud for this scenario (its state and
+# log under $sdir; its socket in a short directory of its own, since a
+# socket's path may not exceed 107 bytes), with suspension on or off; the
+# jobs use it. Waits until it answers and has initialised CUDA (seconds on
+# a real node): until then it can suspend nobody.
+sockdir=
 start_daemon() {
-	export COGPU_SOCKET=$sdir/cogpud.sock COGPU_DAEMON_DIR=$sdir/cogpud
+	if [ -z "$sockdir" ]; then
+		sockdir=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-exp.XXXXXX") || return 1
+		trap 'rm -rf "$sockdir"' EXIT
+	fi
+	export COGPU_SOCKET=$sockdir/$scen.sock COGPU_DAEMON_DIR=$sdir/cogpud
 	env -u COGPU_NODE_MODE -u LD_PRELOAD COGPU_SUSPEND="$1" COGPU_LOG=info \
 		"${daemon_env[@]}" "$COGPUD" 2>"$sdir/cogpud.log" </dev/null &
 	daemon_pid=$!
