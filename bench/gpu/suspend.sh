@@ -161,7 +161,7 @@ sizes)
 	# The driver alone: Lock, Checkpoint, Restore, Unlock of a target of
 	# each size that fills every word with a pattern, keeps a heartbeat
 	# thread calling the driver, and verifies every word afterwards; with
-	# NVML's used memory, the target's RSS and its cgroup (v2 only).
+	# NVML's used memory, the target's RSS and its cgroup.
 	log "bench-suspend --sizes 1,10,40"
 	timeout 280 "$B/bench/bench-suspend" --sizes 1,10,40 --hold 2 \
 		>"$O/suspend-driver.jsonl" 2>"$O/suspend-driver.err"
