@@ -268,7 +268,7 @@ check-all:
 	$(MAKE) SAN=tsan check
 	$(MAKE) SAN=tsan check-node T="$(TSAN_NODE_TESTS)"
 
-bench: lib preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
+bench: lib cli preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog
 	B=$(B) bench/run.sh
 

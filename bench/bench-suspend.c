@@ -182,28 +182,47 @@ static long rss_mib(pid_t pid) {
   return kb < 0 ? -1 : kb >> 10;
 }
 
-/* memory.current of the target's cgroup (v2), in MiB, or -1. */
+/* A cgroup file's first number, in MiB, or -1. */
+static long read_mib(const char *path) {
+  FILE *g = fopen(path, "r");
+  unsigned long long b;
+  long v = -1;
+  if (g && fscanf(g, "%llu", &b) == 1)
+    v = (long)(b >> 20);
+  if (g)
+    fclose(g);
+  return v;
+}
+
+/* What the target's memory cgroup is charged, in MiB, or -1: v1's
+ * memory.usage_in_bytes when a v1 memory hierarchy holds it (hybrid hosts
+ * keep the memory controller there), else v2's memory.current. */
 static long cgroup_mib(pid_t pid) {
   char path[512], line[400];
   snprintf(path, sizeof path, "/proc/%d/cgroup", (int)pid);
   FILE *f = fopen(path, "r");
   if (!f)
     return -1;
-  long v = -1;
+  long v1 = -1, v2 = -1;
   while (fgets(line, sizeof line, f)) {
-    if (strncmp(line, "0::", 3) != 0)
-      continue;
     line[strcspn(line, "\n")] = 0;
-    snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.current", line + 3);
-    FILE *g = fopen(path, "r");
-    unsigned long long b;
-    if (g && fscanf(g, "%llu", &b) == 1)
-      v = (long)(b >> 20);
-    if (g)
-      fclose(g);
+    char *ctl = strchr(line, ':');
+    char *cg = ctl ? strchr(ctl + 1, ':') : NULL;
+    if (!cg)
+      continue;
+    *cg++ = 0;
+    ctl++;
+    if (strcmp(line, "0") == 0 && !*ctl) {
+      snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.current", cg);
+      v2 = read_mib(path);
+    } else if (strstr(ctl, "memory")) {
+      snprintf(path, sizeof path,
+               "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", cg);
+      v1 = read_mib(path);
+    }
   }
   fclose(f);
-  return v;
+  return v1 >= 0 ? v1 : v2;
 }
 
 /* --- the target ---------------------------------------------------------- */

@@ -10,6 +10,8 @@
 #   BENCH_*    knobs of the individual benchmarks (see each bench-*.c)
 #   BENCH_MODES  which ledgers bench-reserve/-wakeup measure ("single node")
 #   BENCH_ONLY   run only these benchmarks (names, e.g. "bench-reserve")
+#   BENCH_CKPT_GBPS  the fake driver's checkpoint copy bandwidth in GB/s
+#              for bench-suspend-job (10)
 #   BENCH_TIMEOUT  seconds one benchmark run may take (300)
 #   BENCH_CPUS, BENCH_DAEMON_CPUS  pin the benchmarks, the daemon, to these
 #              CPUs (taskset -c LIST): on a VM, a wake-up of another vCPU
@@ -85,15 +87,16 @@ export COGPU_BENCH_COMMIT
 
 status=0
 
-# start_daemon: a private cogpud on a fresh state (its own, in $tmp),
-# with the benchmarks' fake GPUs. Root runs are admins (no per-user
-# limits); others get limits that let bench-daemon attach 10,000 clients.
+# start_daemon [VAR=VALUE...]: a private cogpud on a fresh state (its
+# own, in $tmp), with the benchmarks' fake GPUs and the given settings.
+# Root runs are admins (no per-user limits); others get limits that let
+# bench-daemon attach 10,000 clients.
 start_daemon() {
 	stop_daemon
 	rm -rf "$COGPU_DAEMON_DIR" "$COGPU_SOCKET"
 	${BENCH_DAEMON_CPUS:+taskset -c "$BENCH_DAEMON_CPUS"} \
 		env -u COGPU_NODE_MODE COGPU_USER_MAX_CLIENTS=16384 \
-		COGPU_USER_MAX_WAITERS=4096 "$bdir/cogpud" 2>>"$tmp/cogpud.log" &
+		COGPU_USER_MAX_WAITERS=4096 "$@" "$bdir/cogpud" 2>>"$tmp/cogpud.log" &
 	daemon_pid=$!
 	i=0
 	while [ ! -S "$COGPU_SOCKET" ]; do
@@ -172,6 +175,38 @@ run_preload() {
 		LD_PRELOAD="$pl" COGPU_GROW_STEP=64M "$pbin"
 }
 
+# bench-suspend-job: `cogpu suspend` and `cogpu resume` of a job under
+# `cogpu run`, end to end, on the fake driver with a modelled copy
+# bandwidth. The fake reads FAKE_CUDA_CKPT_GBPS in the caller of the
+# checkpoint API, so the daemon gets it (the benchmark reads it back from
+# the daemon for its baseline). The fake's footprints cost the host
+# nothing: no host-memory bounds.
+run_suspend_job() {
+	if [ ! -e "$bdir/libcogpu-preload.so" ] || [ ! -x "$bdir/cogpu" ] ||
+		[ ! -e "$fake/libcuda.so.1" ] || [ ! -x "$bdir/tests/cudaprog" ]; then
+		echo "run.sh: bench-suspend-job skipped: $bdir lacks cogpu," \
+			"libcogpu-preload.so, tests/fakes/libcuda.so.1 or" \
+			"tests/cudaprog (make B=$B cli preload tests)" >&2
+		return
+	fi
+	# The daemon and the jobs must share the fake driver's state file, and
+	# run_one removes $FAKE_CUDA_STATE after the daemon has opened it: a
+	# file of their own.
+	fstate=$tmp/fake-cuda-suspend.state
+	rm -f "$fstate"
+	if start_daemon FAKE_CUDA_STATE="$fstate" \
+		FAKE_CUDA_CKPT_GBPS="${BENCH_CKPT_GBPS:-10}" \
+		COGPU_SUSPEND_HOST_MARGIN=0 COGPU_SUSPEND_MAX=1T; then
+		run_one bench-suspend-job COGPU_NODE_MODE=daemon \
+			FAKE_CUDA_STATE="$fstate" BENCH_COGPU="$bdir/cogpu" \
+			BENCH_CUDAPROG="$bdir/tests/cudaprog" \
+			COGPU_CONTEXT_BYTES=300M "$1"
+		stop_daemon
+	else
+		status=1
+	fi
+}
+
 for bin in "$bdir"/bench/bench-*; do
 	[ -x "$bin" ] || continue
 	name=$(basename "$bin")
@@ -182,6 +217,7 @@ for bin in "$bdir"/bench/bench-*; do
 	case $name in
 	bench-preload) run_preload "$bin" ;;
 	bench-reserve | bench-wakeup) run_modes "$name" "$bin" ;;
+	bench-suspend-job) run_suspend_job "$bin" ;;
 	bench-daemon)
 		if start_daemon; then
 			run_one "$name" COGPU_NODE_MODE=daemon "$bin"

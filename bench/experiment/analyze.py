@@ -6,7 +6,10 @@ OUT/<scenario>/samples.csv; writes OUT/results.json, OUT/results.md,
 OUT/plot.gp and, when gnuplot is installed, OUT/plot.png.
 A job's status: ok (exit 0), oom (exit 2: every workload of the kit, and
 cudaprog, exit 2 on CUDA out-of-memory), timeout (124, 137: killed by the
-job timeout), failed (anything else). Standard library only.
+job timeout), failed (anything else). Scenarios with a daemon of their own
+(-suspend, -nosuspend) also count the daemon's suspensions
+(OUT/<scenario>/cogpud.log) and each job's ("suspended: this job" in its
+log). Standard library only.
 """
 import json
 import os
@@ -37,6 +40,15 @@ def job_peak(log):
         with open(log, errors="replace") as f:
             m = re.findall(r"peak_bytes=(\d+)", f.read())
         return int(m[-1]) if m else None
+    except OSError:
+        return None
+
+
+def count_in(path, what):
+    """How many times `what` occurs in the file at path (None: no file)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().count(what)
     except OSError:
         return None
 
@@ -81,7 +93,9 @@ def main():
             id=jid, type=jtype, expected_peak_bytes=int(peak) * 1048576,
             priority=int(prio), start=float(t0), end=float(t1), exit=int(rc),
             status=status_of(int(rc)),
-            reported_peak_bytes=job_peak(os.path.join(out, scen, "jobs", jid + ".log"))))
+            reported_peak_bytes=job_peak(os.path.join(out, scen, "jobs", jid + ".log")),
+            suspended=count_in(os.path.join(out, scen, "jobs", jid + ".log"),
+                               "suspended: this job")))
 
     scenarios = []
     for scen, s0, s1 in read_tsv(os.path.join(out, "scenarios.tsv")):
@@ -124,6 +138,13 @@ def main():
         if fake:
             sc["driver_ooms"] = fake["ooms"]
             sc["driver_peak_bytes"] = fake["peak_bytes"]
+        # The daemon's own account: suspensions done and refused.
+        dlog = os.path.join(out, scen, "cogpud.log")
+        sc["daemon_suspend"] = ("yes" if scen.endswith("-suspend") else
+                                "no" if scen.endswith("-nosuspend") else None)
+        sc["suspensions"] = count_in(dlog, "suspended the job of pid")
+        sc["suspension_failures"] = count_in(dlog, "could not suspend")
+        sc["jobs_suspended"] = sum(1 for j in js if j.get("suspended"))
         scenarios.append(sc)
 
     base = next((s for s in scenarios if s["name"] == "one-at-a-time"), None)
@@ -143,25 +164,31 @@ def main():
     md = ["# cogpu experiment: %s mix" % meta.get("mix"), "",
           "Commit %s, host %s, %s. GPU: %s (%s MiB)%s. Sampler: %s." % (
               meta.get("commit"), meta.get("host"), meta.get("date"),
-              meta.get("gpu_name", "fake 16 GiB" if meta.get("mix") == "fake" else "?"),
+              meta.get("gpu_name", "fake 16 GiB" if (meta.get("mix") or "").startswith("fake") else "?"),
               total_mib, ", driver " + meta["driver"] if meta.get("driver") else "",
-              meta.get("sampler")), "",
-          "| scenario | makespan (s) | speed-up vs one-at-a-time | jobs failed (OOM) | mean turnaround (s) | mean memory used (GiB, % of GPU) | peak memory (GiB) | mean GPU util (%) |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              meta.get("sampler")), ""]
+    if meta.get("settings", "").strip():
+        md += ["Settings: `%s`." % meta["settings"].strip(), ""]
+    md += [
+          "| scenario | makespan (s) | speed-up vs one-at-a-time | jobs failed (OOM) | mean turnaround (s) | mean memory used (GiB, % of GPU) | peak memory (GiB) | mean GPU util (%) | suspensions (jobs) |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in scenarios:
-        md.append("| %s | %.1f | %s | %d (%d) | %.1f | %s | %s | %s |" % (
+        susp = ("n/a" if s["suspensions"] is None else
+                "%d (%d)" % (s["suspensions"], s["jobs_suspended"]))
+        md.append("| %s | %.1f | %s | %d (%d) | %.1f | %s | %s | %s | %s |" % (
             s["name"], s["makespan_s"], fmt(s["speedup_vs_one_at_a_time"], "x"),
             s["jobs_failed"], s["jobs_oom"], s["mean_turnaround_s"],
             "n/a" if s["mean_mem_used_bytes"] is None else "%s (%s %%)" % (gib(s["mean_mem_used_bytes"]), fmt(s["mean_mem_used_pct"])),
-            fmt(gib(s["peak_mem_used_bytes"])), fmt(s["mean_util_pct"])))
+            fmt(gib(s["peak_mem_used_bytes"])), fmt(s["mean_util_pct"]), susp))
     md += ["", "Per job (status: ok, oom = exit 2, timeout, failed; times in s from the scenario's start):", ""]
-    md.append("| scenario | job | type | start | end | turnaround | exit | status |")
-    md.append("|---|---|---|---:|---:|---:|---:|---|")
+    md.append("| scenario | job | type | start | end | turnaround | exit | status | suspended |")
+    md.append("|---|---|---|---:|---:|---:|---:|---|---:|")
     for s in scenarios:
         for j in s["job_results"]:
-            md.append("| %s | %s | %s | %.2f | %.2f | %.2f | %d | %s |" % (
+            md.append("| %s | %s | %s | %.2f | %.2f | %.2f | %d | %s | %s |" % (
                 s["name"], j["id"], j["type"], j["start_s"], j["end_s"],
-                j["turnaround_s"], j["exit"], j["status"]))
+                j["turnaround_s"], j["exit"], j["status"],
+                "" if not j.get("suspended") else j["suspended"]))
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")
 

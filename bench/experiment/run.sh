@@ -3,20 +3,30 @@
 # several scenarios and compares them:
 #   one-at-a-time       each job alone, one after the other (an exclusive GPU)
 #   naive               all jobs at once, no cogpu: some die of out-of-memory
-#   cogpu-POLICY        all at once under `cogpu run`, on demand (no --mem)
+#   cogpu-POLICY        all at once under `cogpu run`, on demand (no --mem),
+#                       daemonless (single-user mode)
 #   cogpu-POLICY-mem    the same with --mem set to each job's expected peak
+#   cogpu-...-suspend   a cogpu scenario against a private node daemon
+#                       (cogpud) that suspends jobs to break hold-and-wait
+#                       deadlocks (suspend=yes, docs/suspension.md)
+#   cogpu-...-nosuspend the same daemon with suspend=no
 # POLICY: fifo, mmu, priority-fifo, priority-mmu.
 #
-# Usage: bench/experiment/run.sh --mix small|large|fake [--out DIR]
+# Usage: bench/experiment/run.sh --mix MIX [--out DIR]
 #            [--scenarios LIST] [--gpu INDEX] [--job-timeout SECONDS]
-#   LIST: comma-separated scenario names (default: all ten)
-#   fake: synthetic jobs (tests/preload/cudaprog) on the fake driver and the
-#         fake 16 GiB NVML GPU, from build directory $B (default build); no
-#         GPU needed.
-# Environment: B (build directory), COGPU (the cogpu binary), PYTHON (a
+#   MIX: small, quick, large, growing (real GPU); fake, fake-growing
+#   LIST: comma-separated scenario names (default: the mix's own "#
+#         scenarios:" line, else the ten without a daemon)
+#   fake*: synthetic jobs (tests/preload/cudaprog) on the fake driver and
+#         the fake 16 GiB NVML GPU, from build directory $B (default
+#         build); no GPU needed. The daemon's checkpoints copy at
+#         FAKE_CUDA_CKPT_GBPS (default 10 GB/s).
+# Environment: B (build directory), COGPU (the cogpu binary), COGPUD (the
+#   cogpud binary: next to cogpu, else on PATH, else $B/cogpud), PYTHON (a
 #   python3 with torch, real mixes), WL_DIR (built CUDA workloads, default
 #   $B/experiment), COGPU_EXP_PRELOAD (LD_PRELOAD for the jobs only: the
-#   sanitizer runtime in sanitizer test runs).
+#   sanitizer runtime in sanitizer test runs). On a real GPU the daemon
+#   needs ptrace rights over the jobs to suspend them: run as root.
 # Writes DIR/results.json, DIR/results.md, DIR/plot.png (with gnuplot),
 # DIR/jobs.tsv (raw per-job log), DIR/<scenario>/{samples.csv,jobs/*.log}.
 # Runs into the same DIR add up: a scenario run again replaces its earlier
@@ -29,13 +39,19 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 all_scenarios="one-at-a-time,naive,cogpu-fifo,cogpu-mmu,cogpu-priority-fifo,cogpu-priority-mmu,cogpu-fifo-mem,cogpu-mmu-mem,cogpu-priority-fifo-mem,cogpu-priority-mmu-mem"
+# Every scenario run.sh knows, in the order results list them: the ten,
+# then each cogpu scenario against a daemon without and with suspension.
+known_scenarios=$all_scenarios
+for s in ${all_scenarios//,/ }; do
+	case $s in cogpu-*) known_scenarios+=",$s-nosuspend,$s-suspend" ;; esac
+done
 
 usage() {
 	sed -n '2,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
-mix= out= scenarios=$all_scenarios gpu=0 job_timeout=
+mix= out= scenarios= gpu=0 job_timeout=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--mix) mix=${2:-}; shift 2 || usage ;;
@@ -52,12 +68,19 @@ if [ -z "$mix" ] || [ ! -f "$mixfile" ]; then
 	echo "run.sh: --mix must name one of: $(cd "$here/mixes" && ls | sed 's/\.mix$//' | tr '\n' ' ')" >&2
 	exit 2
 fi
+# A mix may name the scenarios that make its point ("# scenarios: LIST").
+if [ -z "$scenarios" ]; then
+	scenarios=$(sed -n 's/^#[[:space:]]*scenarios:[[:space:]]*//p' "$mixfile" | head -n 1)
+	: "${scenarios:=$all_scenarios}"
+fi
 for s in ${scenarios//,/ }; do
-	case ",$all_scenarios," in
+	case ",$known_scenarios," in
 	*",$s,"*) ;;
-	*) echo "run.sh: unknown scenario '$s' (known: $all_scenarios)" >&2; exit 2 ;;
+	*) echo "run.sh: unknown scenario '$s' (known: $known_scenarios)" >&2; exit 2 ;;
 	esac
 done
+fake=false
+case $mix in fake*) fake=true ;; esac
 if [ -n "$out" ] && [ -f "$out/meta.tsv" ]; then
 	had=$(awk -F'\t' '$1 == "mix" { print $2 }' "$out/meta.tsv")
 	if [ "$had" != "$mix" ]; then
@@ -71,16 +94,22 @@ command -v timeout >/dev/null || { echo "run.sh: timeout (coreutils) is needed" 
 B=${B:-build}
 case $B in /*) bdir=$B ;; *) bdir=$root/$B ;; esac
 
-if [ "$mix" = fake ]; then
+if $fake; then
 	: "${job_timeout:=60}"
 	cudaprog=$bdir/tests/cudaprog
 	COGPU=${COGPU:-$bdir/cogpu}
+	COGPUD=${COGPUD:-$bdir/cogpud}
 	for f in "$cudaprog" "$COGPU" "$bdir/tests/fakes/libcuda.so.1" "$bdir/tests/fakes/libnvidia-ml.so.1"; do
 		[ -e "$f" ] || { echo "run.sh: $f missing: run 'make B=$B all'" >&2; exit 2; }
 	done
 	export LD_LIBRARY_PATH="$bdir/tests/fakes${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 	export FAKE_NVML_GPUS=16G FAKE_CUDA_CTX_BYTES=300M
 	export COGPU_CONTEXT_BYTES=300M COGPU_MARGIN=0 COGPU_CONFIG= COGPU_LOG=error
+	# The fake's checkpoint copies take bytes / bandwidth in the caller
+	# (the daemon); its suspended footprints cost the host nothing, so
+	# the daemon's host-memory bounds must not refuse them.
+	export FAKE_CUDA_CKPT_GBPS=${FAKE_CUDA_CKPT_GBPS:-10}
+	daemon_env=(COGPU_SUSPEND_HOST_MARGIN=0 COGPU_SUSPEND_MAX=1T)
 	sampler_mode=fake
 	: "${out:=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-experiment-fake.XXXXXX")}"
 else
@@ -89,9 +118,14 @@ else
 		COGPU=$(command -v cogpu || echo "$bdir/cogpu")
 	fi
 	[ -x "$COGPU" ] || { echo "run.sh: no cogpu (install it, or set COGPU or B)" >&2; exit 2; }
+	if [ -z "${COGPUD:-}" ]; then
+		COGPUD=$(dirname "$COGPU")/cogpud
+		[ -x "$COGPUD" ] || COGPUD=$(command -v cogpud || echo "$bdir/cogpud")
+	fi
+	daemon_env=()
 	WL_DIR=${WL_DIR:-$bdir/experiment}
 	PYTHON=${PYTHON:-python3}
-	if [ ! -x "$WL_DIR/stencil" ]; then
+	if grep -q '^[^#]*@WL' "$mixfile" && [ ! -x "$WL_DIR/stencil" ]; then
 		echo "run.sh: no workloads in $WL_DIR: run 'make -C bench/experiment workloads B=$B'" >&2
 		exit 2
 	fi
@@ -110,6 +144,17 @@ fi
 mkdir -p "$out" || exit 2
 out=$(cd "$out" && pwd)
 
+# Daemon-backed scenarios need cogpud; suspending real jobs needs ptrace
+# rights over them (root: the daemon is no ancestor of the jobs).
+case ",$scenarios," in
+*suspend,*)
+	[ -x "$COGPUD" ] || { echo "run.sh: no cogpud ($COGPUD): set COGPUD or B" >&2; exit 2; }
+	if ! $fake && [ "$(id -u)" != 0 ]; then
+		echo "run.sh: warning: not root: cogpud cannot checkpoint the jobs (ptrace rights): -suspend scenarios will behave like -nosuspend" >&2
+	fi
+	;;
+esac
+
 # The mix, one job a line: id, type, peak_mib, priority, command.
 mapfile -t joblines < <(grep -v '^[[:space:]]*\(#\|$\)' "$mixfile")
 njobs=${#joblines[@]}
@@ -126,8 +171,54 @@ expand() { # a mix command with its placeholders filled in
 now() { printf '%s' "${EPOCHREALTIME:-$(date +%s.%N)}"; }
 
 children=()
+daemon_pid=
 cleanup() {
 	for p in "${children[@]}"; do kill -TERM "$p" 2>/dev/null; done
+	stop_daemon
+}
+
+# start_daemon yes|no: a private cogpud for this scenario (its state and
+# log under $sdir; its socket in a short directory of its own, since a
+# socket's path may not exceed 107 bytes), with suspension on or off; the
+# jobs use it. Waits until it answers and has initialised CUDA (seconds on
+# a real node): until then it can suspend nobody.
+sockdir=
+start_daemon() {
+	if [ -z "$sockdir" ]; then
+		sockdir=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-exp.XXXXXX") || return 1
+		trap 'rm -rf "$sockdir"' EXIT
+	fi
+	export COGPU_SOCKET=$sockdir/$scen.sock COGPU_DAEMON_DIR=$sdir/cogpud
+	env -u COGPU_NODE_MODE -u LD_PRELOAD COGPU_SUSPEND="$1" COGPU_LOG=info \
+		"${daemon_env[@]}" "$COGPUD" 2>"$sdir/cogpud.log" </dev/null &
+	daemon_pid=$!
+	for _ in $(seq 600); do
+		if ! kill -0 "$daemon_pid" 2>/dev/null; then
+			echo "run.sh: cogpud exited at start:" >&2
+			cat "$sdir/cogpud.log" >&2
+			daemon_pid=
+			return 1
+		fi
+		if [ -S "$COGPU_SOCKET" ] && grep -q 'checkpoint API of\|cannot be suspended' "$sdir/cogpud.log"; then
+			grep 'cannot be suspended' "$sdir/cogpud.log" >&2
+			export COGPU_NODE_MODE=daemon
+			return 0
+		fi
+		sleep 0.1
+	done
+	echo "run.sh: cogpud did not come up in 60 s:" >&2
+	cat "$sdir/cogpud.log" >&2
+	stop_daemon
+	return 1
+}
+
+stop_daemon() {
+	[ -n "$daemon_pid" ] || return 0
+	kill -TERM "$daemon_pid" 2>/dev/null
+	for _ in $(seq 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.05; done
+	kill -KILL "$daemon_pid" 2>/dev/null
+	wait "$daemon_pid" 2>/dev/null
+	daemon_pid=
 }
 trap 'cleanup; exit 130' INT TERM
 
@@ -143,7 +234,7 @@ run_job() { # id type peak_mib priority scenario command...
 	local cmd=()
 	case $scen in
 	one-at-a-time | naive) cmd=("$@") ;;
-	cogpu-*-mem) cmd=("$COGPU" run --mem "${peak}M" --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
+	cogpu-*-mem | cogpu-*-mem-*suspend) cmd=("$COGPU" run --mem "${peak}M" --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
 	cogpu-*) cmd=("$COGPU" run --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
 	esac
 	local t0 t1 rc
@@ -156,7 +247,7 @@ run_job() { # id type peak_mib priority scenario command...
 
 # In fake mode every process sees the fake GPU as index 0.
 cogpu_gpu=$gpu
-[ "$mix" = fake ] && cogpu_gpu=0
+$fake && cogpu_gpu=0
 
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 {
@@ -167,6 +258,10 @@ commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 	printf 'host\t%s\n' "$(uname -n)"
 	printf 'date\t%s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	printf 'cogpu\t%s\n' "$COGPU"
+	# Settings that change the results (the policy, the daemon's tick, the
+	# fake's copy bandwidth...), as this run had them before any scenario.
+	printf 'settings\t%s\n' "$(env | grep -E '^(COGPU_[A-Z_]*|FAKE_CUDA_CKPT_GBPS)=' |
+		grep -vE '^COGPU_(CONFIG|STATE_DIR|SOCKET|DAEMON_DIR|EXP_PRELOAD)=' | sort | tr '\n' ' ')"
 	if [ "$sampler_mode" = nvidia-smi ]; then
 		printf 'gpu_name\t%s\n' "$(nvidia-smi -i "$gpu" --query-gpu=name --format=csv,noheader 2>/dev/null)"
 		printf 'driver\t%s\n' "$(nvidia-smi -i "$gpu" --query-gpu=driver_version --format=csv,noheader 2>/dev/null)"
@@ -179,7 +274,7 @@ commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 combine() {
 	: >"$out/jobs.tsv.tmp"
 	: >"$out/scenarios.tsv.tmp"
-	for s in ${all_scenarios//,/ }; do
+	for s in ${known_scenarios//,/ }; do
 		[ -f "$out/$s/scenario.tsv" ] || continue
 		cat "$out/$s/scenario.tsv" >>"$out/scenarios.tsv.tmp"
 		cat "$out/$s"/jobs/*.rec >>"$out/jobs.tsv.tmp" 2>/dev/null
@@ -193,19 +288,34 @@ for scen in ${scenarios//,/ }; do
 	rm -rf "$sdir"
 	mkdir -p "$sdir/jobs"
 	echo "run.sh: $mix mix, scenario $scen ($njobs jobs)" >&2
+	suspend=
 	case $scen in
 	cogpu-*)
 		# A private node state per scenario: the policy is fixed when the
 		# state is created, and no scenario inherits another's queue.
 		pol=${scen#cogpu-}
+		case $pol in
+		*-nosuspend) suspend=no pol=${pol%-nosuspend} ;;
+		*-suspend) suspend=yes pol=${pol%-suspend} ;;
+		esac
 		pol=${pol%-mem}
 		export COGPU_STATE_DIR=$sdir/state COGPU_POLICY=$pol
 		;;
 	*) unset COGPU_POLICY ;;
 	esac
+	# Daemonless unless the scenario has a daemon of its own: a node's
+	# cogpud (its socket at the default path) is never used.
+	export COGPU_NODE_MODE=single
+	unset COGPU_SOCKET COGPU_DAEMON_DIR
 	# The fake driver's used-bytes, peak and out-of-memory counters start
 	# afresh in every scenario.
-	[ "$mix" = fake ] && export FAKE_CUDA_STATE=$sdir/fake-cuda.state
+	$fake && export FAKE_CUDA_STATE=$sdir/fake-cuda.state
+	if [ -n "$suspend" ]; then
+		# The jobs' warnings say when they were suspended and resumed.
+		start_daemon "$suspend" || exit 1
+		saved_log=${COGPU_LOG-}
+		export COGPU_LOG=warn
+	fi
 
 	env -u LD_PRELOAD python3 "$here/sample.py" --mode "$sampler_mode" --gpu "$gpu" \
 		--out "$sdir/samples.csv" &
@@ -239,10 +349,14 @@ for scen in ${scenarios//,/ }; do
 	kill -KILL "$spid" 2>/dev/null
 	wait "$spid" 2>/dev/null
 	children=()
+	if [ -n "$suspend" ]; then
+		stop_daemon
+		if [ -n "$saved_log" ]; then export COGPU_LOG=$saved_log; else unset COGPU_LOG; fi
+	fi
 	printf '%s\t%s\t%s\n' "$scen" "$t0" "$t1" >"$sdir/scenario.tsv"
 	combine
 	# Real GPU: let the driver settle between scenarios.
-	[ "$mix" = fake ] || sleep 5
+	$fake || sleep 5
 done
 
 env -u LD_PRELOAD python3 "$here/analyze.py" "$out" "$mixfile" || exit 1

@@ -4,7 +4,9 @@
  * synthetic jobs, 2.3x over-subscribed on a fake 16 GiB GPU) one at a
  * time, all at once without cogpu, and under cogpu; results.json must
  * show out-of-memory failures only without cogpu, and cogpu finishing
- * sooner than one-at-a-time.
+ * sooner than one-at-a-time. The fake-growing mix (jobs that grow, no
+ * --mem) against a private cogpud: failures without suspension, none
+ * with it (issue 12).
  */
 #include <limits.h>
 #include <stdbool.h>
@@ -33,19 +35,20 @@ static const char *repo_root(void) {
 }
 
 /* Summary of one scenario from results.json: name, makespan, jobs,
- * completed, failed, oom. */
+ * completed, failed, oom, suspensions (the daemon's; -1 without one). */
 typedef struct {
   char name[64];
   double makespan;
-  int jobs, completed, failed, oom;
+  int jobs, completed, failed, oom, suspensions;
 } scen_t;
 
 static const char summarise[] =
     "import json,sys\n"
     "r=json.load(open(sys.argv[1]))\n"
     "for s in r['scenarios']:\n"
+    "  su=s.get('suspensions')\n"
     "  print(s['name'],s['makespan_s'],s['jobs'],s['jobs_completed'],"
-    "s['jobs_failed'],s['jobs_oom'])\n";
+    "s['jobs_failed'],s['jobs_oom'],-1 if su is None else su)\n";
 
 /* Is an executable named `name` on PATH? (Without starting a shell: in
  * sanitizer builds a shell would carry the preloaded runtime.) */
@@ -61,6 +64,19 @@ static bool on_path(const char *name) {
     path += n + (path[n] == ':');
   }
   return false;
+}
+
+/* Parses summarise's output (destroys it) into s; returns the count. */
+static int parse_summary(char *out, scen_t *s, int max) {
+  int n = 0;
+  for (char *line = strtok(out, "\n"); line && n < max;
+       line = strtok(NULL, "\n")) {
+    scen_t *c = &s[n];
+    if (sscanf(line, "%63s %lf %d %d %d %d %d", c->name, &c->makespan, &c->jobs,
+               &c->completed, &c->failed, &c->oom, &c->suspensions) == 7)
+      n++;
+  }
+  return n;
 }
 
 TEST_IMPL_T(experiment_fake_mix, 120) {
@@ -108,14 +124,7 @@ TEST_IMPL_T(experiment_fake_mix, 120) {
   fprintf(stderr, "%s", out);
 
   scen_t s[16];
-  int n = 0;
-  for (char *line = strtok(out, "\n"); line && n < 16;
-       line = strtok(NULL, "\n")) {
-    scen_t *c = &s[n];
-    if (sscanf(line, "%63s %lf %d %d %d %d", c->name, &c->makespan, &c->jobs,
-               &c->completed, &c->failed, &c->oom) == 6)
-      n++;
-  }
+  int n = parse_summary(out, s, 16);
   ASSERT_EQ(n, 4);
   double one = 0;
   int seen_naive = 0, seen_cogpu = 0;
@@ -233,4 +242,58 @@ TEST_IMPL_T(experiment_workloads_build, 240) {
         th_run(argv, clean, out, sizeof out, err, sizeof err, th_ms(20000)), 0);
     ASSERT_CONTAINS(out, "--footprint-gib");
   }
+}
+
+/* The growing mix against a private daemon, without and with suspension:
+ * hold-and-wait fails jobs without it, and with it every job completes
+ * (its data intact: cudaprog's verify) after at least one suspension.
+ * Kept cheap: instant checkpoint copies and a 100 ms housekeeping tick
+ * (the deadlock guard acts on waiters a tick old). */
+TEST_IMPL_T(experiment_fake_growing_suspend, 120) {
+  if (!on_path("python3"))
+    SKIP("python3 not found");
+  const char *root = repo_root();
+  char runsh[PATH_MAX + 64], outdir[PATH_MAX], json[PATH_MAX + 32];
+  char benv[PATH_MAX + 8], preload[PATH_MAX + 32];
+  snprintf(runsh, sizeof runsh, "%s/bench/experiment/run.sh", root);
+  snprintf(outdir, sizeof outdir, "%s", th_path("out"));
+  snprintf(json, sizeof json, "%s/results.json", outdir);
+  snprintf(benv, sizeof benv, "B=%s", th_build_dir());
+  snprintf(preload, sizeof preload, "COGPU_EXP_PRELOAD=%s",
+           th_sanitizer_runtime());
+  const char *env[] = {benv,
+                       preload,
+                       "LD_PRELOAD=",
+                       "COGPU=",
+                       "COGPUD=",
+                       "FAKE_CUDA_CKPT_GBPS=0",
+                       "COGPU_SWEEP_INTERVAL=100ms",
+                       NULL};
+  static char out[65536], err[65536];
+  const char *argv[] = {
+      "bash",  runsh,  "--mix",       "fake-growing",
+      "--out", outdir, "--scenarios", "cogpu-fifo-nosuspend,cogpu-fifo-suspend",
+      NULL};
+  int rc = th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(90000));
+  if (rc != 0)
+    fprintf(stderr, "run.sh exit %d\n%s\n%s\n", rc, out, err);
+  ASSERT_EQ(rc, 0);
+  const char *pyargv[] = {"python3", "-c", summarise, json, NULL};
+  const char *pyenv[] = {"LD_PRELOAD=", NULL};
+  rc = th_run(pyargv, pyenv, out, sizeof out, err, sizeof err, th_ms(20000));
+  if (rc != 0)
+    fprintf(stderr, "summary exit %d: %s\n", rc, err);
+  ASSERT_EQ(rc, 0);
+  fprintf(stderr, "%s", out);
+  scen_t s[4];
+  ASSERT_EQ(parse_summary(out, s, 4), 2);
+  ASSERT_STREQ(s[0].name, "cogpu-fifo-nosuspend");
+  ASSERT_EQ(s[0].jobs, 8);
+  ASSERT_GE(s[0].oom, 1);
+  ASSERT_EQ(s[0].suspensions, 0);
+  ASSERT_STREQ(s[1].name, "cogpu-fifo-suspend");
+  ASSERT_EQ(s[1].jobs, 8);
+  if (s[1].failed != 0)
+    th_fail(__FILE__, __LINE__, "with suspension %d jobs failed", s[1].failed);
+  ASSERT_GE(s[1].suspensions, 1);
 }

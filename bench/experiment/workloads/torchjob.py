@@ -7,7 +7,13 @@ Arguments common to resnet.py and transformer.py:
                      "ballast" tensor tops the job up to G GiB (a stand-in
                      for a bigger model), so the peak is known in advance
   --cpu-ms MS        CPU work per step (an input pipeline), default 0
-Exit: 0 done, 2 CUDA out of memory, 3 no CUDA device or torch missing.
+  --grow-steps K     reach --footprint-gib in K equal steps spread over the
+                     run (at steps 0, N/K, 2N/K, ...) instead of all after
+                     the first step: a job that grows, like a model whose
+                     activations or caches grow (issue 12's growing mix)
+Exit: 0 done, 2 CUDA out of memory, 3 no CUDA device or torch missing,
+4 the ballast's data changed (it is checked at the end: a job suspended
+and resumed must find it intact).
 Prints "peak_bytes=N": torch.cuda.max_memory_reserved() (the CUDA
 context, about 0.5 GiB, comes on top). torch is imported only at run time.
 """
@@ -23,6 +29,7 @@ def parser(description):
     ap.add_argument("--footprint-gib", type=float, default=0)
     ap.add_argument("--cpu-ms", type=float, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grow-steps", type=int, default=1)
     return ap
 
 
@@ -42,7 +49,13 @@ def train(args, build, batch_fn):
         return 3
     torch.manual_seed(args.seed)
     dev = torch.device("cuda")
-    ballast = None
+    ballast = []
+    # The step at which each growth happens -> the footprint to reach
+    # there (a later growth at the same step wins: it asks for more).
+    k = max(args.grow_steps, 1)
+    grow_at = {}
+    for i in range(k):
+        grow_at[(i * args.steps) // k] = args.footprint_gib * (i + 1) / k
     try:
         model, loss_fn = build(torch)
         model = model.to(dev)
@@ -59,17 +72,28 @@ def train(args, build, batch_fn):
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
-            if step == 0:
+            if step in grow_at:
                 torch.cuda.synchronize()
-                want = int(args.footprint_gib * 2**30) - torch.cuda.memory_reserved()
+                want = int(grow_at[step] * 2**30) - torch.cuda.memory_reserved()
                 if want > 0:
-                    ballast = torch.empty(want, dtype=torch.uint8, device=dev)
-                    ballast.fill_(1)
+                    b = torch.empty(want, dtype=torch.uint8, device=dev)
+                    b.fill_(1)
+                    ballast.append(b)
+                    if k > 1:
+                        print("step %d grew to %.1f GiB reserved" % (
+                            step, torch.cuda.memory_reserved() / 2**30), flush=True)
             if step % 50 == 0:
                 print("step %d loss %.4f" % (step, loss.item()), flush=True)
         torch.cuda.synchronize()
         print("steps=%d seconds=%.1f" % (args.steps, time.time() - t0))
         print("peak_bytes=%d" % torch.cuda.max_memory_reserved())
+        # Every ballast byte is still 1: nothing lost or moved in a
+        # suspension (min and max: reductions with no temporary the size
+        # of the ballast).
+        for b in ballast:
+            if int(b.min()) != 1 or int(b.max()) != 1:
+                print("ballast changed", file=sys.stderr)
+                return 4
         del ballast
         return 0
     except (RuntimeError, MemoryError) as e:
