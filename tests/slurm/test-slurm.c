@@ -1108,8 +1108,9 @@ TEST_IMPL(slurm_doctor_names_a_missing_config_file) {
 
 /* .ci/run requires the Slurm tests (COGPU_TEST_REQUIRE_SLURM=1): a run
  * where they cannot start fails, naming why, instead of skipping. Here a
- * copy of the test runner outside the build tree finds no plug-in. */
-TEST_IMPL(slurm_required_tests_fail_instead_of_skipping) {
+ * copy of the test runner outside the build tree finds no plug-in. (A test
+ * of the harness: once, daemonless.) */
+TEST_IMPL_SINGLE(slurm_required_tests_fail_instead_of_skipping) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   SKIP("Slurm tests run in the plain build (uninstrumented plug-in)");
 #endif
@@ -1119,13 +1120,13 @@ TEST_IMPL(slurm_required_tests_fail_instead_of_skipping) {
            th_build_dir(), dir);
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
   snprintf(cmd, sizeof cmd,
-           "env -u COGPU_TEST_REQUIRE_SLURM %s/run-tests "
+           "env -u COGPU_TEST_REQUIRE_SLURM -u COGPU_TEST_NODE %s/run-tests "
            "slurm_packs_jobs_by_gpu_memory_job_submit 2>&1",
            dir);
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "# SKIP");
   snprintf(cmd, sizeof cmd,
-           "COGPU_TEST_REQUIRE_SLURM=1 %s/run-tests "
+           "env -u COGPU_TEST_NODE COGPU_TEST_REQUIRE_SLURM=1 %s/run-tests "
            "slurm_packs_jobs_by_gpu_memory_job_submit 2>&1",
            dir);
   ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
