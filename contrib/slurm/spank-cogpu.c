@@ -2,9 +2,10 @@
  * spank-cogpu.c: the Slurm SPANK plug-in (spank_cogpu.so).
  *
  * A job asks for GPU memory with --gpu-mem=SIZE. On the submitting side the
- * option is checked (a bad size, or one above every node's `gpumem` GRES,
- * refuses the job with our message); cli_filter.lua turns it into the
- * `gres/gpumem` request by which slurmctld packs jobs onto nodes.
+ * option is checked (a bad size, or one larger than any single GPU of the
+ * cluster, refuses the job with our message); job_submit.lua or
+ * cli_filter.lua turns it into the `gres/cogpumem` request by which
+ * slurmctld packs jobs onto nodes.
  *
  * On each node, every step's slurmstepd attaches to the node ledger once
  * (slurm_spank_user_init, as the job's user) and either reserves SIZE there
@@ -13,15 +14,27 @@
  * GPU memory is counted once per node however many steps and tasks use it.
  * Each task then runs with the preload library and the job's token, so its
  * CUDA allocations draw on that reservation (see docs/slurm.md).
+ *
+ * Nothing a user does may change the node's state: a reservation that
+ * fails (memory that is not there, a wait that runs out) fails the job's
+ * tasks with cogpu's message, in slurm_spank_task_init, never the step's
+ * launch (slurm_spank_user_init), which slurmd would report as a launch
+ * failure and slurmctld answer by draining the node.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <slurm/slurm.h>
@@ -33,6 +46,17 @@
 
 SPANK_PLUGIN(cogpu, 1);
 
+/* cogpu's count-only GRES. Slurm 23.02 and later name their own GPU memory
+ * TRES `gres/gpumem` (filled from NVML when AccountingStorageTRES has
+ * gres/gpu), so cogpu's GRES, first named `gpumem`, now has a name no
+ * Slurm version uses. The old name is still read, with a warning, until
+ * cogpu 0.3. */
+#define GRES_NAME "cogpumem"
+#define GRES_OLD_NAME "gpumem"
+/* The node feature that tells submitting hosts the node's largest GPU
+ * (`cogpu slurm-conf` prints it): cogpu_gpu_80281M. */
+#define FEATURE_PREFIX "cogpu_gpu_"
+
 enum { OPT_MEM = 1, OPT_PRIORITY, OPT_WAIT, OPT_NO_PRELOAD };
 
 typedef struct job_opts_s {
@@ -40,6 +64,7 @@ typedef struct job_opts_s {
   long priority;   /* -1000..1000 */
   int64_t wait_ms; /* with wait_given; COGPU_WAIT_FOREVER for inf */
   bool wait_given;
+  bool priority_given;
   bool no_preload; /* keep the reservation, do not interpose */
   char preload[PATH_MAX];
   /* plugstack.conf whole_gpu_wait=: how long a whole-GPU job waits for
@@ -49,20 +74,42 @@ typedef struct job_opts_s {
 
 static job_opts_t opts = {.whole_wait_ms = COGPU_WAIT_FOREVER};
 static cogpu_t *holder; /* this step's ledger handle (slurmstepd) */
+static bool step_seen;  /* slurm_spank_user_init ran for this step */
 /* The job's user: slurmstepd is root, and in node mode the daemon books
  * the job for this user, so that its tasks (running as the user) may join
  * it and nobody else may. */
 static uint32_t job_uid = (uint32_t)-1;
 static char token[32];
 static int job_gpu = -1;
-static char job_uuid[96]; /* job_gpu's UUID, for CUDA_VISIBLE_DEVICES */
+static char job_uuid[96];      /* job_gpu's UUID, for CUDA_VISIBLE_DEVICES */
+static char gpu_uuids[16][96]; /* the node's GPUs, by ledger index */
+/* Slurm gave the step GPUs (`gpu` or `shard` GRES): it sets the tasks'
+ * CUDA_VISIBLE_DEVICES itself. */
+static bool slurm_gave_gpus;
 /* What the step waited for before it started. slurmstepd's messages go
  * to slurmd's log only, so the first task prints this on its stderr: the
  * user's terminal, or the batch job's output. */
 static char notice[512];
+/* Why this step's tasks fail (its reservation could not be made, or an
+ * option was refused on the node): each task reports it on its stderr and
+ * exits 1, so the job fails and the node is untouched. */
+static char failure[512];
+static bool failure_recorded; /* in the job's AdminComment */
+static pid_t stepd_pid;       /* slurmstepd, the tasks' parent */
 
 static double secs_since(uint64_t t0_ns) {
   return (double)(cogpu__now_ns() - t0_ns) / 1e9;
+}
+
+/* The step's tasks will fail with this message (slurmd's log gets it now). */
+static void step_fail(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static void step_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(failure, sizeof failure, fmt, ap);
+  va_end(ap);
+  slurm_info("%s", failure); /* slurmd's log; the tasks tell the user */
 }
 
 static int opt_cb(int val, const char *arg, int remote);
@@ -88,43 +135,110 @@ static struct spank_option options[] = {
      0, OPT_NO_PRELOAD, opt_cb},
     SPANK_OPTIONS_TABLE_END};
 
-/* Largest `gpumem` GRES count of any node; 0 when it cannot be read. */
-static uint64_t cluster_max_gpumem(void) {
+/* --- Submission: what the cluster's GPUs can hold ------------------------ */
+
+/* The count of GRES `name` in a node's GRES list ("gpu:2,cogpumem:160G"
+ * or with "(S:0)" suffixes); false if the node has none. */
+static bool gres_count(const char *list, const char *name, uint64_t *n) {
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", list ? list : "");
+  size_t len = strlen(name);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    if (strncmp(tok, name, len) != 0 || tok[len] != ':')
+      continue;
+    char *count = strrchr(tok, ':') + 1; /* past a type, if any */
+    count[strcspn(count, "(")] = 0;
+    return cogpu__parse_size(name, count, n) == 0;
+  }
+  return false;
+}
+
+/* The size in a node's cogpu_gpu_SIZE feature; false if it has none. */
+static bool feature_size(const char *features, uint64_t *n) {
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", features ? features : "");
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save))
+    if (strncmp(tok, FEATURE_PREFIX, strlen(FEATURE_PREFIX)) == 0)
+      return cogpu__parse_size("feature", tok + strlen(FEATURE_PREFIX), n) == 0;
+  return false;
+}
+
+/* The largest single GPU of any node, as far as the controller knows: a
+ * node's cogpu_gpu_SIZE feature, else its whole GRES count (a node with one
+ * GPU, or one configured before the feature existed). 0 when nothing can
+ * be read. *old: some node still declares the GRES by its old name. */
+static uint64_t cluster_largest_gpu(bool *old) {
   node_info_msg_t *nodes = NULL;
   uint64_t best = 0;
+  *old = false;
   if (slurm_load_node((time_t)0, &nodes, SHOW_ALL) != SLURM_SUCCESS || !nodes)
     return 0;
   for (uint32_t i = 0; i < nodes->record_count; i++) {
-    const char *g = nodes->node_array[i].gres;
-    const char *p = g ? strstr(g, "gpumem:") : NULL;
+    const node_info_t *nd = &nodes->node_array[i];
     uint64_t n = 0;
-    char buf[64];
-    if (!p)
-      continue;
-    snprintf(buf, sizeof buf, "%s", p + 7);
-    buf[strcspn(buf, ",(")] = 0;
-    if (cogpu__parse_size("gpumem", buf, &n) == 0 && n > best)
-      best = n;
+    if (!gres_count(nd->gres, GRES_NAME, &n)) {
+      if (!gres_count(nd->gres, GRES_OLD_NAME, &n))
+        continue;
+      *old = true;
+    }
+    uint64_t gpu = 0;
+    if (feature_size(nd->features, &gpu) && gpu < n)
+      n = gpu;
+    best = n > best ? n : best;
   }
   slurm_free_node_info_msg(nodes);
   return best;
 }
 
+/* --- Options ------------------------------------------------------------- */
+
+/* A bad option value. Where the job is submitted, it is refused with our
+ * message. On the node (remote: a value that did not come through a
+ * checking client) it fails the step's tasks, never the step's launch. */
+static int opt_error(int remote, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int opt_error(int remote, const char *fmt, ...) {
+  char msg[sizeof failure];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (!remote) {
+    slurm_error("%s", msg);
+    return -1;
+  }
+  step_fail("%s", msg);
+  return 0;
+}
+
 static int opt_mem(const char *arg, int remote) {
   if (!arg || cogpu__parse_size("--gpu-mem", arg, &opts.mem) != 0) {
-    slurm_error("cogpu: invalid --gpu-mem '%s': expected a size such as "
-                "512M, 12G or 1T (binary units, no fractions)",
-                arg ? arg : "");
-    return -1;
+    opts.mem = 0;
+    return opt_error(remote,
+                     "cogpu: invalid --gpu-mem '%s': expected a size such as "
+                     "512M, 12G or 1T (binary units, no fractions)",
+                     arg ? arg : "");
   }
-  if (opts.mem == 0) {
-    slurm_error("cogpu: --gpu-mem must be more than 0");
-    return -1;
-  }
-  uint64_t max = remote ? 0 : cluster_max_gpumem();
+  if (opts.mem == 0)
+    return opt_error(remote, "cogpu: --gpu-mem must be more than 0");
+  if (remote)
+    return 0; /* the node's own GPUs decide, when the step reserves */
+  bool old = false;
+  uint64_t max = cluster_largest_gpu(&old);
+  if (old)
+    slurm_info("cogpu: warning: this cluster declares GPU memory as GRES `%s`, "
+               "which Slurm 23.02 and later use for their own TRES; cogpu's "
+               "GRES is now `%s` (the old name works until cogpu 0.3: "
+               "tell the cluster's admins, docs/slurm.md)",
+               GRES_OLD_NAME, GRES_NAME);
   if (max && opts.mem > max) {
-    slurm_error("cogpu: --gpu-mem=%s is more GPU memory than any node has "
-                "(largest: %llu MiB)",
+    slurm_error("cogpu: --gpu-mem=%s is more GPU memory than any single GPU "
+                "has (largest: %llu MiB); a job's --gpu-mem must fit on one "
+                "GPU",
                 arg, (unsigned long long)(max >> 20));
     return -1;
   }
@@ -137,21 +251,19 @@ static int opt_cb(int val, const char *arg, int remote) {
     return opt_mem(arg, remote);
   case OPT_PRIORITY:
     if (!arg || cogpu__parse_int("--gpu-priority", arg, -1000, 1000,
-                                 &opts.priority) != 0) {
-      slurm_error("cogpu: invalid --gpu-priority '%s': expected an integer "
-                  "from -1000 to 1000",
-                  arg ? arg : "");
-      return -1;
-    }
+                                 &opts.priority) != 0)
+      return opt_error(remote,
+                       "cogpu: invalid --gpu-priority '%s': expected an "
+                       "integer from -1000 to 1000",
+                       arg ? arg : "");
+    opts.priority_given = true;
     return 0;
   case OPT_WAIT:
-    if (!arg ||
-        cogpu__parse_duration_ms("--gpu-wait", arg, &opts.wait_ms) != 0) {
-      slurm_error("cogpu: invalid --gpu-wait '%s': expected a duration such "
-                  "as 0, 30s, 10m, 2h or inf",
-                  arg ? arg : "");
-      return -1;
-    }
+    if (!arg || cogpu__parse_duration_ms("--gpu-wait", arg, &opts.wait_ms) != 0)
+      return opt_error(remote,
+                       "cogpu: invalid --gpu-wait '%s': expected a duration "
+                       "such as 0, 30s, 10m, 2h or inf",
+                       arg ? arg : "");
     opts.wait_given = true;
     return 0;
   case OPT_NO_PRELOAD:
@@ -162,7 +274,8 @@ static int opt_cb(int val, const char *arg, int remote) {
 }
 
 /* Arguments on the plug-in's plugstack.conf line; a typo is an error, not
- * a setting silently ignored. */
+ * a setting silently ignored. The admin's: a node whose line is wrong
+ * fails every step's launch, as Slurm does for a broken plug-in. */
 static int parse_args(int ac, char **av) {
   for (int i = 0; i < ac; i++) {
     if (strncmp(av[i], "preload=", 8) == 0 && av[i][8]) {
@@ -214,6 +327,28 @@ int slurm_spank_init(spank_t sp, int ac, char **av) {
   return 0;
 }
 
+/* After the options, where the job is submitted: the options that qualify
+ * --gpu-mem mean nothing without it, and a job that gave one expected it
+ * to apply. (Inside a job, srun sees the job's --gpu-mem too.) */
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
+  (void)ac;
+  (void)av;
+  if (spank_remote(sp) || opts.mem)
+    return 0;
+  const char *lone = opts.wait_given       ? "--gpu-wait"
+                     : opts.priority_given ? "--gpu-priority"
+                     : opts.no_preload     ? "--gpu-no-preload"
+                                           : NULL;
+  if (!lone)
+    return 0;
+  slurm_error("cogpu: %s needs --gpu-mem: it qualifies the GPU memory the "
+              "job reserves on each node (e.g. --gpu-mem=12G %s...)",
+              lone, lone);
+  return -1;
+}
+
+/* --- The node: the step's reservation ------------------------------------ */
+
 /* The GPU where the joined job holds memory. */
 static int joined_gpu(void) {
   int n = cogpu_gpu_count(holder);
@@ -245,9 +380,9 @@ static int slurm_gpu(const char *gpus, int n) {
 
 /* Join the job's reservation if an earlier step holds it on this node,
  * else take it (on the GPU Slurm gave the job, if it gave one): once per
- * step, in slurmstepd. */
-static int hold_reservation(const char *job_id, const char *cmd,
-                            const char *cvd) {
+ * step, in slurmstepd. On failure, the step's tasks fail (step_fail). */
+static void hold_reservation(const char *job_id, const char *cmd,
+                             const char *cvd) {
   cogpu_attach_opts_t ao = {
       .priority = (int)opts.priority, .job_id = job_id, .command = cmd};
   int rc = cogpu__attach_as(&ao, job_uid, &holder);
@@ -258,13 +393,24 @@ static int hold_reservation(const char *job_id, const char *cmd,
     rc = cogpu__attach_as(&ao, job_uid, &holder);
     if (rc == 0) {
       job_gpu = joined_gpu();
-      return 0;
+      return;
     }
   }
   if (rc) {
-    slurm_error("cogpu: job %s: cannot use the node's GPU ledger: %s", job_id,
-                cogpu_last_error());
-    return -1;
+    holder = NULL;
+    step_fail("cogpu: job %s: cannot use the node's GPU ledger: %s", job_id,
+              cogpu_last_error());
+    return;
+  }
+  /* A fresh look at the node first: the ledger re-reads the memory of
+   * processes outside cogpu (NVML) only when a request does not fit, so a
+   * request made on old figures could be granted memory such processes
+   * took since. It also names the GPUs, for CUDA_VISIBLE_DEVICES. */
+  cogpu_status_t *st = NULL;
+  if (cogpu_status(holder, &st) == 0) {
+    for (size_t g = 0; g < st->ngpus && g < COGPU_ARRAY_SIZE(gpu_uuids); g++)
+      snprintf(gpu_uuids[g], sizeof gpu_uuids[g], "%s", st->gpus[g].uuid);
+    cogpu_status_free(st);
   }
   int gpu = slurm_gpu(cvd, 0);
   cogpu_request_t req = {.gpu = gpu >= 0 ? gpu : COGPU_GPU_AUTO,
@@ -291,20 +437,23 @@ static int hold_reservation(const char *job_id, const char *cmd,
   if (rc == 0)
     rc = cogpu_job_token(holder, token, sizeof token);
   if (rc) {
-    slurm_error("cogpu: job %s: cannot reserve %llu MiB of GPU memory: %s",
-                job_id, (unsigned long long)(opts.mem >> 20),
-                cogpu_last_error());
+    step_fail("cogpu: job %s: cannot reserve %llu MiB of GPU memory on this "
+              "node: %s",
+              job_id, (unsigned long long)(opts.mem >> 20), cogpu_last_error());
     cogpu_detach(holder);
     holder = NULL;
-    return -1;
+    job_gpu = -1;
   }
-  return 0;
 }
 
 static void note_gpu_uuid(void) {
   cogpu_status_t *st;
-  if (job_gpu >= 0 && cogpu_status(holder, &st) == 0) {
-    snprintf(job_uuid, sizeof job_uuid, "%s", st->gpus[job_gpu].uuid);
+  if (job_gpu >= 0 && job_gpu < (int)COGPU_ARRAY_SIZE(gpu_uuids) &&
+      gpu_uuids[job_gpu][0]) {
+    snprintf(job_uuid, sizeof job_uuid, "%s", gpu_uuids[job_gpu]);
+  } else if (job_gpu >= 0 && cogpu_status(holder, &st) == 0) {
+    if ((size_t)job_gpu < st->ngpus)
+      snprintf(job_uuid, sizeof job_uuid, "%s", st->gpus[job_gpu].uuid);
     cogpu_status_free(st);
   }
 }
@@ -314,11 +463,13 @@ static void note_gpu_uuid(void) {
  * placed there. If --gpu-mem jobs hold memory there, the step says so and
  * waits for them to leave, for at most whole_gpu_wait. Never fails the
  * job: without the ledger, or after that wait, it runs as it would
- * without cogpu. */
+ * without cogpu; its memory on a GPU it could not take then counts as
+ * foreign (the ledger hides only what a client accounts for). */
 static void guard_whole_gpus(const char *job_id, const char *cmd,
                              const char *cvd) {
   cogpu_attach_opts_t ao = {.job_id = job_id, .command = cmd};
   if (cogpu__attach_as(&ao, job_uid, &holder) != 0) {
+    holder = NULL;
     slurm_verbose("cogpu: GPUs of job %s not guarded: %s", job_id,
                   cogpu_last_error());
     return;
@@ -362,7 +513,9 @@ static void slurm_gpus(spank_t sp, char *buf, size_t len) {
     buf[0] = 0;
 }
 
-/* slurmstepd, once per step, as the job's user: options are known. */
+/* slurmstepd, once per step, as the job's user: options are known. It
+ * always returns 0: a failure here would be the step's launch failing,
+ * which drains the node (see the top of the file). */
 int slurm_spank_user_init(spank_t sp, int ac, char **av) {
   (void)ac;
   (void)av;
@@ -370,11 +523,18 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
   char job_id[32], cmd[128] = "slurm job", cvd[1024] = "";
   int argc = 0;
   char **argv = NULL;
-  if (holder)
+  if (step_seen)
     return 0; /* the callback ran already for this step */
+  step_seen = true;
+  stepd_pid = getpid();
+  slurm_gpus(sp, cvd, sizeof cvd);
+  slurm_gave_gpus = cvd[0] != 0;
+  if (!opts.mem && !failure[0] && !slurm_gave_gpus)
+    return 0; /* not cogpu's: no --gpu-mem, no whole GPUs */
   if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS) {
-    slurm_error("cogpu: cannot read the job id");
-    return -1;
+    if (opts.mem)
+      step_fail("cogpu: cannot read the job id");
+    return 0;
   }
   snprintf(job_id, sizeof job_id, "%u", id);
   uid_t uid;
@@ -383,22 +543,235 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
   if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
       argc > 0)
     snprintf(cmd, sizeof cmd, "%s", argv[0]);
-  slurm_gpus(sp, cvd, sizeof cvd);
+  if (failure[0])
+    return 0; /* an option refused on the node: the tasks say so */
   if (!opts.mem) {
     if (cvd[0])
       guard_whole_gpus(job_id, cmd, cvd);
     return 0;
   }
-  int rc = hold_reservation(job_id, cmd, cvd);
-  if (rc == 0)
+  hold_reservation(job_id, cmd, cvd);
+  if (holder)
     note_gpu_uuid();
-  return rc;
+  return 0;
 }
+
+/* --- The step guard ------------------------------------------------------- */
+
+/* If slurmstepd dies (kill -9, a crash), Slurm loses the step: its tasks
+ * run on, outside Slurm's control and, for processes not under the preload
+ * library, outside cogpu's accounts (their memory was the step's). So the
+ * step's processes go with it: each task dies with its parent
+ * (PR_SET_PDEATHSIG, task_init), and a small guard process, a child of
+ * slurmstepd that does nothing else, kills the tasks' process groups
+ * (which the processes they start share) when slurmstepd is gone. The
+ * guard is stopped and reaped when the step's last task ends, before
+ * Slurm's process tracking waits for the step's processes to go. */
+#define GUARD_MAX_GROUPS 64
+static pid_t guard_groups[GUARD_MAX_GROUPS];
+static int guard_ngroups;
+static pid_t guard_pid = -1;
+static int guard_pidfd = -1; /* guard_pid without the risk of PID reuse */
+static uint32_t tasks_left;
+
+/* A cogpu step: one with --gpu-mem that holds its reservation, or a
+ * whole-GPU step under the ledger's guard. */
+static bool step_managed(void) {
+  return holder != NULL && !failure[0];
+}
+
+static void guard_close_fds(int maxfd) {
+#ifdef SYS_close_range
+  if (syscall(SYS_close_range, 3u, ~0u, 0u) == 0)
+    return;
+#endif
+  for (int fd = 3; fd < maxfd; fd++)
+    close(fd);
+}
+
+/* The guard, in the forked child: async-signal-safe calls only (slurmstepd
+ * has threads). It holds none of slurmstepd's files (sockets to srun and to
+ * the node daemon, the ledger's liveness lock), so that slurmstepd's death
+ * is seen wherever it matters. */
+__attribute__((noreturn)) static void guard_run(pid_t parent, int maxfd) {
+  sigset_t all, wake;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, NULL);
+  prctl(PR_SET_PDEATHSIG, SIGUSR1);
+  prctl(PR_SET_NAME, "cogpu-guard");
+  guard_close_fds(maxfd);
+  sigemptyset(&wake);
+  sigaddset(&wake, SIGUSR1);
+  sigaddset(&wake, SIGTERM);
+  while (getppid() == parent) {
+    int sig = sigwaitinfo(&wake, NULL);
+    if (sig == SIGTERM)
+      _exit(0); /* the step ended normally, or Slurm ends it */
+    if (sig == SIGUSR1)
+      break;
+  }
+  for (int i = 0; i < guard_ngroups; i++)
+    kill(-guard_groups[i], SIGKILL);
+  _exit(0);
+}
+
+static void guard_start(void) {
+  struct rlimit rl;
+  int maxfd = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 1u << 20
+                  ? (int)rl.rlim_cur
+                  : 1 << 20;
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0)
+    guard_run(parent, maxfd);
+  if (pid < 0) {
+    slurm_info("cogpu: no guard for the step's tasks (fork: %s)",
+               strerror(errno));
+    return;
+  }
+  guard_pid = pid;
+#ifdef SYS_pidfd_open
+  guard_pidfd = (int)syscall(SYS_pidfd_open, pid, 0u);
+#endif
+}
+
+/* Stop the guard and reap it (slurmstepd may have reaped it already, when
+ * Slurm signalled the step's processes: then the pidfd says so, and no
+ * other process that took its PID is signalled). */
+static void guard_stop(void) {
+  if (guard_pid <= 0)
+    return;
+  bool sent = false;
+#ifdef SYS_pidfd_send_signal
+  if (guard_pidfd >= 0)
+    sent = syscall(SYS_pidfd_send_signal, guard_pidfd, SIGKILL, NULL, 0u) == 0;
+  else
+#endif
+    sent = kill(guard_pid, SIGKILL) == 0;
+  if (sent || errno != ESRCH)
+    waitpid(guard_pid, NULL, 0);
+  if (guard_pidfd >= 0)
+    close(guard_pidfd);
+  guard_pid = -1;
+  guard_pidfd = -1;
+}
+
+/* slurmstepd (root), after each task's fork, before the tasks run: note
+ * the task's process group; after the last one, start the guard. If the
+ * reservation failed, record why in the job's AdminComment (once), so that
+ * `scontrol show job` and `sacct -o AdminComment` show it. */
+int slurm_spank_task_post_fork(spank_t sp, int ac, char **av) {
+  (void)ac;
+  (void)av;
+  if (failure[0] && !failure_recorded) {
+    uint32_t id = 0;
+    failure_recorded = true;
+    if (spank_get_item(sp, S_JOB_ID, &id) == ESPANK_SUCCESS) {
+      job_desc_msg_t d;
+      char node[128] = "";
+      char msg[sizeof failure + 160];
+      if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof node) !=
+          ESPANK_SUCCESS)
+        gethostname(node, sizeof node - 1);
+      snprintf(msg, sizeof msg, "%s (node %s)", failure, node);
+      slurm_init_job_desc_msg(&d);
+      d.job_id = id;
+      d.admin_comment = msg;
+      if (slurm_update_job(&d) != SLURM_SUCCESS)
+        slurm_info("cogpu: job %u: cannot record the failure in the job's "
+                   "AdminComment: %s",
+                   id, slurm_strerror(slurm_get_errno()));
+    }
+  }
+  if (!step_managed())
+    return 0;
+  pid_t pid = 0;
+  int task = 0;
+  uint32_t ntasks = 0;
+  if (spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS)
+    return 0;
+  pid_t group = getpgid(pid);
+  bool known = group <= 1;
+  for (int i = 0; i < guard_ngroups && !known; i++)
+    known = guard_groups[i] == group;
+  if (!known && guard_ngroups < GUARD_MAX_GROUPS)
+    guard_groups[guard_ngroups++] = group;
+  tasks_left = ntasks;
+  if ((uint32_t)task + 1 == ntasks && guard_pid < 0)
+    guard_start();
+  return 0;
+}
+
+/* slurmstepd (root), as each task ends: after the last, the guard goes. */
+int slurm_spank_task_exit(spank_t sp, int ac, char **av) {
+  (void)sp;
+  (void)ac;
+  (void)av;
+  if (tasks_left > 0 && --tasks_left == 0)
+    guard_stop();
+  return 0;
+}
+
+/* --- The tasks ------------------------------------------------------------ */
 
 static int task_setenv(spank_t sp, const char *name, const char *value) {
   if (spank_setenv(sp, name, value, 1) != ESPANK_SUCCESS) {
     slurm_error("cogpu: cannot set %s for the task", name);
     return -1;
+  }
+  return 0;
+}
+
+/* COGPU_ variables a user may set for their own tasks: they shape how the
+ * task's own process behaves, never which ledger it uses, how its memory
+ * is counted or what the job reserved. */
+static const char *const user_vars[] = {
+    "COGPU_LOG",       "COGPU_LIMIT",       "COGPU_REPORT_TOTAL",
+    "COGPU_GROW_STEP", "COGPU_DRIVER_WAIT", "COGPU_DAEMON_WAIT"};
+
+static bool user_var(const char *entry) {
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(user_vars); i++) {
+    size_t n = strlen(user_vars[i]);
+    if (strncmp(entry, user_vars[i], n) == 0 && entry[n] == '=')
+      return true;
+  }
+  return false;
+}
+
+/* A task's cogpu settings are the node's: every COGPU_ variable the job
+ * brought (COGPU_STATE_DIR, COGPU_CONFIG, COGPU_NODE_MODE, ...), except the
+ * user's own few above, is replaced by slurmstepd's, which is slurmd's
+ * environment: normally none, so that /etc/cogpu.conf on the node applies
+ * to the task as it did to the step's reservation. Otherwise a job could
+ * take its tasks to a ledger of its choosing, away from the reservation
+ * and from every other job's accounts. The plug-in then sets the job's
+ * own (COGPU_JOB_TOKEN, COGPU_MEM, ...). Runs in the task: this process's
+ * environment is still slurmstepd's. */
+static int task_env_node(spank_t sp) {
+  char **env = NULL, names[128][64];
+  size_t n = 0;
+  if (spank_get_item(sp, S_JOB_ENV, &env) == ESPANK_SUCCESS && env)
+    for (size_t i = 0; env[i] && n < COGPU_ARRAY_SIZE(names); i++) {
+      size_t len = strcspn(env[i], "=");
+      if (strncmp(env[i], "COGPU_", 6) == 0 && !user_var(env[i]) &&
+          len < sizeof names[0])
+        snprintf(names[n++], sizeof names[0], "%.*s", (int)len, env[i]);
+    }
+  for (size_t i = 0; i < n; i++)
+    if (spank_unsetenv(sp, names[i]) != ESPANK_SUCCESS) {
+      slurm_error("cogpu: cannot unset %s for the task", names[i]);
+      return -1;
+    }
+  for (int i = 0; i < COGPU_OPT__COUNT; i++) {
+    char var[64];
+    snprintf(var, sizeof var, "COGPU_%s", cogpu__opt_table[i].name);
+    const char *v = getenv(var);
+    char entry[80];
+    snprintf(entry, sizeof entry, "%s=", var);
+    if (v && !user_var(entry) && task_setenv(sp, var, v))
+      return -1;
   }
   return 0;
 }
@@ -419,17 +792,26 @@ static int task_preload(spank_t sp) {
   return task_setenv(sp, "LD_PRELOAD", val);
 }
 
-/* The GPU holding the job's reservation, unless Slurm chose GPUs itself
- * (a job that also asked for `gpu` GRES). Runs in the task: the holder's
- * handle belongs to slurmstepd there. */
+/* The GPU holding the job's reservation. The task sees exactly that GPU
+ * (CUDA_VISIBLE_DEVICES is its UUID, whatever the job's environment had),
+ * unless Slurm gave the step GPUs (`gpu` or `shard` GRES): Slurm then sets
+ * CUDA_VISIBLE_DEVICES itself, and the reservation is on the first of
+ * them, the task's device 0. Runs in the task: the holder's handle belongs
+ * to slurmstepd there. */
 static int task_gpu(spank_t sp) {
-  char cvd[256], buf[32];
+  char buf[32];
   if (job_gpu < 0)
     return 0;
-  if (spank_getenv(sp, "CUDA_VISIBLE_DEVICES", cvd, sizeof cvd) ==
-          ESPANK_ENV_NOEXIST &&
-      job_uuid[0] && task_setenv(sp, "CUDA_VISIBLE_DEVICES", job_uuid))
-    return -1;
+  if (!slurm_gave_gpus) {
+    if (!job_uuid[0]) {
+      slurm_error("cogpu: the UUID of GPU %d, which holds the job's memory, "
+                  "is unknown: cannot show the task that GPU alone",
+                  job_gpu);
+      return -1;
+    }
+    if (task_setenv(sp, "CUDA_VISIBLE_DEVICES", job_uuid))
+      return -1;
+  }
   snprintf(buf, sizeof buf, "%d", job_gpu);
   return task_setenv(sp, "COGPU_GPU", buf);
 }
@@ -444,11 +826,24 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
       spank_get_item(sp, S_TASK_GLOBAL_ID, &task) == ESPANK_SUCCESS &&
       task == 0)
     fprintf(stderr, "%s\n", notice);
+  if (failure[0]) {
+    slurm_error("%s", failure);
+    return -1; /* the task exits 1: the job fails, the node is untouched */
+  }
+  if (step_managed()) {
+    /* The task goes with its step (see "The step guard"). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != stepd_pid) {
+      slurm_error("cogpu: the step's slurmstepd is gone");
+      return -1;
+    }
+  }
   if (!opts.mem || !holder)
     return 0;
   spank_get_item(sp, S_JOB_ID, &jid);
   snprintf(id, sizeof id, "%u", jid);
-  int rc = task_setenv(sp, "COGPU_JOB_TOKEN", token);
+  int rc = task_env_node(sp);
+  rc = rc ? rc : task_setenv(sp, "COGPU_JOB_TOKEN", token);
   rc = rc ? rc : task_setenv(sp, "COGPU_JOB_ID", id);
   snprintf(buf, sizeof buf, "%llu", (unsigned long long)opts.mem);
   rc = rc ? rc : task_setenv(sp, "COGPU_MEM", buf);
@@ -471,6 +866,7 @@ int slurm_spank_exit(spank_t sp, int ac, char **av) {
   (void)sp;
   (void)ac;
   (void)av;
+  guard_stop();
   if (holder)
     cogpu_detach(holder);
   holder = NULL;

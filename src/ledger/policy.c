@@ -321,7 +321,12 @@ static void deadlock_guard(struct cogpu_s *h) {
     if (cogpu__ledger_suspend_for_deadlock(h, g, why, sizeof why))
       continue;
     ledger_waiter_t *wt = &h->st->waiters[v];
-    cogpu__log(COGPU_LOG_WARN,
+    /* Whichever process serves the queue breaks the deadlock; only the
+     * daemon's log, or the victim's own stderr, may name the victim: in
+     * another process's it lands in an unrelated job's output. The victim
+     * learns why from its refusal (COGPU_EDEADLOCK). */
+    cogpu__log(cogpu__ledger_trusted || wt->owner == h->slot ? COGPU_LOG_WARN
+                                                             : COGPU_LOG_DEBUG,
                "GPU %u: every job holding memory waits for more, and none "
                "can be suspended (%s); failing the request of pid %d "
                "(%llu bytes) to break the deadlock",

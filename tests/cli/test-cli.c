@@ -2482,10 +2482,12 @@ TEST_IMPL_SINGLE(cli_slurm_conf) {
   const char *env[] = {"FAKE_NVML_GPUS=80G,40G", "COGPU_MARGIN=1G", NULL};
   res_t *r = COGPU_ENV(env, "slurm-conf", "--node", "gpu07");
   EXPECT_RC(r, 0);
-  ASSERT_CONTAINS(r->out, "\nNodeName=gpu07 Gres=gpumem:118G\n");
-  ASSERT_CONTAINS(r->out,
-                  "\nNodeName=gpu07 Name=gpumem Count=118G Flags=CountOnly\n");
+  ASSERT_CONTAINS(
+      r->out, "\nNodeName=gpu07 Gres=cogpumem:118G Features=cogpu_gpu_79G\n");
+  ASSERT_CONTAINS(
+      r->out, "\nNodeName=gpu07 Name=cogpumem Count=118G Flags=CountOnly\n");
   ASSERT_CONTAINS(r->out, "largest here: 79G");
+  ASSERT_CONTAINS(r->out, "merge into this node's existing NodeName= line");
   /* Sizes that are not whole GiB are written in MiB, floored. */
   const char *env2[] = {"FAKE_NVML_GPUS=80G", "COGPU_MARGIN=2%",
                         "COGPU_STATE_DIR=", NULL};
@@ -2494,7 +2496,7 @@ TEST_IMPL_SINGLE(cli_slurm_conf) {
   env2[2] = dir;
   r = COGPU_ENV(env2, "slurm-conf");
   EXPECT_RC(r, 0);
-  ASSERT_CONTAINS(r->out, "Gres=gpumem:80281M\n");
+  ASSERT_CONTAINS(r->out, "Gres=cogpumem:80281M Features=cogpu_gpu_80281M\n");
   EXPECT_RC(COGPU("slurm-conf", "--node"), 2);
   EXPECT_RC(COGPU("slurm-conf", "--node="), 2);
   EXPECT_RC(COGPU("slurm-conf", "--bogus"), 2);
@@ -2502,7 +2504,7 @@ TEST_IMPL_SINGLE(cli_slurm_conf) {
   EXPECT_RC(r, 2);
   ASSERT_CONTAINS(r->err, "unexpected argument 'extra'");
   /* A node name must not inject lines or settings into slurm.conf. */
-  const char *const bad[] = {"gpu07\nNodeName=evil Gres=gpumem:1P",
+  const char *const bad[] = {"gpu07\nNodeName=evil Gres=cogpumem:1P",
                              "gpu07 Weight=1",
                              "gpu07#",
                              "a=b",
@@ -2518,5 +2520,5 @@ TEST_IMPL_SINGLE(cli_slurm_conf) {
   /* Host lists are node names in slurm.conf. */
   r = COGPU("slurm-conf", "--node", "gpu[01-08],big_1.x");
   EXPECT_RC(r, 0);
-  ASSERT_CONTAINS(r->out, "\nNodeName=gpu[01-08],big_1.x Gres=gpumem:");
+  ASSERT_CONTAINS(r->out, "\nNodeName=gpu[01-08],big_1.x Gres=cogpumem:");
 }

@@ -17,6 +17,19 @@ gpumem=${3:-80G}
 # COGPU_CLUSTER_GPUS=N: also N whole GPUs as `gpu` GRES (device files
 # /dev/null, /dev/zero: Slurm needs files, the fake GPUs have none).
 gpus=${COGPU_CLUSTER_GPUS:-0}
+# COGPU_CLUSTER_GRES: the name of cogpu's GRES (gpumem: as before cogpu 0.2).
+gres=${COGPU_CLUSTER_GRES:-cogpumem}
+# COGPU_CLUSTER_GPU_SIZE: the node's largest GPU, as its cogpu_gpu_SIZE
+# feature (what `cogpu slurm-conf` prints); none if empty.
+gpu_size=${COGPU_CLUSTER_GPU_SIZE:-}
+# COGPU_CLUSTER_PROCTRACK: cgroup (docs/slurm.md recommends it; cgroup v1
+# here) or linuxproc (the default: needs nothing from the host). With
+# cgroup the node gets a name of its own, which names its cgroups
+# (slurm_NODE): clusters of other tests running at once must not share them.
+proctrack=${COGPU_CLUSTER_PROCTRACK:-linuxproc}
+node=localhost
+{ [ "$proctrack" = cgroup ] || [ -f "$dir/cgroup.conf" ]; } &&
+  node=cg$(printf %s "$dir" | cksum | cut -d' ' -f1)
 here=$(cd "$(dirname "$0")" && pwd)
 PATH="$PATH:/usr/sbin"
 
@@ -75,6 +88,13 @@ stop() {
   left=$(leftovers | grep -vx "$$")
   for p in $left; do kill -KILL "$p" 2>/dev/null; done
   stop_pid munged
+  # Cgroups slurmd left (proctrack/cgroup): empty once the jobs are gone.
+  if [ -f "$dir/cgroup.conf" ]; then
+    local d
+    for d in /sys/fs/cgroup/*/slurm_"$node"; do
+      [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
+    done
+  fi
   local w; w=$(pid_of watchdog) && [ "$w" != "$PPID" ] && kill "$w" 2>/dev/null
   rm -f "$dir/watchdog.pid"
   return 0
@@ -100,7 +120,7 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=debug
-ProctrackType=proctrack/linuxproc
+ProctrackType=proctrack/$proctrack
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -113,13 +133,16 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 DefMemPerCPU=64
 PlugStackConfig=$dir/plugstack.conf
-GresTypes=gpumem$([ "$gpus" -gt 0 ] && echo ,gpu)
+GresTypes=$gres$([ "$gpus" -gt 0 ] && echo ,gpu)
 ${COGPU_CLI_FILTER:+CliFilterPlugins=cli_filter/lua}
 ${COGPU_JOB_SUBMIT:+JobSubmitPlugins=lua}
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=16 RealMemory=4096 Gres=gpumem:$gpumem$([ "$gpus" -gt 0 ] && echo ",gpu:$gpus") State=UNKNOWN
-PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+NodeName=$node NodeAddr=127.0.0.1 CPUs=16 RealMemory=4096 Gres=$gres:$gpumem$([ "$gpus" -gt 0 ] && echo ",gpu:$gpus")${gpu_size:+ Features=cogpu_gpu_$gpu_size} State=UNKNOWN
+PartitionName=test Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
-  echo "Name=gpumem Count=$gpumem Flags=CountOnly" >"$dir/gres.conf"
+  if [ "$proctrack" = cgroup ]; then
+    printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n' >"$dir/cgroup.conf"
+  fi
+  echo "Name=$gres Count=$gpumem Flags=CountOnly" >"$dir/gres.conf"
   local files="/dev/null /dev/zero" f i=0
   for f in $files; do
     [ $i -lt "$gpus" ] && echo "Name=gpu File=$f" >>"$dir/gres.conf"
@@ -155,7 +178,7 @@ start_daemons() {
   # cluster's (see leftovers).
   SLURM_CONF=$conf slurmctld -D -i -f "$conf" >>"$dir/slurmctld.out" 2>&1 &
   echo $! >"$dir/slurmctld.pid"
-  SLURM_CONF=$conf slurmd -D -N localhost -f "$conf" >>"$dir/slurmd.out" 2>&1 &
+  SLURM_CONF=$conf slurmd -D -N "$node" -f "$conf" >>"$dir/slurmd.out" 2>&1 &
   echo $! >"$dir/slurmd.pid"
   end=$((SECONDS + 30))
   until SLURM_CONF=$conf sinfo -h -N -o %T 2>/dev/null | grep -qx idle; do

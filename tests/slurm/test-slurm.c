@@ -10,6 +10,7 @@
  * in sanitizer builds: the plug-in is uninstrumented, and Slurm's
  * daemons must not inherit the sanitizer runtime the runner preloads.
  */
+#include <dirent.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -45,6 +46,19 @@ static const char *prog(void) {
   return p;
 }
 
+/* A Slurm test that cannot run here: skipped, unless the run requires the
+ * Slurm tests (COGPU_TEST_REQUIRE_SLURM=1, set by .ci/run, whose set-up
+ * installs everything they need): then it fails, saying why. */
+#define SLURM_SKIP(...)                                                        \
+  do {                                                                         \
+    const char *req_ = getenv("COGPU_TEST_REQUIRE_SLURM");                     \
+    if (req_ && !strcmp(req_, "1"))                                            \
+      th_fail(__FILE__, __LINE__,                                              \
+              "the Slurm tests are required (COGPU_TEST_REQUIRE_SLURM=1) "     \
+              "but cannot run: " __VA_ARGS__);                                 \
+    SKIP(__VA_ARGS__);                                                         \
+  } while (0)
+
 static void find_root(void) {
   snprintf(root, sizeof root, "%s", th_build_dir());
   char *slash = strrchr(root, '/');
@@ -52,7 +66,7 @@ static void find_root(void) {
     *slash = 0;
   if (access(script(), X_OK) != 0 &&
       (!getcwd(root, sizeof root) || access(script(), X_OK) != 0))
-    SKIP("tests/slurm/cluster.sh not found");
+    SLURM_SKIP("tests/slurm/cluster.sh not found");
 }
 
 static void require(void) {
@@ -60,14 +74,14 @@ static void require(void) {
   SKIP("Slurm tests run in the plain build (uninstrumented plug-in)");
 #endif
   if (geteuid() != 0)
-    SKIP("starting slurmd needs root");
+    SLURM_SKIP("starting slurmd needs root");
   if (access("/usr/sbin/slurmctld", X_OK) || access("/usr/sbin/slurmd", X_OK) ||
       access("/usr/sbin/munged", X_OK) || access("/usr/bin/srun", X_OK))
-    SKIP("Slurm or munge not installed (scripts/setup.sh installs them)");
+    SLURM_SKIP("Slurm or munge not installed (scripts/setup.sh installs them)");
   char p[PATH_MAX + 32];
   snprintf(p, sizeof p, "%s/spank_cogpu.so", th_build_dir());
   if (access(p, R_OK))
-    SKIP("spank_cogpu.so not built (needs libslurm-dev)");
+    SLURM_SKIP("spank_cogpu.so not built (needs libslurm-dev)");
   find_root();
 }
 
@@ -214,10 +228,10 @@ TEST_IMPL_T(slurm_gpu_mem_in_srun_sbatch_salloc, 240) {
   /* sbatch --gpu-mem, and the job asked Slurm for the GRES. */
   snprintf(cmd, sizeof cmd,
            "sbatch -D %s -o %s/batch.out --gpu-mem=3G --wrap 'sh %s' && "
-           "scontrol show job -d | grep -o 'gres.gpumem:[^ ]*'",
+           "scontrol show job -d | grep -o 'gres.cogpumem:[^ ]*'",
            th_tmpdir(), th_tmpdir(), task_env());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
-  ASSERT_CONTAINS(out, "gres:gpumem:3G");
+  ASSERT_CONTAINS(out, "gres:cogpumem:3G");
   wait_jobs_done(60000);
   expect_under_cogpu(file("batch.out"), "COGPU_MEM=3221225472");
   /* #SBATCH --gpu-mem in the script */
@@ -231,10 +245,10 @@ TEST_IMPL_T(slurm_gpu_mem_in_srun_sbatch_salloc, 240) {
   /* salloc, with a step inside the allocation */
   snprintf(cmd, sizeof cmd,
            "salloc --gpu-mem=5G sh -c 'scontrol show job -d $SLURM_JOB_ID | "
-           "grep -o \"gres.gpumem:[^ ]*\"; srun sh %s'",
+           "grep -o \"gres.cogpumem:[^ ]*\"; srun sh %s'",
            task_env());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
-  ASSERT_CONTAINS(out, "gres:gpumem:5G");
+  ASSERT_CONTAINS(out, "gres:cogpumem:5G");
   expect_under_cogpu(out, "COGPU_MEM=5368709120");
   stop_cluster(); /* tests end with _exit: no atexit */
 }
@@ -248,7 +262,7 @@ TEST_IMPL_T(slurm_bad_values_refused_at_submission, 240) {
       {"--gpu-mem=1.5G", "cogpu: invalid --gpu-mem '1.5G'"},
       {"--gpu-mem=0", "cogpu: --gpu-mem must be more than 0"},
       {"--gpu-mem=81G",
-       "more GPU memory than any node has (largest: 81920 MiB)"},
+       "more GPU memory than any single GPU has (largest: 81920 MiB)"},
       {"--gpu-mem=1G --gpu-priority=5000", "cogpu: invalid --gpu-priority"},
       {"--gpu-mem=1G --gpu-wait=soon", "cogpu: invalid --gpu-wait 'soon'"},
   };
@@ -294,7 +308,7 @@ static void packs_jobs(void) {
     snprintf(cmd, sizeof cmd,
              "sbatch -D %s -o %s/pack%d.out --gpu-mem=30G %s --wrap "
              "'%s direct init ctx alloc:20G hold:4000'",
-             th_tmpdir(), th_tmpdir(), i, i == 3 ? "--gres=gpumem:1G" : "",
+             th_tmpdir(), th_tmpdir(), i, i == 3 ? "--gres=cogpumem:1G" : "",
              prog());
     ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   }
@@ -402,11 +416,11 @@ TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
   const char *o = file("share.out");
   if (strstr(o, "error"))
     th_fail(__FILE__, __LINE__, "job failed:\n%s", o);
-  /* Steps that ask for no gpumem of their own (--gres=gpumem:0, which the
+  /* Steps that ask for none of cogpu's GRES (--gres=cogpumem:0, which the
    * cli_filter keeps) run at once, still within the job's reservation. */
   snprintf(cmd, sizeof cmd,
            "sbatch -D %s -o %s/conc.out -n2 --gpu-mem=8G --wrap '"
-           "for s in a b; do srun -n1 --exact --mem=50M --gres=gpumem:0 "
+           "for s in a b; do srun -n1 --exact --mem=50M --gres=cogpumem:0 "
            "sh -c \"date +%%s.%%N; %s direct init ctx alloc:3G hold:3000; "
            "date +%%s.%%N\" >%s/step-$s.out 2>&1 & done; wait'",
            th_tmpdir(), th_tmpdir(), prog(), th_tmpdir());
@@ -439,7 +453,7 @@ TEST_IMPL_T(slurm_jobs_without_the_option_are_unaffected, 240) {
   ASSERT_STREQ(out, "0\n");
   snprintf(cmd, sizeof cmd,
            "srun %s direct init ctx alloc:1G hold:1500 & sleep 0.8; "
-           "scontrol show job -d | grep -c gpumem; wait",
+           "scontrol show job -d | grep -c cogpumem; wait",
            prog());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "0\n");
@@ -579,4 +593,545 @@ TEST_IMPL_T(slurm_whole_gpu_job_waits_for_gpu_mem_jobs, 240) {
   ASSERT_CONTAINS(out, "for 30720 MiB of GPU memory\n");
   ASSERT_CONTAINS(out, "ran3");
   stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* ------------------------------------------------------------------------ */
+/* Issue 13: no user can drain a node, fake success or escape accounting    */
+/* ------------------------------------------------------------------------ */
+
+/* `scontrol show job ID` (state, exit code, AdminComment). */
+static const char *show_job(const char *id) {
+  static char out[OUT_MAX];
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "scontrol show job %s", id);
+  sh(cmd, out, sizeof out, th_ms(20000));
+  return out;
+}
+
+/* The node is in service: never drained by a job's failure. */
+static void expect_node_in_service(void) {
+  char out[OUT_MAX];
+  ASSERT_EQ(sh("sinfo -h -N -o '%T|%E'", out, sizeof out, th_ms(20000)), 0);
+  if (strstr(out, "drain") || strstr(out, "DRAIN") || strstr(out, "down"))
+    th_fail(__FILE__, __LINE__, "the node is out of service:\n%s", out);
+}
+
+/* A batch job that failed because its memory could not be reserved on the
+ * node: FAILED with exit code 1, cogpu's reason in its output and in its
+ * AdminComment, and its script never ran. */
+static void expect_batch_failed(const char *id, const char *outfile,
+                                const char *why) {
+  wait_jobs_done(60000);
+  const char *job = show_job(id);
+  ASSERT_CONTAINS(job, "JobState=FAILED");
+  ASSERT_CONTAINS(job, "ExitCode=1:0");
+  ASSERT_CONTAINS(job, "AdminComment=cogpu: job ");
+  ASSERT_CONTAINS(job, why);
+  const char *o = file(outfile);
+  ASSERT_CONTAINS(o, why);
+  ASSERT(!strstr(o, "script ran"));
+}
+
+/* Issue 13 item 1. A reservation that fails on the node, because the job
+ * is bigger than any of the node's GPUs (the submit check only knows the
+ * node's total here: no per-GPU feature) or because --gpu-wait runs out
+ * while processes outside cogpu hold the GPUs, fails the job: srun exits
+ * non-zero, a batch job ends FAILED 1:0, the user reads why in the job's
+ * stderr and in `scontrol show job` (AdminComment), and the node stays in
+ * service. (It used to fail in slurm_spank_user_init: slurmd reported a
+ * launch failure, slurmctld drained the node and the job ended COMPLETED
+ * 0:0; srun exited 0.) */
+TEST_IMPL_T(slurm_failed_reservation_fails_the_job, 240) {
+  start_cluster_gpus("32G", "16G,16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  /* Bigger than any GPU of the node. */
+  const char *big = "cannot reserve 20480 MiB of GPU memory on this node";
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/big.out --gpu-mem=20G --wrap 'echo script ran'",
+           th_tmpdir(), th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  expect_batch_failed("1", "big.out", big);
+  expect_node_in_service();
+  ASSERT_NE(
+      sh("srun --gpu-mem=20G echo script ran", out, sizeof out, th_ms(60000)),
+      0);
+  ASSERT_CONTAINS(out, big);
+  ASSERT(!strstr(out, "script ran"));
+  ASSERT_CONTAINS(show_job("2"), "JobState=FAILED");
+  expect_node_in_service();
+  /* --gpu-wait runs out: processes outside cogpu hold most of each GPU. */
+  snprintf(cmd, sizeof cmd,
+           "CUDA_VISIBLE_DEVICES=0 %s direct init ctx alloc:14G hold:60000 "
+           ">/dev/null 2>&1 & CUDA_VISIBLE_DEVICES=1 %s direct init ctx "
+           "alloc:14G hold:60000 >/dev/null 2>&1 &",
+           prog(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  /* The ledger has seen them (it reads NVML at most once a second). */
+  for (int i = 0; i < th_ms(20000) / 100; i++) {
+    cogpu_status_t *st = lt_status();
+    bool seen = st->gpus[0].foreign_bytes >= 14 * GiB &&
+                st->gpus[1].foreign_bytes >= 14 * GiB;
+    cogpu_status_free(st);
+    if (seen)
+      break;
+    th_sleep_ms(100);
+  }
+  const char *late = "cannot reserve 5120 MiB of GPU memory on this node: "
+                     "timed out after 2000 ms";
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/wait.out --gpu-mem=5G --gpu-wait=2s --wrap "
+           "'echo script ran'",
+           th_tmpdir(), th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  expect_batch_failed("3", "wait.out", late);
+  ASSERT_NE(sh("srun --gpu-mem=5G --gpu-wait=2s echo script ran", out,
+               sizeof out, th_ms(60000)),
+            0);
+  ASSERT_CONTAINS(out, late);
+  ASSERT(!strstr(out, "script ran"));
+  expect_node_in_service();
+  /* The node still runs jobs that fit. */
+  ASSERT_EQ(sh("srun --gpu-mem=1G echo fits", out, sizeof out, th_ms(60000)),
+            0);
+  ASSERT_CONTAINS(out, "fits");
+  sh("pkill -f 'alloc:14G hold:60000'", out, sizeof out, th_ms(10000));
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* Issue 13 item 2. On a node of two 16G GPUs (32G of cogpumem), a job of
+ * 20G could never run: the node's cogpu_gpu_16G feature (`cogpu
+ * slurm-conf` prints it) tells srun, sbatch and salloc the size of its
+ * largest GPU, and the job is refused at submission. */
+TEST_IMPL_T(slurm_gpu_mem_above_largest_gpu_refused, 240) {
+  setenv("COGPU_CLUSTER_GPU_SIZE", "16G", 1);
+  start_cluster_gpus("32G", "16G,16G");
+  char out[OUT_MAX], cmd[256];
+  static const char *const cmds[] = {"srun", "sbatch --wrap true", "salloc"};
+  for (size_t c = 0; c < COGPU_ARRAY_SIZE(cmds); c++) {
+    snprintf(cmd, sizeof cmd, "%s --gpu-mem=20G%s", cmds[c],
+             c == 1 ? "" : " true");
+    ASSERT_NE(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+    ASSERT_CONTAINS(out, "cogpu: --gpu-mem=20G is more GPU memory than any "
+                         "single GPU has (largest: 16384 MiB)");
+  }
+  ASSERT_EQ(sh("squeue -h | wc -l", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_STREQ(out, "0\n");
+  ASSERT_EQ(sh("srun --gpu-mem=16G echo fits", out, sizeof out, th_ms(60000)),
+            0);
+  ASSERT_CONTAINS(out, "fits");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* Issue 13 item 3. A whole-GPU job that gave up waiting for exclusive use
+ * (whole_gpu_wait) runs as it would without cogpu, and what it holds
+ * counts as foreign memory, as the same process outside Slurm would: a
+ * --gpu-mem job then cannot be given that memory. (Its slurmstepd, an
+ * attached client holding nothing there, used to hide it.) */
+TEST_IMPL_T(slurm_unguarded_whole_gpu_job_counts, 240) {
+  setenv("COGPU_CLUSTER_GPUS", "2", 1);
+  start_cluster_gpus("160G", "80G,80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2], conf[PATH_MAX + 32], line[PATH_MAX];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o /dev/null --gpu-mem=70G --wrap 'sleep 600'",
+           th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_output("squeue -h -o '%i %t'", "1 R", 30000);
+  wait_job_reserved("1", 70 * GiB, 20000);
+  snprintf(conf, sizeof conf, "%s/plugstack.conf", cluster);
+  snprintf(line, sizeof line, "required %s whole_gpu_wait=1s\n",
+           getenv("COGPU_SPANK"));
+  th_write_file(conf, line);
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/whole.out --gres=gpu:1 --wrap '%s direct init "
+           "ctx alloc:8G hold:600000'",
+           th_tmpdir(), th_tmpdir(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_output("squeue -h -o '%i %t'", "2 R", 30000);
+  for (int i = 0; i < th_ms(20000) / 50 && lt_fake_cuda_used() < 8 * GiB; i++)
+    th_sleep_ms(50);
+  ASSERT_ULE(8 * GiB, lt_fake_cuda_used());
+  uint64_t foreign = 0;
+  for (int i = 0; i < th_ms(10000) / 100; i++) {
+    cogpu_status_t *st = lt_status();
+    foreign = st->gpus[0].foreign_bytes;
+    cogpu_status_free(st);
+    if (foreign >= 8 * GiB)
+      break;
+    th_sleep_ms(100);
+  }
+  ASSERT_CONTAINS(file("whole.out"), "it runs without exclusive use");
+  if (foreign < 8 * GiB)
+    th_fail(__FILE__, __LINE__,
+            "the whole-GPU job's 8.3 GiB are counted nowhere: foreign %llu",
+            (unsigned long long)foreign);
+  /* GPU 0 has 80 - 70 - 8.3 GiB left: a 5G job goes to GPU 1. */
+  ASSERT_CONTAINS(task_gpu("--gpu-mem=5G"), "gpu=1 cvd=GPU-");
+  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(20000)), 0);
+  wait_jobs_done(60000);
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* The UUID of ledger GPU g. */
+static const char *gpu_uuid(int g) {
+  static char uuid[96];
+  cogpu_status_t *st = lt_status();
+  snprintf(uuid, sizeof uuid, "%s", st->gpus[g].uuid);
+  cogpu_status_free(st);
+  return uuid;
+}
+
+/* Issue 13 item 4. A job that brings its own CUDA_VISIBLE_DEVICES (here
+ * GPU 0, which has no room) reserves on GPU 1, and its tasks see exactly
+ * GPU 1, where their allocations then land. (They used to keep the
+ * inherited value: memory reserved on one GPU, allocated on another.) */
+TEST_IMPL_T(slurm_task_sees_exactly_the_reserved_gpu, 240) {
+  start_cluster_gpus("32G", "16G,16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2], want[160];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o /dev/null --gpu-mem=12G --wrap 'sleep 600'",
+           th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_output("squeue -h -o '%i %t'", "1 R", 30000);
+  wait_job_reserved("1", 12 * GiB, 20000);
+  snprintf(want, sizeof want, "gpu=1 cvd=%s\n", gpu_uuid(1));
+  ASSERT_STREQ(task_gpu("--gpu-mem=5G"), want); /* the control: no value */
+  setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+  ASSERT_STREQ(task_gpu("--gpu-mem=5G"), want);
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/cvd.out --gpu-mem=5G --wrap 'echo "
+           "cvd=$CUDA_VISIBLE_DEVICES; %s direct init ctx alloc:4G hold:1500'",
+           th_tmpdir(), th_tmpdir(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  wait_output("squeue -h -o '%i' | grep -c .", "1\n", 60000);
+  const char *o = file("cvd.out");
+  snprintf(want, sizeof want, "cvd=%s\n", gpu_uuid(1));
+  ASSERT_CONTAINS(o, want);
+  ASSERT(!strstr(o, "error"));
+  /* It allocated where it reserved: GPU 0 never held more than the 12G
+   * job's nothing (the fake driver's GPU 0 saw no allocation). */
+  ASSERT_ULE(fake_peak(), 0);
+  lt_check_invariants();
+  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(20000)), 0);
+  wait_jobs_done(60000);
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* The PID of the running cudaprog whose command line has `tag`, or 0. */
+static pid_t prog_pid(const char *tag) {
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  pid_t found = 0;
+  while (d && !found && (e = readdir(d))) {
+    char path[300], cmd[1024];
+    if (e->d_name[0] < '1' || e->d_name[0] > '9')
+      continue;
+    snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+    FILE *f = fopen(path, "re");
+    size_t n = f ? fread(cmd, 1, sizeof cmd - 1, f) : 0;
+    if (f)
+      fclose(f);
+    for (size_t i = 0; i < n; i++)
+      cmd[i] = cmd[i] ? cmd[i] : ' ';
+    cmd[n] = 0;
+    if (!strncmp(cmd, prog(), strlen(prog())) && strstr(cmd, tag))
+      found = (pid_t)atoi(e->d_name);
+  }
+  if (d)
+    closedir(d);
+  return found;
+}
+
+/* The nearest ancestor of pid named slurmstepd, or 0. */
+static pid_t stepd_above(pid_t pid) {
+  for (int depth = 0; pid > 1 && depth < 16; depth++) {
+    char path[64], buf[512], comm[64];
+    int ppid = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+      fclose(f);
+    buf[n] = 0;
+    char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+    if (!open || !close || sscanf(close + 1, " %*c %d", &ppid) != 1)
+      return 0;
+    snprintf(comm, sizeof comm, "%.*s", (int)(close - open - 1), open + 1);
+    if (depth > 0 && !strcmp(comm, "slurmstepd"))
+      return pid;
+    pid = ppid;
+  }
+  return 0;
+}
+
+/* kill -9 of the slurmstepd above the program tagged `tag` once it holds
+ * memory; then its processes must be gone at once (2 s: the kernel's
+ * PR_SET_PDEATHSIG, the guard's kill, and the fake driver noticing), with
+ * nothing left on the GPU. */
+static void kill_stepd_expect_gone(const char *tag) {
+  pid_t stepd = 0;
+  for (int i = 0; i < th_ms(20000) / 50 && !stepd; i++) {
+    if (lt_fake_cuda_used() >= 3 * GiB)
+      stepd = stepd_above(prog_pid(tag));
+    if (!stepd)
+      th_sleep_ms(50);
+  }
+  if (!stepd)
+    th_fail(__FILE__, __LINE__, "the step of %s never held its memory", tag);
+  ASSERT_EQ(kill(stepd, SIGKILL), 0);
+  bool gone = false;
+  for (int i = 0; i < th_ms(2000) / 20 && !gone; i++) {
+    gone = !prog_pid(tag) && lt_fake_cuda_used() == 0;
+    if (!gone)
+      th_sleep_ms(20);
+  }
+  if (!gone) {
+    char ps[OUT_MAX];
+    sh("ps -eo pid,ppid,pgid,stat,comm,args | grep -v ' ps '", ps, sizeof ps,
+       th_ms(10000));
+    th_fail(__FILE__, __LINE__,
+            "%s outlived its slurmstepd by 2 s (%llu bytes on the GPU):\n%s",
+            tag, lt_fake_cuda_used(), ps);
+  }
+}
+
+/* Issue 13 item 5, with proctrack/cgroup (what docs/slurm.md recommends;
+ * this machine has the cgroup v1 freezer it needs). When a step's
+ * slurmstepd is killed, Slurm loses the step: its processes would run on
+ * with memory the ledger no longer counts for the step (a later job that
+ * declared correctly then got the driver's out-of-memory). They go with
+ * their step: a batch job's script and the program it started, an srun
+ * task under --gpu-no-preload; then a job that needs the whole GPU runs. */
+TEST_IMPL_T(slurm_tasks_go_with_a_killed_slurmstepd, 240) {
+  setenv("COGPU_CLUSTER_PROCTRACK", "cgroup", 1);
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o /dev/null --gpu-mem=8G --wrap '%s direct init "
+           "ctx alloc:3G hold:120001; sleep 120'",
+           th_tmpdir(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  kill_stepd_expect_gone("hold:120001");
+  snprintf(cmd, sizeof cmd,
+           "srun --gpu-mem=8G --gpu-no-preload %s direct init ctx alloc:3G "
+           "hold:120002 >/dev/null 2>&1 &",
+           prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  kill_stepd_expect_gone("hold:120002");
+  /* Slurm itself does not know the steps are gone until they are
+   * cancelled: until then their GRES stay allocated. */
+  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(20000)), 0);
+  wait_jobs_done(60000);
+  snprintf(cmd, sizeof cmd,
+           "srun --gpu-mem=15G %s direct init ctx alloc:14G hold:200", prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT(!strstr(out, "error"));
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* Issue 13 item 6. A job's environment cannot move its tasks to another
+ * ledger (COGPU_STATE_DIR, a COGPU_CONFIG that sets state_dir,
+ * COGPU_NODE_MODE): the tasks use the node's, where the job's reservation
+ * is, and see the job there. */
+TEST_IMPL_T(slurm_job_env_cannot_move_tasks, 240) {
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 4], conf[PATH_MAX + 32];
+  snprintf(conf, sizeof conf, "%s/user.conf", th_tmpdir());
+  char text[PATH_MAX + 64];
+  snprintf(text, sizeof text, "state_dir = %s/elsewhere2\n", th_tmpdir());
+  th_write_file(conf, text);
+  static const char *const ways[] = {"COGPU_STATE_DIR=", "COGPU_CONFIG=",
+                                     "COGPU_NODE_MODE=single COGPU_STATE_DIR="};
+  static const char *const where[] = {"/elsewhere", "/user.conf", "/elsewhere"};
+  for (size_t w = 0; w < COGPU_ARRAY_SIZE(ways); w++) {
+    char env[PATH_MAX + 64];
+    snprintf(env, sizeof env, "%s%s%s", ways[w], th_tmpdir(), where[w]);
+    snprintf(cmd, sizeof cmd,
+             "%s srun --gpu-mem=2G sh -c 'cogpu status --json; %s direct init "
+             "ctx alloc:1G'",
+             env, prog());
+    int rc = sh(cmd, out, sizeof out, th_ms(60000));
+    if (rc != 0 || !strstr(out, "\"job_id\":\""))
+      th_fail(__FILE__, __LINE__,
+              "with %s the task did not see its job's ledger (exit %d):\n%s",
+              env, rc, out);
+    ASSERT(!strstr(out, "error"));
+    /* The same from a batch job. */
+    snprintf(cmd, sizeof cmd,
+             "%s sbatch -D %s -o %s/env%zu.out --gpu-mem=2G --wrap 'cogpu "
+             "status --json'",
+             env, th_tmpdir(), th_tmpdir(), w);
+    ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+    wait_jobs_done(60000);
+    char name[32];
+    snprintf(name, sizeof name, "env%zu.out", w);
+    ASSERT_CONTAINS(file(name), "\"job_id\":\"");
+  }
+  char p[PATH_MAX + 32];
+  snprintf(p, sizeof p, "%s/elsewhere", th_tmpdir());
+  ASSERT(access(p, F_OK) != 0);
+  snprintf(p, sizeof p, "%s/elsewhere2", th_tmpdir());
+  ASSERT(access(p, F_OK) != 0);
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* Issue 13 item 7. --gpu-wait, --gpu-priority and --gpu-no-preload qualify
+ * --gpu-mem: without it they are refused at submission, not ignored. */
+TEST_IMPL_T(slurm_gpu_options_need_gpu_mem, 240) {
+  start_cluster("16G");
+  static const char *const opts[] = {"--gpu-wait=1m", "--gpu-priority=5",
+                                     "--gpu-no-preload"};
+  static const char *const cmds[] = {"srun", "sbatch --wrap true", "salloc"};
+  char out[OUT_MAX], cmd[256], want[128];
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(opts); i++)
+    for (size_t c = 0; c < COGPU_ARRAY_SIZE(cmds); c++) {
+      snprintf(cmd, sizeof cmd, "%s %s%s", cmds[c], opts[i],
+               c == 1 ? "" : " true");
+      snprintf(want, sizeof want, "cogpu: %.*s needs --gpu-mem",
+               (int)strcspn(opts[i], "="), opts[i]);
+      int rc = sh(cmd, out, sizeof out, th_ms(30000));
+      if (rc == 0 || !strstr(out, want))
+        th_fail(__FILE__, __LINE__, "'%s' exit %d, expected '%s':\n%s", cmd, rc,
+                want, out);
+    }
+  ASSERT_EQ(sh("squeue -h; scontrol show jobs", out, sizeof out, th_ms(20000)),
+            0);
+  ASSERT_CONTAINS(out, "No jobs in the system");
+  /* With --gpu-mem, and in a step of a job that has it, they apply. */
+  ASSERT_EQ(sh("srun --gpu-mem=1G --gpu-wait=1m --gpu-priority=5 "
+               "--gpu-no-preload true",
+               out, sizeof out, th_ms(60000)),
+            0);
+  ASSERT_EQ(sh("salloc --gpu-mem=1G srun --gpu-wait=1m sh -c 'echo "
+               "$COGPU_TIMEOUT'",
+               out, sizeof out, th_ms(60000)),
+            0);
+  ASSERT_CONTAINS(out, "60000ms");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* Issue 13 item 8. A cluster still configured with the GRES's old name,
+ * `gpumem` (which Slurm 23.02 and later use for their own TRES), keeps
+ * working for one release: the job asks for gres/gpumem, reserves on the
+ * node, and the user is told to have it renamed. */
+TEST_IMPL_T(slurm_old_gres_name_works_with_warning, 240) {
+  setenv("COGPU_CLUSTER_GRES", "gpumem", 1);
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/old.out --gpu-mem=3G --wrap 'sh %s' && "
+           "scontrol show job -d | grep -o 'gres.[a-z]*mem:[^ ]*'",
+           th_tmpdir(), th_tmpdir(), task_env());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "gres:gpumem:3G");
+  ASSERT_CONTAINS(out, "cogpu: warning: this cluster declares GPU memory as "
+                       "GRES `gpumem`");
+  wait_jobs_done(60000);
+  expect_under_cogpu(file("old.out"), "COGPU_MEM=3221225472");
+  /* A step's own count, given under the new name, is kept (under the
+   * cluster's): steps that ask for none run at once. */
+  snprintf(cmd, sizeof cmd,
+           "salloc --gpu-mem=2G srun --gres=cogpumem:0 sh -c 'scontrol show "
+           "step $SLURM_JOB_ID.$SLURM_STEP_ID | grep -o \"TresPerNode=[^ "
+           "]*\"; echo ok'");
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "ok");
+  ASSERT(!strstr(out, "mem:2G"));
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* The same, with the GRES set in slurmctld: its log tells the admin. */
+TEST_IMPL_T(slurm_old_gres_name_job_submit, 240) {
+  setenv("COGPU_CLUSTER_GRES", "gpumem", 1);
+  server_side = true;
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/old.out --gpu-mem=3G --wrap 'sh %s' && "
+           "scontrol show job -d | grep -o 'gres.[a-z]*mem:[^ ]*'",
+           th_tmpdir(), th_tmpdir(), task_env());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "gres:gpumem:3G");
+  wait_jobs_done(60000);
+  expect_under_cogpu(file("old.out"), "COGPU_MEM=3221225472");
+  snprintf(cmd, sizeof cmd, "grep -c 'rename it .cogpumem.' %s/slurmctld.log",
+           cluster);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_STREQ(out, "1\n");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* Issue 13 item 10. Two jobs that each hold memory and each wait for more
+ * deadlock; the guard fails one of them. The warning names a process of
+ * the failed job, so only that job's output may carry it (single-user
+ * mode; in node mode the daemon logs it). */
+TEST_IMPL_T(slurm_deadlock_warning_names_own_job, 240) {
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  /* Each job takes all of its 6G (context and 5844M), then asks for 8G
+   * more: 4G are free. B, of higher priority, starts waiting later, so
+   * that its process is the one to find the deadlock. */
+  for (int j = 0; j < 2; j++) {
+    snprintf(cmd, sizeof cmd,
+             "sbatch -D %s -o %s/dl%d.out --gpu-mem=6G --gpu-wait=2m "
+             "--gpu-priority=%d --wrap 'sleep %s; %s direct init ctx "
+             "alloc:5844M alloc:8G'",
+             th_tmpdir(), th_tmpdir(), j, j * 10, j ? "3.5" : "1", prog());
+    ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  }
+  wait_jobs_done(60000);
+  const char *a = file("dl0.out");
+  ASSERT_CONTAINS(a, "alloc: error 2"); /* the victim */
+  char a_out[OUT_MAX];
+  snprintf(a_out, sizeof a_out, "%s", a);
+  const char *b = file("dl1.out");
+  if (strstr(b, "failing the request of pid"))
+    th_fail(__FILE__, __LINE__,
+            "job B's output names job A's process:\n--- B\n%s--- A\n%s", b,
+            a_out);
+  ASSERT(!strstr(b, "error"));
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* Issue 13 item 10. `cogpu doctor` without a config file says there is
+ * none, rather than "ok config: /etc/cogpu.conf". */
+TEST_IMPL(slurm_doctor_names_a_missing_config_file) {
+  if (access("/etc/cogpu.conf", F_OK) == 0)
+    SKIP("/etc/cogpu.conf exists on this machine");
+  char bin[PATH_MAX + 16], out[OUT_MAX], err[OUT_MAX];
+  snprintf(bin, sizeof bin, "%s/cogpu", th_build_dir());
+  const char *argv[] = {bin, "doctor", NULL};
+  const char *env[] = {"COGPU_CONFIG=", NULL}; /* unset: the default file */
+  th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(20000));
+  ASSERT(!strstr(out, "ok       config: /etc/cogpu.conf\n"));
+  ASSERT_CONTAINS(out, "ok       config: none (/etc/cogpu.conf does not "
+                       "exist: defaults and COGPU_* variables apply)");
+}
+
+/* .ci/run requires the Slurm tests (COGPU_TEST_REQUIRE_SLURM=1): a run
+ * where they cannot start fails, naming why, instead of skipping. Here a
+ * copy of the test runner outside the build tree finds no plug-in. (A test
+ * of the harness: once, daemonless.) */
+TEST_IMPL_SINGLE(slurm_required_tests_fail_instead_of_skipping) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  SKIP("Slurm tests run in the plain build (uninstrumented plug-in)");
+#endif
+  char dir[PATH_MAX + 32], cmd[PATH_MAX * 3], out[OUT_MAX];
+  snprintf(dir, sizeof dir, "%s/b/tests", th_tmpdir());
+  snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/tests/run-tests %s/", dir,
+           th_build_dir(), dir);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  snprintf(cmd, sizeof cmd,
+           "env -u COGPU_TEST_REQUIRE_SLURM -u COGPU_TEST_NODE %s/run-tests "
+           "slurm_packs_jobs_by_gpu_memory_job_submit 2>&1",
+           dir);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "# SKIP");
+  snprintf(cmd, sizeof cmd,
+           "env -u COGPU_TEST_NODE COGPU_TEST_REQUIRE_SLURM=1 %s/run-tests "
+           "slurm_packs_jobs_by_gpu_memory_job_submit 2>&1",
+           dir);
+  ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "not ok 1 - slurm_packs_jobs_by_gpu_memory_job_submit");
+  ASSERT_CONTAINS(out, "spank_cogpu.so not built");
 }

@@ -6,6 +6,7 @@
  */
 #include <dlfcn.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "cuda/cuda-abi.h"
@@ -25,6 +26,29 @@ static void doc_bad(doctor_t *d, const char *what, const char *detail,
                     const char *fix) {
   d->problems++;
   printf("PROBLEM  %s: %s\n         fix: %s\n", what, detail, fix);
+}
+
+/* The config file that applies. cogpu__config_load accepts a missing
+ * default file (/etc/cogpu.conf), so loading alone does not say one was
+ * read: a node whose settings an admin believes are in effect would then be
+ * told "ok" for a file that is not there. */
+static void doctor_config(const cogpu__config_t *cfg) {
+  const cogpu__optval_t *c = &cfg->v[COGPU_OPT_CONFIG];
+  char line[600];
+  if (!c->s[0]) {
+    doc_ok("config", "none (COGPU_CONFIG is empty: defaults and COGPU_* "
+                     "variables apply)");
+    return;
+  }
+  if (access(c->s, F_OK) != 0) {
+    snprintf(line, sizeof line,
+             "none (%s does not exist: defaults and COGPU_* variables "
+             "apply)",
+             c->s);
+    doc_ok("config", line);
+    return;
+  }
+  doc_ok("config", c->s);
 }
 
 static bool doctor_nvml(doctor_t *d, cogpu__gpu_desc_t *gpus, size_t *n) {
@@ -292,8 +316,7 @@ int cli_doctor(int argc, char **argv) {
     printf("%d problem(s)\n", d.problems);
     return 1;
   }
-  doc_ok("config", cfg.v[COGPU_OPT_CONFIG].s[0] ? cfg.v[COGPU_OPT_CONFIG].s
-                                                : "(no config file)");
+  doctor_config(&cfg);
   cogpu__gpu_desc_t gpus[COGPU_NVML_MAX_GPUS];
   size_t n = 0;
   bool nvml = doctor_nvml(&d, gpus, &n);

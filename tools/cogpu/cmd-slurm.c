@@ -1,7 +1,8 @@
 /*
  * cmd-slurm.c: `cogpu slurm-conf`, the Slurm configuration lines that
- * declare this node's GPU memory as the count-only GRES `gpumem` (see
- * docs/slurm.md).
+ * declare this node's GPU memory as the count-only GRES `cogpumem`, and its
+ * largest GPU as the node feature cogpu_gpu_SIZE, from which srun, sbatch
+ * and salloc refuse a --gpu-mem no GPU could hold (see docs/slurm.md).
  */
 #include <getopt.h>
 #include <stdbool.h>
@@ -50,11 +51,13 @@ static void print_conf(const cogpu_status_t *st, const char *node) {
          "cogpu's margin;\n# a job's --gpu-mem must fit on one GPU "
          "(largest here: %s).\n",
          node, st->ngpus, big);
-  printf("# slurm.conf (GresTypes=gpumem; add to this node's other GRES, "
-         "comma-separated):\n");
-  printf("NodeName=%s Gres=gpumem:%s\n", node, count);
+  printf("# slurm.conf (GresTypes=cogpumem): merge into this node's existing "
+         "NodeName= line,\n# adding to its other Gres and Features, "
+         "comma-separated:\n");
+  printf("NodeName=%s Gres=cogpumem:%s Features=cogpu_gpu_%s\n", node, count,
+         big);
   printf("# gres.conf:\n");
-  printf("NodeName=%s Name=gpumem Count=%s Flags=CountOnly\n", node, count);
+  printf("NodeName=%s Name=cogpumem Count=%s Flags=CountOnly\n", node, count);
 }
 
 int cli_slurm_conf(int argc, char **argv) {

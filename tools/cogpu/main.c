@@ -34,7 +34,7 @@ static const char usage[] =
     "                 every option with its default / its value and source\n"
     "  slurm-conf [--node NAME]\n"
     "                 slurm.conf and gres.conf lines declaring this node's\n"
-    "                 GPU memory as the GRES gpumem (see docs/slurm.md)\n"
+    "                 GPU memory as the GRES cogpumem (see docs/slurm.md)\n"
     "  version        print the version\n"
     "\n"
     "SIZE: bytes or K/M/G/T (binary): 512M, 12G, 12GiB.\n"
