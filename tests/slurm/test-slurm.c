@@ -353,8 +353,8 @@ static unsigned long long fake_peak(void) {
   return peak;
 }
 
-/* A job that declared 10G and allocates more: without --gpu-wait it gets
- * out-of-memory at once; with it, it waits until a neighbour is done. The
+/* A job that declared 10G and allocates more: with --gpu-wait=0 it gets
+ * out-of-memory at once; with a bound, it waits until a neighbour is done. The
  * neighbour completes untouched, and the GPU is never over-committed. */
 TEST_IMPL_T(slurm_under_declared_job_waits_or_ooms, 240) {
   start_cluster("80G");
@@ -1134,4 +1134,42 @@ TEST_IMPL_SINGLE(slurm_required_tests_fail_instead_of_skipping) {
   ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "not ok 1 - slurm_packs_jobs_by_gpu_memory_job_submit");
   ASSERT_CONTAINS(out, "spank_cogpu.so not built");
+}
+
+/* Under Slurm with the node daemon: two --gpu-mem jobs that grow past
+ * their declaration deadlock (each holds 7G of 16G and wants 3.3G more);
+ * one is suspended, and both complete with their data, none told
+ * out-of-memory. */
+TEST_IMPL_T(slurm_growing_jobs_suspended, 240) {
+  start_cluster("16G");
+  th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
+  th_setenv("COGPU_SUSPEND_HOST_MARGIN", "0");
+  th_setenv("COGPU_SUSPEND_MAX", "1T");
+  if (th_daemon_pid() <= 0)
+    th_daemon_start();
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  for (int i = 0; i < 2; i++) {
+    snprintf(cmd, sizeof cmd,
+             "sbatch -D %s -o %s/grow%d.out --gpu-mem=7G --wrap "
+             "'%s direct init ctx alloc:6G hold:500 alloc:4G hold:300 "
+             "verify freeall'",
+             th_tmpdir(), th_tmpdir(), i, prog());
+    ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  }
+  wait_jobs_done(120000);
+  char both[2 * OUT_MAX];
+  snprintf(both, sizeof both, "%s", file("grow0.out"));
+  size_t n = strlen(both);
+  snprintf(both + n, sizeof both - n, "%s", file("grow1.out"));
+  ASSERT_CONTAINS(file("grow0.out"), "verify ok");
+  ASSERT_CONTAINS(file("grow1.out"), "verify ok");
+  ASSERT_CONTAINS(both, "suspended: this job");
+  ASSERT(strstr(both, "error") == NULL);
+  unsigned long long peak, ooms;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  ASSERT_ULE(peak, 16 * GiB);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+  stop_cluster();
 }
