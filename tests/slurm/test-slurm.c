@@ -1066,6 +1066,9 @@ TEST_IMPL_T(slurm_old_gres_name_job_submit, 240) {
  * the failed job, so only that job's output may carry it (single-user
  * mode; in node mode the daemon logs it). */
 TEST_IMPL_T(slurm_deadlock_warning_names_own_job, 240) {
+  /* The guard must fail a request here: with a daemon (node mode) it
+   * would suspend a job instead (slurm_growing_jobs_suspended). */
+  th_setenv("COGPU_SUSPEND", "no");
   start_cluster("16G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
   /* Each job takes all of its 6G (context and 5844M), then asks for 8G

@@ -19,9 +19,15 @@ TEST_IMPL(schedgpu_codes) {
   ASSERT_EQ(dev, 1); /* picked and written back */
   dev = 1;
   ASSERT_EQ(preCudaMalloc(&dev, 8 * GiB, false), 600);
+  /* Another job holds 4G and does not wait: this wait is not a deadlock
+   * (which the guard would fail, or the daemon break, before 1 s). */
+  pid_t other = lt_hold("other", 1, 4 * GiB, 0, 0, -1);
+  lt_wait_nclients(1, 2, 5000);
   uint64_t t0 = (uint64_t)time(NULL);
   ASSERT_EQ(preCudaMalloc(&dev, 8 * GiB, true), 2); /* 1 s timeout */
   ASSERT_LE((uint64_t)time(NULL) - t0, 3);
+  kill(other, SIGKILL);
+  th_wait(other, th_ms(5000));
   ASSERT_EQ(preCudaMalloc(&dev, 17 * GiB, true), 2); /* larger than GPU */
   dev = 7;
   ASSERT_EQ(preCudaMalloc(&dev, 1, true), 101);
