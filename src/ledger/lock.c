@@ -230,7 +230,10 @@ void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
   hd->tx[n].old = *field;
   atomic_store_explicit(&hd->tx_n, n + 1, memory_order_release);
   atomic_signal_fence(memory_order_seq_cst);
-  *(volatile uint64_t *)field = value;
+  /* Atomic (a plain store on every target we build for): some readers look
+   * without the lock (foreign refresh, room, spare), and a torn or racy
+   * store is what they must never see. */
+  __atomic_store_n(field, value, __ATOMIC_RELAXED);
   if (n == 0)
     cogpu__fault(COGPU_FP_TX_MIDDLE); /* first store done, others not */
 }
