@@ -1,9 +1,12 @@
 /*
  * daemon-int.h: cogpud, the node daemon: the one writer of the node's
  * ledger (a root-only file under daemon_dir), serving clients over a Unix
- * socket (src/node/proto.h). Single-threaded: an epoll loop over the
- * listening socket, client connections, a timer and, after a restart, the
- * pidfds of clients that have not reconnected yet. It never blocks on a
+ * socket (src/node/proto.h). One thread writes the ledger: an epoll loop
+ * over the listening socket, client connections, a timer, the suspender's
+ * eventfd and, after a restart, the pidfds of clients that have not
+ * reconnected yet. The suspender (suspend.c) makes the driver's checkpoint
+ * calls in a thread of its own and never touches the ledger. It never
+ * blocks on a
  * client: sockets are non-blocking, and a client that does not read its
  * replies is disconnected.
  */
