@@ -177,6 +177,11 @@ typedef struct cogpu_client_info_s {
   unsigned suspensions;     /* times it was suspended */
   uint64_t suspended_bytes; /* footprint moved to host memory */
   double suspended_seconds; /* how long it has been suspended */
+  /* GPU memory its processes hold on this GPU now, and the most they held
+   * at once, as the preload library counted every allocation (0 for a
+   * client that allocates without the preload library). */
+  uint64_t used_bytes;
+  uint64_t peak_bytes;
 } cogpu_client_info_t;
 
 enum {
@@ -213,6 +218,7 @@ typedef struct cogpu_gpu_info_s {
   int max_clients;          /* 0: unlimited */
   bool exclusive;           /* held exclusively by one client */
   uint64_t suspended_bytes; /* its suspended jobs' footprints (host memory) */
+  uint64_t used_bytes;      /* sum of its clients' used_bytes */
   size_t nclients;
   cogpu_client_info_t *clients;
   size_t nwaiting;
