@@ -43,6 +43,13 @@ typedef struct sjob_s {
   int32_t pids[SUSP_MAX_PIDS];
   uint64_t bytes;
   unsigned lock_ms;
+  /* Resume: the footprint the restore puts back on the GPU (NVML index
+   * gpu), not before not_before_ns (monotonic), and since when and how
+   * often it has waited for the driver to have that much free. */
+  unsigned gpu;
+  uint64_t need;
+  uint64_t not_before_ns, waiting_since_ns, warned_ns;
+  unsigned tries;
   /* Result. */
   int rc;
   bool broken;
@@ -83,6 +90,10 @@ struct cogpu__susp_s {
   cu_api_t cu;
   ledger_suspender_t sp;
   idle_ent_t *idle;
+  /* Each slot's footprint when it was suspended (by generation): what its
+   * resume will put back on the GPU. */
+  uint64_t parked[LEDGER_MAX_SLOTS];
+  uint32_t parked_gen[LEDGER_MAX_SLOTS];
   uint64_t sampled_us; /* NVML samples read up to here (epoch µs) */
   bool idle_warned;
 };
@@ -195,7 +206,35 @@ static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
   }
 }
 
+/* Reserve before restore covers what the ledger knows; the driver may
+ * still hold memory the ledger has already given back: a process whose
+ * connection closed is not gone yet (its device memory is torn down after
+ * its sockets close, and a large one takes a while), or a process outside
+ * cogpu's view started since the last foreign refresh. A restore into that
+ * memory fails for good (the process stays wedged), so the restore starts
+ * only when the driver reports the footprint free; until then the job
+ * stays in RESUMING, its footprint booked, and the loop tries again. No
+ * NVML: nothing to ask, the restore goes ahead. */
+static bool room_for(sjob_t *j) {
+  uint64_t free_b = 0;
+  if (j->need == 0 || cogpu__nvml_mem_free(j->gpu, &free_b) != 0 ||
+      free_b >= j->need)
+    return true;
+  char a[32], b[32];
+  cogpu__fmt_size(free_b, a, sizeof a);
+  cogpu__fmt_size(j->need, b, sizeof b);
+  j->rc = -EAGAIN;
+  snprintf(j->msg, sizeof j->msg,
+           "the driver has %s free on the GPU, and its memory needs %s "
+           "(processes that ended and are still exiting, or memory used "
+           "outside cogpu's view)",
+           a, b);
+  return false;
+}
+
 static void run_resume(cogpu__susp_t *s, sjob_t *j) {
+  if (!room_for(j))
+    return;
   for (int i = 0; i < j->npids; i++) {
     CUcheckpointRestoreArgs ra = {0};
     CUcheckpointUnlockArgs ua = {0};
@@ -219,19 +258,59 @@ static void run_resume(cogpu__susp_t *s, sjob_t *j) {
   }
 }
 
+/* The first job due now, unlinked from the list; NULL if none is. Under
+ * mu. The list is short (a job has at most one operation in flight). */
+static sjob_t *take_ready(cogpu__susp_t *s) {
+  uint64_t now = cogpu__now_ns();
+  for (sjob_t **pp = &s->todo; *pp; pp = &(*pp)->next) {
+    sjob_t *j = *pp;
+    if (j->not_before_ns > now)
+      continue;
+    *pp = j->next;
+    if (!*pp)
+      s->todo_tail = pp;
+    j->next = NULL;
+    return j;
+  }
+  return NULL;
+}
+
+/* When the earliest deferred job is due (monotonic ns), 0 if none waits. */
+static uint64_t next_due(cogpu__susp_t *s) {
+  uint64_t when = 0;
+  for (sjob_t *j = s->todo; j; j = j->next)
+    if (!when || j->not_before_ns < when)
+      when = j->not_before_ns;
+  return when;
+}
+
+static void enqueue(cogpu__susp_t *s, sjob_t *j) {
+  j->next = NULL;
+  pthread_mutex_lock(&s->mu);
+  *s->todo_tail = j;
+  s->todo_tail = &j->next;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
 static void *worker(void *arg) {
   cogpu__susp_t *s = arg;
   load_cuda(s);
   pthread_mutex_lock(&s->mu);
   for (;;) {
-    while (!s->todo && !s->stop)
-      pthread_cond_wait(&s->cv, &s->mu);
+    sjob_t *j = NULL;
+    while (!s->stop && !(j = take_ready(s))) {
+      uint64_t when = next_due(s);
+      if (!when) {
+        pthread_cond_wait(&s->cv, &s->mu);
+        continue;
+      }
+      struct timespec ts = {(time_t)(when / 1000000000u),
+                            (long)(when % 1000000000u)};
+      pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
     if (s->stop)
       break;
-    sjob_t *j = s->todo;
-    s->todo = j->next;
-    if (!s->todo)
-      s->todo_tail = &s->todo;
     int cap = s->cap;
     pthread_mutex_unlock(&s->mu);
     uint64_t t0 = cogpu__now_ns();
@@ -422,7 +501,11 @@ int cogpu__susp_start(cogpu__daemon_t *d) {
   s->idle = calloc(IDLE_SLOTS, sizeof *s->idle);
   s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* cogpu__now_ns's */
+  pthread_cond_init(&s->cv, &ca);
+  pthread_condattr_destroy(&ca);
   s->todo_tail = &s->todo;
   s->sp = (ledger_suspender_t){
       .ctx = s,
@@ -502,11 +585,13 @@ static void submit(cogpu__daemon_t *d, uint32_t slot, uint32_t gen, int op) {
    * when resuming. */
   j->bytes = sl->susp_gpu < LEDGER_MAX_GPUS ? sl->held[sl->susp_gpu] : 0;
   j->lock_ms = (unsigned)d->cfg.v[COGPU_OPT_SUSPEND_LOCK_TIMEOUT].i;
-  pthread_mutex_lock(&s->mu);
-  *s->todo_tail = j;
-  s->todo_tail = &j->next;
-  pthread_cond_signal(&s->cv);
-  pthread_mutex_unlock(&s->mu);
+  if (op == LEDGER_OP_RESUME && sl->susp_gpu < h->st->hdr.ngpus) {
+    j->gpu = h->st->hdr.gpus[sl->susp_gpu].index;
+    /* What the suspension took off the GPU; after a daemon restart that
+     * is not known here, and the whole booking stands for it. */
+    j->need = s->parked_gen[slot] == gen ? s->parked[slot] : j->bytes;
+  }
+  enqueue(s, j);
 }
 
 void cogpu__susp_pump(cogpu__daemon_t *d) {
@@ -605,6 +690,10 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
       else
         cogpu__log(COGPU_LOG_WARN, "could not suspend the job of pid %d: %s",
                    sl->pid, j->msg);
+      if (j->rc == 0 && same) {
+        s->parked[j->slot] = j->bytes;
+        s->parked_gen[j->slot] = j->gen;
+      }
       cogpu__ledger_lock(h);
       cogpu__ledger_suspend_done(h, j->slot, j->gen, j->rc, j->broken);
       cogpu__ledger_unlock(h);
@@ -612,6 +701,31 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
         note_waiters(d, j->slot);
       answer_manual(d, j->slot, j->gen, LEDGER_OP_SUSPEND, j->rc, j->msg,
                     j->bytes, j->took_ns / 1000000u, j->took_ns / 1000000u);
+    } else if (j->op == LEDGER_OP_RESUME && j->rc == -EAGAIN) {
+      if (!same || sl->susp != SUSP_RESUMING) {
+        free(j); /* the job ended while it waited */
+        continue;
+      }
+      /* The driver does not have the room yet: try again soon (20 ms,
+       * doubling to half a second), and say so at once, then every
+       * minute while it lasts. */
+      uint64_t now = cogpu__now_ns();
+      if (!j->waiting_since_ns)
+        j->waiting_since_ns = now;
+      if (!j->warned_ns || now - j->warned_ns >= cogpu__ms_to_ns(60000)) {
+        cogpu__log(COGPU_LOG_WARN,
+                   "the resume of the job of pid %d waits for the driver: "
+                   "%s",
+                   sl->pid, j->msg);
+        j->warned_ns = now;
+      }
+      unsigned ms = j->tries < 5 ? 20u << j->tries : 500u;
+      j->tries++;
+      j->not_before_ns = now + cogpu__ms_to_ns(ms);
+      j->rc = 0;
+      j->msg[0] = 0;
+      enqueue(s, j);
+      continue;
     } else if (j->op == LEDGER_OP_RESUME) {
       uint64_t away = same ? (cogpu__now_ns() - sl->susp_since_ns) : 0;
       if (j->rc == 0)

@@ -255,6 +255,19 @@ int cogpu__nvml_discover(cogpu__gpu_desc_t *gpus, size_t max, size_t *n) {
   return 0;
 }
 
+int cogpu__nvml_mem_free(unsigned index, uint64_t *free_bytes) {
+  nvml_device_t dev;
+  nvml_memory_t mem;
+  int rc = cogpu__nvml_open();
+  if (rc || (rc = nvml_device(index, &dev)))
+    return rc;
+  nvml_ret_t r = nvml.memory(dev, &mem);
+  if (r != NVML_SUCCESS)
+    return nvml_fail("nvmlDeviceGetMemoryInfo", index, r);
+  *free_bytes = mem.total > mem.used ? mem.total - mem.used : 0;
+  return 0;
+}
+
 /* --- Processes ---------------------------------------------------------- */
 
 /* The first query offers this many entries, enough for nearly every node,

@@ -34,6 +34,10 @@ int cogpu__nvml_open(void);
  * count. Returns 0, COGPU_ENVML or COGPU_ENOGPU (no device). */
 int cogpu__nvml_discover(cogpu__gpu_desc_t *gpus, size_t max, size_t *n);
 
+/* Device memory the driver has free now on the GPU with this NVML index
+ * (total - used, as NVML counts them). Returns 0 or COGPU_ENVML. */
+int cogpu__nvml_mem_free(unsigned index, uint64_t *free_bytes);
+
 /* Processes holding memory on the GPU with this NVML index: compute and
  * graphics processes, merged by pid (a pid listed by both is counted once,
  * with the larger figure). Up to `max` into procs[]; *n gets the count.

@@ -630,6 +630,46 @@ TEST_IMPL_T(susp_waiter_killed, 60) {
   lt_check_invariants();
 }
 
+/* Reserve before restore covers what the ledger knows; memory the driver
+ * still holds and the ledger does not (a program outside cogpu that started
+ * after the ledger's last NVML read, here; a killed job's process that is
+ * still exiting, in susp_waiter_killed) must not be restored into, or the
+ * job is wedged for good. The resume waits, the job showing as resuming,
+ * until the driver has the room; then the job goes on with its data. */
+TEST_IMPL_T(susp_resume_waits_for_the_driver, 60) {
+  th_setenv("COGPU_FOREIGN_REFRESH", "1h");
+  su_begin();
+  const char *argv[] = {"cogpu",     "run",    "--",      lt_cudaprog(),
+                        "direct",    "init",   "ctx",     "alloc:8G",
+                        "hold:2500", "verify", "freeall", NULL};
+  pid_t job = lt_spawn_logged("job", argv);
+  int cpid = su_holder(8 * GiB); /* its status read NVML: the last time */
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  const char *hold[] = {lt_cudaprog(), "direct",    "init", "ctx",
+                        "alloc:10G",   "hold:1500", NULL};
+  pid_t holder = lt_spawn_logged("holder", hold);
+  for (int i = 0; i < 500 && lt_fake_cuda_used() < 10 * GiB; i++)
+    th_sleep_ms(10);
+  ASSERT(lt_fake_cuda_used() >= 10 * GiB);
+  char pidtxt[16];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
+  pid_t r = lt_spawn_logged("resume", res);
+  th_sleep_ms(400);
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_RESUMING);
+  cogpu_status_free(st);
+  ASSERT_EQ(th_exit_code(th_wait(holder, th_ms(10000))), 0);
+  ASSERT_EQ(su_finish(r, "resume", 15000), 0);
+  ASSERT_EQ(su_finish(job, "job", 20000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT_CONTAINS(lt_slurp("cogpud.log"), "waits for the driver");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
 /* The driver's lock waits for a job's running kernels, bounded by
  * suspend_lock_timeout: a job busy with a long kernel is not suspended by
  * hand (the command says why) and runs on untouched. */
