@@ -13,7 +13,7 @@
 /* Fixed buckets, from a fast reply to a batch queue's hour: waits for GPU
  * memory range from a release's few milliseconds to a training job's end. */
 const uint64_t cogpu__ledger_wait_le_ms[COGPU_WAIT_BUCKETS] = {
-    1,     5,      10,     50,     100,     500,     1000,      5000,
+    1,     5,     10,    50,     100,    500,     1000,      5000,
     10000, 30000, 60000, 300000, 900000, 3600000, UINT64_MAX};
 
 void cogpu__ledger_count(struct cogpu_s *h, uint64_t *counter) {

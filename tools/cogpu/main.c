@@ -21,6 +21,12 @@ static const char usage[] =
     "                 are accounted (preload library) unless --no-preload\n"
     "  status [--json] [--watch[=SECONDS]] [--count N]\n"
     "                 GPUs, clients, wait queues and the policy\n"
+    "  metrics [--max-jobs N|all] [--no-jobs]\n"
+    "                 the node's metrics in the Prometheus text format\n"
+    "  exporter [--textfile PATH [--interval DURATION]]\n"
+    "      [--listen [ADDR:]PORT] [--max-jobs N|all] [--no-jobs]\n"
+    "                 keep them current: a file for node_exporter's\n"
+    "                 textfile collector, and/or HTTP (GET /metrics)\n"
     "  doctor         check the configuration, NVML, the CUDA driver and the\n"
     "                 node state\n"
     "  suspend JOB|PID [--timeout DURATION]\n"
@@ -66,7 +72,7 @@ int cli_config_load(cogpu__config_t *cfg) {
 
 /* Length of the well-formed UTF-8 sequence at s, or 0 if it is not one
  * (overlong forms, surrogates and code points past U+10FFFF are not). */
-static size_t utf8_len(const unsigned char *s) {
+size_t cli_utf8_len(const unsigned char *s) {
   size_t n = s[0] < 0x80                   ? 1
              : s[0] >= 0xf0 && s[0] < 0xf5 ? 4
              : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
@@ -97,7 +103,7 @@ const char *cli_safe(const char *s, char *buf, size_t len) {
   if (len == 0)
     return "";
   while (*p) {
-    size_t n = utf8_len(p);
+    size_t n = cli_utf8_len(p);
     char esc[8];
     const char *piece = (const char *)p;
     size_t plen = n;
@@ -132,7 +138,7 @@ void json_str(FILE *f, const char *s) {
   fputc('"', f);
   const unsigned char *p = (const unsigned char *)(s ? s : "");
   while (*p) {
-    size_t n = utf8_len(p);
+    size_t n = cli_utf8_len(p);
     if (n == 0) {
       fputs("\\ufffd", f);
       p++;
@@ -175,7 +181,8 @@ int main(int argc, char **argv) {
   } cmds[] = {{"run", cli_run},         {"status", cli_status},
               {"doctor", cli_doctor},   {"reset", cli_reset},
               {"config", cli_config},   {"slurm-conf", cli_slurm_conf},
-              {"suspend", cli_suspend}, {"resume", cli_resume}};
+              {"suspend", cli_suspend}, {"resume", cli_resume},
+              {"metrics", cli_metrics}, {"exporter", cli_exporter}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
     if (strcmp(cmd, cmds[i].name) == 0)
       return cmds[i].fn(argc - 1, argv + 1);
