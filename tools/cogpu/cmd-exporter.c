@@ -54,7 +54,9 @@ typedef struct exporter_s {
 
 static volatile sig_atomic_t stop_signal;
 
-static void on_stop(int sig) { stop_signal = sig; }
+static void on_stop(int sig) {
+  stop_signal = sig;
+}
 
 static void say_once(exporter_t *e, const char *msg) {
   if (strcmp(e->last_err, msg) == 0)
@@ -104,8 +106,8 @@ static int write_textfile(exporter_t *e) {
   snprintf(tmp, sizeof tmp, "%.*s.%s.tmp.%d", dl, e->textfile,
            slash ? slash + 1 : e->textfile, (int)getpid());
   int rc = 0;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                0644);
+  int fd =
+      open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
     rc = cogpu__seterr(-errno, "cannot create %s: %s", tmp, strerror(errno));
   } else {
@@ -113,8 +115,7 @@ static int write_textfile(exporter_t *e) {
     while (rc == 0 && off < len) {
       ssize_t w = write(fd, buf + off, len - off);
       if (w < 0 && errno != EINTR)
-        rc = cogpu__seterr(-errno, "cannot write %s: %s", tmp,
-                           strerror(errno));
+        rc = cogpu__seterr(-errno, "cannot write %s: %s", tmp, strerror(errno));
       else if (w > 0)
         off += (size_t)w;
     }
@@ -123,8 +124,8 @@ static int write_textfile(exporter_t *e) {
     if (close(fd) != 0 && rc == 0)
       rc = cogpu__seterr(-errno, "cannot write %s: %s", tmp, strerror(errno));
     if (rc == 0 && rename(tmp, e->textfile) != 0)
-      rc = cogpu__seterr(-errno, "cannot rename %s to %s: %s", tmp,
-                         e->textfile, strerror(errno));
+      rc = cogpu__seterr(-errno, "cannot rename %s to %s: %s", tmp, e->textfile,
+                         strerror(errno));
     if (rc)
       unlink(tmp);
   }
@@ -171,8 +172,7 @@ static int listen_on(const char *spec) {
                          gai_strerror(gr));
   int fd = -1, err = 0;
   for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                0);
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       err = errno;
       continue;
@@ -218,8 +218,8 @@ static void conn_close(conn_t *c) {
   c->out = NULL;
 }
 
-static void respond(conn_t *c, int code, const char *reason,
-                    const char *ctype, const char *body, size_t blen) {
+static void respond(conn_t *c, int code, const char *reason, const char *ctype,
+                    const char *body, size_t blen) {
   char hdr[256];
   int hl = snprintf(hdr, sizeof hdr,
                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
@@ -296,8 +296,8 @@ static void on_readable(conn_t *c) {
 
 static void on_writable(conn_t *c) {
   while (c->out_off < c->out_len) {
-    ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
-                     MSG_NOSIGNAL);
+    ssize_t w =
+        send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR)
       continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -390,8 +390,7 @@ static int run_loop(exporter_t *e, const sigset_t *waitmask) {
         continue;
       }
       wake = c->deadline_ns < wake ? c->deadline_ns : wake;
-      pf[n] = (struct pollfd){.fd = c->fd,
-                              .events = c->out ? POLLOUT : POLLIN};
+      pf[n] = (struct pollfd){.fd = c->fd, .events = c->out ? POLLOUT : POLLIN};
       pc[n++] = c;
     }
     struct timespec ts, *tsp = NULL;
@@ -446,8 +445,7 @@ int cli_exporter(int argc, char **argv) {
     case 'i':
       if (cogpu__parse_duration_ms("--interval", optarg, &e.interval_ms) ||
           e.interval_ms < 100 || e.interval_ms > 86400000) {
-        cli_err("--interval: '%s' is not a duration from 100ms to 1d",
-                optarg);
+        cli_err("--interval: '%s' is not a duration from 100ms to 1d", optarg);
         return CLI_EXIT_USAGE;
       }
       break;

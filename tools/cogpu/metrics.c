@@ -117,7 +117,9 @@ static double g_oldest(const cogpu_gpu_info_t *g) {
       most = g->waiting[i].waiting_seconds;
   return most;
 }
-static double g_exclusive(const cogpu_gpu_info_t *g) { return g->exclusive; }
+static double g_exclusive(const cogpu_gpu_info_t *g) {
+  return g->exclusive;
+}
 
 /* --- per job ---------------------------------------------------------------
  * A series per job and GPU, labelled by the job's process (pid), job id,
@@ -331,11 +333,11 @@ int cli_metrics_render(const cogpu_status_t *st, const cli_metrics_opts_t *o,
         {"cogpu_gpu_capacity_bytes",
          "GPU memory cogpu may grant: total less margin and foreign.",
          g_capacity, 1},
-        {"cogpu_gpu_reserved_bytes", "GPU memory reserved by jobs.",
-         g_reserved, 1},
+        {"cogpu_gpu_reserved_bytes", "GPU memory reserved by jobs.", g_reserved,
+         1},
         {"cogpu_gpu_used_bytes",
-         "GPU memory jobs hold now, as the preload library counted it.",
-         g_used, 1},
+         "GPU memory jobs hold now, as the preload library counted it.", g_used,
+         1},
         {"cogpu_gpu_suspended_bytes",
          "GPU memory of jobs suspended from this GPU, now in host memory.",
          g_suspended, 1},
@@ -351,17 +353,16 @@ int cli_metrics_render(const cogpu_status_t *st, const cli_metrics_opts_t *o,
         {"cogpu_gpu_queue_bytes", "GPU memory the waiting requests ask for.",
          g_queue_bytes, 1},
         {"cogpu_gpu_oldest_wait_seconds",
-         "How long the oldest waiting request has waited (0: none).",
-         g_oldest, 0},
+         "How long the oldest waiting request has waited (0: none).", g_oldest,
+         0},
     };
     for (size_t i = 0; i < COGPU_ARRAY_SIZE(gg); i++)
       gpu_gauge(f, st, gg[i].name, gg[i].help, gg[i].fn, gg[i].integer);
     job_t *jobs = NULL;
     size_t n = 0, ng = st->ngpus ? st->ngpus : 1;
     uint64_t *unl = calloc(3 * ng, sizeof *unl);
-    if (!unl ||
-        collect_jobs(st, o->max_jobs, &jobs, &n, unl, unl + ng,
-                     unl + 2 * ng) == (size_t)-1) {
+    if (!unl || collect_jobs(st, o->max_jobs, &jobs, &n, unl, unl + ng,
+                             unl + 2 * ng) == (size_t)-1) {
       rc = -ENOMEM;
     } else {
       job_gauge(f, st, jobs, n, "cogpu_job_reserved_bytes",
