@@ -200,6 +200,15 @@ $(B)/bench/bench-pl-table: bench/bench-pl-table.c bench/bench.h \
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/obj/src/preload/table.o \
 	    $(B)/libcogpu.a $(LDLIBS)
 
+# The scrape benchmark renders with the command's metrics.c, and times the
+# ledger lock by wrapping its lock calls at link time.
+$(B)/bench/bench-scrape: bench/bench-scrape.c bench/bench.h \
+    $(B)/obj/tools/cogpu/metrics.o $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -Itools/cogpu -o $@ $< $(B)/obj/tools/cogpu/metrics.o \
+	    -Wl,--wrap=cogpu__ledger_lock -Wl,--wrap=cogpu__ledger_lock_bounded \
+	    -Wl,--wrap=cogpu__ledger_unlock $(B)/libcogpu.a $(LDLIBS)
+
 # Fuzzing cogpud's message handler with afl++ (Debian afl++; optional).
 # `make fuzz` builds the driver twice: instrumented by afl-cc for afl-fuzz
 # (persistent mode), and plain, which writes the seed corpus and replays

@@ -52,8 +52,7 @@ static void save(const char *path, const char *text) {
 static bool have(const char *prog) {
   char out[256], err[256];
   const char *argv[] = {"sh", "-c", "command -v \"$0\"", prog, NULL};
-  return th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(5000)) ==
-         0;
+  return th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(5000)) == 0;
 }
 
 /* tests/prom-check.py in the source tree. */
@@ -71,8 +70,7 @@ static void check_prom_(const char *file, int line, const char *text) {
   const char *path = th_path("check.prom");
   save(path, text);
   char out[4096], err[8192];
-  const char *argv[] = {"python3", checker(), path, "--prefix", "cogpu_",
-                        NULL};
+  const char *argv[] = {"python3", checker(), path, "--prefix", "cogpu_", NULL};
   if (th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(15000)) != 0)
     th_fail(file, line, "not valid Prometheus text:\n%s\n--- text:\n%.3000s",
             err, text);
@@ -203,9 +201,9 @@ TEST_IMPL(metrics_label_escaping) {
   const char *file = th_path("job.prom");
   char script[PATH_MAX + 64];
   snprintf(script, sizeof script, "cogpu metrics > '%s'", file);
-  out_t *r = COGPU("run", "--mem", "1G", "--no-preload", "--job-id",
-                   "q\"b\\s\nx", "--", "sh", "-c", script, "a\"b\\c",
-                   "x\ny\001\xff");
+  out_t *r =
+      COGPU("run", "--mem", "1G", "--no-preload", "--job-id", "q\"b\\s\nx",
+            "--", "sh", "-c", script, "a\"b\\c", "x\ny\001\xff");
   ASSERT_EQ(r->rc, 0);
   char text[1 << 16];
   FILE *f = fopen(file, "re");
@@ -422,8 +420,7 @@ TEST_IMPL(exporter_textfile_atomic) {
   /* The file is 0644 whatever the exporter's umask. */
   mode_t old = umask(077);
   pid_t e = exporter_spawn(
-      (const char *[]){"--textfile", path, "--interval", "100ms", NULL},
-      "exp");
+      (const char *[]){"--textfile", path, "--interval", "100ms", NULL}, "exp");
   umask(old);
   struct stat sb;
   for (int i = 0; i < th_ms(5000) / 10 && stat(path, &sb) != 0; i++)
@@ -469,8 +466,7 @@ TEST_IMPL(exporter_textfile_atomic) {
   ASSERT(stat(path, &sb) != 0);
   char out[1024], err[1024];
   const char *ls[] = {"sh", "-c", "ls -A \"$0\" | wc -l", dir, NULL};
-  ASSERT_EQ(th_run(ls, NULL, out, sizeof out, err, sizeof err, th_ms(5000)),
-            0);
+  ASSERT_EQ(th_run(ls, NULL, out, sizeof out, err, sizeof err, th_ms(5000)), 0);
   ASSERT_EQ(atoi(out), 0);
 }
 

@@ -70,26 +70,6 @@ int cli_config_load(cogpu__config_t *cfg) {
   return 0;
 }
 
-/* Length of the well-formed UTF-8 sequence at s, or 0 if it is not one
- * (overlong forms, surrogates and code points past U+10FFFF are not). */
-size_t cli_utf8_len(const unsigned char *s) {
-  size_t n = s[0] < 0x80                   ? 1
-             : s[0] >= 0xf0 && s[0] < 0xf5 ? 4
-             : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
-             : s[0] >= 0xc2 && s[0] < 0xe0 ? 2
-                                           : 0;
-  uint32_t cp = n == 1 ? s[0] : s[0] & (0x7f >> n);
-  for (size_t i = 1; i < n; i++) {
-    if ((s[i] & 0xc0) != 0x80)
-      return 0;
-    cp = cp << 6 | (s[i] & 0x3f);
-  }
-  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-      (cp >= 0xd800 && cp <= 0xdfff))
-    return 0;
-  return n;
-}
-
 /* A control character: C0, DEL, or C1 (U+0080 to U+009F, "\xc2\x80" to
  * "\xc2\x9f" in UTF-8). A terminal acts on these. */
 static bool is_control(const unsigned char *p, size_t n) {

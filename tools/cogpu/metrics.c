@@ -16,6 +16,28 @@
 
 #include "cli.h"
 
+/* Length of the well-formed UTF-8 sequence at s, or 0 if it is not one
+ * (overlong forms, surrogates and code points past U+10FFFF are not). It
+ * lives here, not in main.c, so that the scrape benchmark can link this
+ * file without the command's main. */
+size_t cli_utf8_len(const unsigned char *s) {
+  size_t n = s[0] < 0x80                   ? 1
+             : s[0] >= 0xf0 && s[0] < 0xf5 ? 4
+             : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
+             : s[0] >= 0xc2 && s[0] < 0xe0 ? 2
+                                           : 0;
+  uint32_t cp = n == 1 ? s[0] : s[0] & (0x7f >> n);
+  for (size_t i = 1; i < n; i++) {
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+    cp = cp << 6 | (s[i] & 0x3f);
+  }
+  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+      (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;
+  return n;
+}
+
 /* A label value: backslash, double quote and newline escaped as the format
  * requires; bytes that are not UTF-8 and other control characters (which a
  * command line may hold) become U+FFFD, so the output is always valid
