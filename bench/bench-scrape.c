@@ -25,8 +25,8 @@
 #include <sys/resource.h>
 
 #include "bench.h"
-#include "internal.h"
 #include "cli.h"
+#include "internal.h"
 
 /* The wrapped lock calls (ledger/lock.c), timed. */
 struct cogpu_s;
@@ -173,7 +173,8 @@ int main(void) {
     free(buf);
     cogpu_status_free(st);
   }
-#define FMT "\"clients\":%d,\"waiters\":%d,\"text_bytes\":%zu,\"ledger\":\"single\""
+#define FMT                                                                    \
+  "\"clients\":%d,\"waiters\":%d,\"text_bytes\":%zu,\"ledger\":\"single\""
   bench_stats_t s = bench_stats(scrape, (size_t)iters);
   bench_emit("scrape", 1, &s, FMT, nclients, nwaiters, bytes);
   s = bench_stats(render, (size_t)iters);
