@@ -200,6 +200,15 @@ $(B)/bench/bench-pl-table: bench/bench-pl-table.c bench/bench.h \
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/obj/src/preload/table.o \
 	    $(B)/libcogpu.a $(LDLIBS)
 
+# The scrape benchmark renders with the command's metrics.c, and times the
+# ledger lock by wrapping its lock calls at link time.
+$(B)/bench/bench-scrape: bench/bench-scrape.c bench/bench.h \
+    $(B)/obj/tools/cogpu/metrics.o $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -Itools/cogpu -o $@ $< $(B)/obj/tools/cogpu/metrics.o \
+	    -Wl,--wrap=cogpu__ledger_lock -Wl,--wrap=cogpu__ledger_lock_bounded \
+	    -Wl,--wrap=cogpu__ledger_unlock $(B)/libcogpu.a $(LDLIBS)
+
 # Fuzzing cogpud's message handler with afl++ (Debian afl++; optional).
 # `make fuzz` builds the driver twice: instrumented by afl-cc for afl-fuzz
 # (persistent mode), and plain, which writes the seed corpus and replays
@@ -285,14 +294,15 @@ install: lib cli daemon preload $(SPANK) $(B)/cogpu.pc
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(TMPFILESDIR) \
 	    $(DESTDIR)$(DOCDIR)
 	install -m 0755 $(B)/cogpud $(DESTDIR)$(SBINDIR)/cogpud
-	for u in cogpud.socket cogpud.service; do \
-	  sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	for u in cogpud.socket cogpud.service cogpu-exporter.service; do \
+	  sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' \
+	      -e 's|@DOCDIR@|$(DOCDIR)|g' \
 	      contrib/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
 	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u; \
 	done
 	install -m 0644 contrib/systemd/cogpu-tmpfiles.conf \
 	    $(DESTDIR)$(TMPFILESDIR)/cogpu.conf
-	install -m 0644 docs/security.md docs/architecture.md docs/options.md \
+	install -m 0644 docs/security.md docs/architecture.md docs/options.md docs/metrics.md \
 	    $(DESTDIR)$(DOCDIR)/
 	install -m 0755 $(B)/libcogpu-preload.so $(DESTDIR)$(LIBDIR)/cogpu/libcogpu-preload.so
 	install -m 0644 $(B)/libcogpu.a $(DESTDIR)$(LIBDIR)/libcogpu.a
@@ -312,7 +322,8 @@ install: lib cli daemon preload $(SPANK) $(B)/cogpu.pc
 uninstall:
 	rm -rf $(DESTDIR)$(LIBDIR)/cogpu
 	rm -f $(DESTDIR)$(SBINDIR)/cogpud $(DESTDIR)$(UNITDIR)/cogpud.socket \
-	      $(DESTDIR)$(UNITDIR)/cogpud.service $(DESTDIR)$(TMPFILESDIR)/cogpu.conf
+	      $(DESTDIR)$(UNITDIR)/cogpud.service $(DESTDIR)$(UNITDIR)/cogpu-exporter.service \
+	      $(DESTDIR)$(TMPFILESDIR)/cogpu.conf
 	rm -rf $(DESTDIR)$(DOCDIR)
 	rm -f $(DESTDIR)$(BINDIR)/cogpu $(DESTDIR)$(LIBDIR)/libcogpu.* \
 	      $(DESTDIR)$(INCDIR)/cogpu.h $(DESTDIR)$(INCDIR)/schedgpu.h \

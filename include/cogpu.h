@@ -225,6 +225,44 @@ typedef struct cogpu_gpu_info_s {
   cogpu_waiter_info_t *waiting; /* in service order */
 } cogpu_gpu_info_t;
 
+/* How requests for memory ended (cogpu_counters_t.admissions). */
+enum {
+  COGPU_ADMIT_IMMEDIATE = 0, /* granted without joining the queue */
+  COGPU_ADMIT_WAITED = 1,    /* granted after joining the queue */
+  COGPU_ADMIT_TIMEOUT = 2,   /* its wait bound ran out in the queue */
+  COGPU_ADMIT_REFUSED = 3,   /* not available and not to wait (a bound of
+                                0, grow_wait=no), or the queue was full */
+  COGPU_ADMIT_DEADLOCK = 4,  /* failed by the deadlock guard */
+  COGPU_ADMIT_CANCELLED = 5, /* left the queue unanswered: its process gave
+                                up (a signal) or died */
+  COGPU_ADMIT_NRESULTS = 6
+};
+
+/* Buckets of the wait-time histogram: 14 bounds and +Inf. */
+#define COGPU_WAIT_BUCKETS 15
+
+/* Counters of the node's decisions, monotonic since the node state was
+ * created (cogpu reset starts them again). Requests that were malformed or
+ * larger than any GPU are not counted: they never reach the policy. */
+typedef struct cogpu_counters_s {
+  uint64_t admissions[COGPU_ADMIT_NRESULTS]; /* by COGPU_ADMIT_* */
+  /* Time requests granted after joining the queue (COGPU_ADMIT_WAITED)
+   * spent there: per bucket (not cumulative) under wait_le_ms[i], the
+   * last bound UINT64_MAX (+Inf); the counts add up to that admission
+   * count. */
+  uint64_t wait_le_ms[COGPU_WAIT_BUCKETS];
+  uint64_t wait_count[COGPU_WAIT_BUCKETS];
+  double wait_sum_seconds;
+  /* Suspension (node mode): suspensions and resumes done, those the
+   * driver failed, and suspensions the deadlock guard made instead of
+   * failing a request. */
+  uint64_t suspensions;
+  uint64_t suspend_failures;
+  uint64_t resumes;
+  uint64_t resume_failures;
+  uint64_t deadlock_suspensions;
+} cogpu_counters_t;
+
 typedef struct cogpu_status_s {
   char policy[16];
   char state_path[512];
@@ -240,6 +278,8 @@ typedef struct cogpu_status_s {
   uint64_t host_available_bytes;
   uint64_t host_margin_bytes;
   char suspension[128];
+  /* The node's counters (cogpu metrics), since its state was created. */
+  cogpu_counters_t counters;
 } cogpu_status_t;
 
 /* A consistent snapshot of the node (h may be NULL: attaches briefly as an

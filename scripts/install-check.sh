@@ -52,7 +52,7 @@ done
 # snippet that makes /run/cogpu at boot.
 test -x "$prefix/sbin/cogpud"
 "$prefix/sbin/cogpud" --check >/dev/null
-for u in cogpud.socket cogpud.service; do
+for u in cogpud.socket cogpud.service cogpu-exporter.service; do
   test -r "$prefix/lib/systemd/system/$u"
   if grep -q '@' "$prefix/lib/systemd/system/$u"; then
     echo "install-check: $u has unexpanded @...@ placeholders" >&2
@@ -60,10 +60,13 @@ for u in cogpud.socket cogpud.service; do
   fi
 done
 grep -q "ExecStart=$prefix/sbin/cogpud" "$prefix/lib/systemd/system/cogpud.service"
+grep -q "ExecStart=$prefix/bin/cogpu exporter" \
+  "$prefix/lib/systemd/system/cogpu-exporter.service"
 grep -q '^d /run/cogpu 0755 root root' "$prefix/lib/tmpfiles.d/cogpu.conf"
 if command -v systemd-analyze >/dev/null 2>&1; then
   systemd-analyze verify "$prefix/lib/systemd/system/cogpud.socket" \
-    "$prefix/lib/systemd/system/cogpud.service" 2>&1 |
+    "$prefix/lib/systemd/system/cogpud.service" \
+    "$prefix/lib/systemd/system/cogpu-exporter.service" 2>&1 |
     grep -v -e 'not executable' -e 'No such file' || true
 fi
 # Nothing installed needs a glibc newer than 2.28 (RHEL/Rocky 8).

@@ -39,6 +39,10 @@ typedef struct dconn_s {
   int64_t waiter;
   uint64_t ticket;
   uint32_t op_seq; /* the request's id (its WAIT's seq), recorded at grant */
+  /* When the client's own bound runs out (monotonic ns; UINT64_MAX none):
+   * a wait connection closed about then ended in a timeout, one closed
+   * earlier was cancelled (the counters tell them apart). */
+  uint64_t wait_deadline_ns;
   bool grant_pending;
   int grant_gpu;
   uint64_t grant_bytes;

@@ -410,7 +410,12 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
       int64_t w = -1;
       g = cogpu__ledger_reserve_queue(h, &r, &w);
       if (g == -1) {
-        g = cogpu__ledger_dequeue(h, (uint32_t)w);
+        /* A client that will wait opens a wait connection next: the
+         * request is counted there, once. Its bound says which. */
+        g = cogpu__ledger_dequeue_as(h, (uint32_t)w,
+                                     m->u.reserve.timeout_ms != 0
+                                         ? LEDGER_ADMIT_NONE
+                                         : COGPU_ADMIT_REFUSED);
         if (g == -2)
           rc = cogpu__ledger_refused(&r);
       }
@@ -588,6 +593,12 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   c->kind = DC_WAIT;
   c->waiter = -1;
   c->op_seq = m->seq;
+  /* Only for the counters; after a daemon restart a client sends its
+   * whole bound again, so its closing then counts as a cancel. */
+  c->wait_deadline_ns =
+      wm->req.timeout_ms > 0
+          ? cogpu__now_ns() + cogpu__ms_to_ns((uint64_t)wm->req.timeout_ms)
+          : UINT64_MAX;
   ledger_state_t *st = d->dh->st;
   /* After a daemon restart: a request already granted is handed its grant
    * again (the client never saw it), never granted twice. */
@@ -764,6 +775,19 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     sh->host_available = st.host_available_bytes;
     sh->host_margin = st.host_margin_bytes;
     snprintf(sh->suspension, sizeof sh->suspension, "%s", st.suspension);
+    const cogpu_counters_t *cn = &st.counters;
+    for (int i = 0; i < COGPU_ADMIT_NRESULTS; i++)
+      sh->admit[i] = cn->admissions[i];
+    for (int b = 0; b < COGPU_WAIT_BUCKETS; b++) {
+      sh->wait_le_ms[b] = cn->wait_le_ms[b];
+      sh->wait_count[b] = cn->wait_count[b];
+    }
+    sh->wait_sum_us = (uint64_t)(cn->wait_sum_seconds * 1e6 + 0.5);
+    sh->suspensions = cn->suspensions;
+    sh->suspend_failures = cn->suspend_failures;
+    sh->resumes = cn->resumes;
+    sh->resume_failures = cn->resume_failures;
+    sh->deadlock_suspensions = cn->deadlock_suspensions;
     cogpu__snap_gpu_t *gs = (void *)(sh + 1);
     cogpu__snap_client_t *cs = (void *)(gs + st.ngpus);
     cogpu__snap_waiter_t *ws = (void *)(cs + nc);
@@ -1000,8 +1024,16 @@ void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
     if (c->waiter >= 0 && d->waiter_conn[c->waiter] == c) {
       set_waiter_conn(d, (uint32_t)c->waiter, NULL);
       ledger_waiter_t *wt = &st->waiters[c->waiter];
+      /* The client set its deadline a moment before the daemon did (the
+       * message's way here): a close within this slack of the daemon's
+       * is its timeout. */
+      uint64_t slack = cogpu__ms_to_ns(250);
+      bool timed_out = c->wait_deadline_ns != UINT64_MAX &&
+                       cogpu__now_ns() + slack >= c->wait_deadline_ns;
       if (wt->state != W_FREE && wt->ticket == c->ticket)
-        cogpu__ledger_dequeue(h, (uint32_t)c->waiter);
+        cogpu__ledger_dequeue_as(h, (uint32_t)c->waiter,
+                                 timed_out ? COGPU_ADMIT_TIMEOUT
+                                           : COGPU_ADMIT_CANCELLED);
     }
     /* A grant the client never acknowledged: it gave up (its own timeout)
      * before it saw it, so the memory is not its. */

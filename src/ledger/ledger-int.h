@@ -29,7 +29,7 @@
 #include "nvml/nvml.h"
 
 #define LEDGER_MAGIC "COGPUST\0"
-#define LEDGER_VERSION 4u
+#define LEDGER_VERSION 5u
 #define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
 /* Enough for the node daemon's 10,000 connected clients; a slot costs
  * nothing until it is used (the file's pages are touched on use). */
@@ -157,6 +157,22 @@ typedef struct ledger_txent_s {
   uint64_t old;
 } ledger_txent_t;
 
+/* The node's counters (cogpu metrics). Each is bumped in the transaction
+ * that makes the decision it counts (a grant, a refusal, a request leaving
+ * the queue), so a transaction a dead holder left half done and that is
+ * rolled back is not counted either. Monotonic; a repair never recounts
+ * them. */
+typedef struct ledger_counters_s {
+  uint64_t admit[COGPU_ADMIT_NRESULTS];
+  uint64_t wait_bucket[COGPU_WAIT_BUCKETS]; /* not cumulative; last: +Inf */
+  uint64_t wait_sum_us;
+  uint64_t suspensions;
+  uint64_t suspend_failures;
+  uint64_t resumes;
+  uint64_t resume_failures;
+  uint64_t deadlock_suspensions;
+} ledger_counters_t;
+
 typedef struct ledger_hdr_s {
   char magic[8];
   uint32_t version;
@@ -189,6 +205,7 @@ typedef struct ledger_hdr_s {
   _Atomic uint64_t foreign_at_ns; /* last NVML refresh (monotonic) */
   _Atomic uint64_t repairs;       /* times a dead holder was recovered */
   ledger_gpu_t gpus[LEDGER_MAX_GPUS];
+  ledger_counters_t counters;
 } ledger_hdr_t;
 
 typedef struct ledger_state_s {
@@ -360,8 +377,14 @@ int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r);
  * granted GPU (having left the queue), -1 if queued (*w), or an error. */
 int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r, int64_t *w);
 int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r);
-/* Leave the queue: the granted GPU, -1 not granted, -2 refused. */
+/* Leave the queue: the granted GPU, -1 not granted, -2 refused. An entry
+ * still waiting is counted as cancelled. */
 int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w);
+/* The same; an entry still waiting is counted as `why` (COGPU_ADMIT_*), or
+ * not at all with LEDGER_ADMIT_NONE (the daemon's first, non-waiting try of
+ * a request its client will wait for). */
+#define LEDGER_ADMIT_NONE (-1)
+int cogpu__ledger_dequeue_as(cogpu_t *h, uint32_t w, int why);
 int cogpu__ledger_refused(const reserve_req_t *r);
 
 /* --- ledger.c / status.c: for the daemon ------------------------------------
@@ -456,6 +479,19 @@ void cogpu__ledger_preempt(struct cogpu_s *h);
 void cogpu__ledger_susp_check(struct cogpu_s *h);
 /* Record what this process reported about itself (lock held). */
 int cogpu__ledger_mark_locked(struct cogpu_s *h, uint32_t flags);
+
+/* --- counters.c: the node's counters (cogpu metrics) ----------------------
+ * Each adds to the open transaction (no commit): the caller commits with
+ * the decision it counts. */
+void cogpu__ledger_count(struct cogpu_s *h, uint64_t *counter);
+/* COGPU_ADMIT_* (nothing for LEDGER_ADMIT_NONE). */
+void cogpu__ledger_count_admit(struct cogpu_s *h, int result);
+/* A grant after waiting: COGPU_ADMIT_WAITED and the wait histogram. */
+void cogpu__ledger_count_wait(struct cogpu_s *h, uint64_t waited_ns);
+/* The counters as cogpu_status reports them (lock held). */
+void cogpu__ledger_counters_fill(struct cogpu_s *h, cogpu_counters_t *c);
+/* Upper bounds of the wait histogram's buckets, in ms (last: UINT64_MAX). */
+extern const uint64_t cogpu__ledger_wait_le_ms[COGPU_WAIT_BUCKETS];
 
 /* --- foreign.c: memory held by processes cogpu does not know ---------------
  */

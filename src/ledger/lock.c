@@ -569,8 +569,11 @@ void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
     if (wt->state == W_WAITING && wt->owner != s &&
         waiter_retarget(h, wt, (uint32_t)w))
       continue;
-    if (wt->state == W_WAITING)
+    if (wt->state == W_WAITING) {
       cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+      if (!wt->resume) /* its process died or detached while it waited */
+        cogpu__ledger_count_admit(h, COGPU_ADMIT_CANCELLED);
+    }
     cogpu__ledger_tx_set(h, &wt->state, W_FREE);
     cogpu__ledger_tx_commit(h);
   }

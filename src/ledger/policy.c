@@ -159,6 +159,8 @@ static void drop_stale(struct cogpu_s *h, uint32_t w) {
   ledger_hdr_t *hd = &h->st->hdr;
   cogpu__log(COGPU_LOG_WARN, "dropped a queue entry of a slot that is gone");
   cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+  if (!wt->resume)
+    cogpu__ledger_count_admit(h, COGPU_ADMIT_CANCELLED);
   cogpu__ledger_tx_set(h, &wt->state, W_FREE);
   cogpu__ledger_tx_commit(h);
   cogpu__ledger_wake_later(h, w);
@@ -175,6 +177,8 @@ static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
   cogpu__ledger_tx_set(h, (uint64_t *)&wt->granted_gpu, g);
   cogpu__ledger_tx_set(h, &wt->state, W_GRANTED);
   cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+  uint64_t now = cogpu__now_ns();
+  cogpu__ledger_count_wait(h, now > wt->since_ns ? now - wt->since_ns : 0);
   cogpu__ledger_tx_commit(h);
   atomic_store_explicit(&wt->futex, 1, memory_order_release);
   /* Woken after the unlock: woken now, it would find the lock held and
@@ -318,8 +322,11 @@ static void deadlock_guard(struct cogpu_s *h) {
       continue; /* none, or a suspension under way will free memory */
     /* Suspending a job breaks the deadlock without failing anyone. */
     char why[192];
-    if (cogpu__ledger_suspend_for_deadlock(h, g, why, sizeof why))
+    if (cogpu__ledger_suspend_for_deadlock(h, g, why, sizeof why)) {
+      cogpu__ledger_count(h, &hd->counters.deadlock_suspensions);
+      cogpu__ledger_tx_commit(h);
       continue;
+    }
     ledger_waiter_t *wt = &h->st->waiters[v];
     /* Whichever process serves the queue breaks the deadlock; only the
      * daemon's log, or the victim's own stderr, may name the victim: in
@@ -334,6 +341,7 @@ static void deadlock_guard(struct cogpu_s *h) {
                (unsigned long long)wt->bytes);
     cogpu__ledger_tx_set(h, &wt->state, W_REFUSED);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+    cogpu__ledger_count_admit(h, COGPU_ADMIT_DEADLOCK);
     cogpu__ledger_tx_commit(h);
     atomic_store_explicit(&wt->futex, 1, memory_order_release);
     cogpu__ledger_wake_later(h, (uint32_t)v);

@@ -78,6 +78,8 @@ int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
   if (best >= 0 && !cogpu__ledger_grant(h, (uint32_t)best, h->res_slot, h->slot,
                                         r->bytes, r->exclusive))
     return -1;
+  if (best >= 0)
+    cogpu__ledger_count_admit(h, COGPU_ADMIT_IMMEDIATE);
   cogpu__ledger_tx_commit(h);
   return best;
 }
@@ -111,20 +113,29 @@ int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r) {
   return -1;
 }
 
-/* Leave the queue: returns the granted GPU, or -1 if it was not granted. */
-int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w) {
+/* Leave the queue: returns the granted GPU, or -1 if it was not granted.
+ * An entry still waiting ends here unanswered, counted as `why`; grants
+ * and refusals were counted when they were made. */
+int cogpu__ledger_dequeue_as(cogpu_t *h, uint32_t w, int why) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_waiter_t *wt = &h->st->waiters[w];
   int gpu = wt->state == W_GRANTED   ? (int)wt->granted_gpu
             : wt->state == W_REFUSED ? -2
                                      : -1;
-  if (wt->state == W_WAITING)
+  if (wt->state == W_WAITING) {
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+    if (!wt->resume)
+      cogpu__ledger_count_admit(h, why);
+  }
   cogpu__ledger_tx_set(h, &wt->state, W_FREE);
   cogpu__ledger_tx_commit(h);
   if (gpu == -1)
     cogpu__ledger_serve(h); /* a fifo head leaving may unblock those behind */
   return gpu;
+}
+
+int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w) {
+  return cogpu__ledger_dequeue_as(h, w, COGPU_ADMIT_CANCELLED);
 }
 
 int cogpu__ledger_refused(const reserve_req_t *r) {
@@ -211,7 +222,7 @@ static int reserve_wait(cogpu_t *h, uint32_t w, uint64_t ticket,
       return rc;
     }
     if (deadline != UINT64_MAX && ms_left(deadline) == 0) {
-      cogpu__ledger_dequeue(h, w);
+      cogpu__ledger_dequeue_as(h, w, COGPU_ADMIT_TIMEOUT);
       cogpu__ledger_unlock(h);
       char need[32];
       return cogpu__seterr(-ETIMEDOUT, "timed out after %lld ms waiting for %s",
@@ -243,9 +254,12 @@ int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
       return g;
   }
   *w = cogpu__ledger_enqueue(h, r);
-  if (*w < 0)
+  if (*w < 0) {
+    cogpu__ledger_count_admit(h, COGPU_ADMIT_REFUSED);
+    cogpu__ledger_tx_commit(h);
     return cogpu__seterr(-ENOSPC, "the wait queue is full (%u waiters)",
                          LEDGER_MAX_WAITERS);
+  }
   cogpu__ledger_serve(h);
   if (!is_answered(&h->st->waiters[*w]))
     return -1;
@@ -270,7 +284,7 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
     return waiter_lost(r);
   }
   if (is_answered(&h->st->waiters[w]) || r->timeout_ms == 0) {
-    int g = cogpu__ledger_dequeue(h, w);
+    int g = cogpu__ledger_dequeue_as(h, w, COGPU_ADMIT_REFUSED);
     cogpu__ledger_unlock(h);
     if (g == -2)
       return cogpu__ledger_refused(r);

@@ -141,6 +141,7 @@ static int status_fill_order(struct cogpu_s *h, cogpu_status_t *st,
   st->gpus = calloc(hd->ngpus ? hd->ngpus : 1, sizeof *st->gpus);
   if (!st->gpus)
     return -ENOMEM;
+  cogpu__ledger_counters_fill(h, &st->counters);
   size_t n = cogpu__ledger_queue_order(h, order);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     cogpu_gpu_info_t *gi = &st->gpus[g];

@@ -226,6 +226,7 @@ void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
                          cogpu__now_ns() + cogpu__ms_to_ns(30000));
     if (broken)
       cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_BROKEN);
+    cogpu__ledger_count(h, &hd->counters.suspend_failures);
     cogpu__ledger_tx_commit(h);
     cogpu__ledger_serve(h);
     return;
@@ -241,6 +242,7 @@ void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
   cogpu__ledger_tx_set(h, &sl->susp_since_ns, cogpu__now_ns());
   cogpu__ledger_tx_set(h, &sl->susp_count, sl->susp_count + 1);
   cogpu__ledger_tx_set(h, &sl->susp, SUSP_SUSPENDED);
+  cogpu__ledger_count(h, &hd->counters.suspensions);
   cogpu__ledger_tx_commit(h);
   cogpu__ledger_note_left(h); /* the driver has just freed that memory */
   if (!sl->susp_manual)
@@ -282,6 +284,8 @@ void cogpu__ledger_resume_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
   cogpu__ledger_tx_set(h, &sl->susp, SUSP_NONE);
   if (rc) /* its memory stays booked: whatever the driver did with it */
     cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_BROKEN);
+  ledger_counters_t *cn = &h->st->hdr.counters;
+  cogpu__ledger_count(h, rc ? &cn->resume_failures : &cn->resumes);
   cogpu__ledger_tx_commit(h);
   cogpu__ledger_serve(h);
 }

@@ -560,8 +560,10 @@ int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
                                      .flags = req->flags,
                                      .bytes = req->bytes,
                                      .priority = req->priority,
-                                     .timeout_ms = 0};
-  /* The request's own bound covers the daemon's answer too. */
+                                     .timeout_ms = req->timeout_ms};
+  /* The daemon answers at once (it never waits here); the bound tells it
+   * whether a refusal is final or a wait follows, for its counters. The
+   * request's own bound covers the daemon's answer too. */
   uint64_t t0 = cogpu__now_ns() / 1000000u;
   int rc =
       rpc_bounded(n, &m, &r, NULL, req->timeout_ms > 0 ? req->timeout_ms : -1);
@@ -755,6 +757,25 @@ static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
   st->host_available_bytes = h->host_available;
   st->host_margin_bytes = h->host_margin;
   COPY_STR(st->suspension, h->suspension);
+  cogpu_counters_t *cn = &st->counters;
+  for (int i = 0; i < COGPU_ADMIT_NRESULTS; i++)
+    cn->admissions[i] = h->admit[i];
+  for (int b = 0; b < COGPU_WAIT_BUCKETS; b++) {
+    /* Bounds must rise, the last being +Inf: the histogram is rendered
+     * from them as they come. */
+    if (b > 0 && h->wait_le_ms[b] <= h->wait_le_ms[b - 1])
+      return -EPROTO;
+    cn->wait_le_ms[b] = h->wait_le_ms[b];
+    cn->wait_count[b] = h->wait_count[b];
+  }
+  if (h->wait_le_ms[COGPU_WAIT_BUCKETS - 1] != UINT64_MAX)
+    return -EPROTO;
+  cn->wait_sum_seconds = (double)h->wait_sum_us / 1e6;
+  cn->suspensions = h->suspensions;
+  cn->suspend_failures = h->suspend_failures;
+  cn->resumes = h->resumes;
+  cn->resume_failures = h->resume_failures;
+  cn->deadlock_suspensions = h->deadlock_suspensions;
   st->ngpus = h->ngpus;
   st->gpus = calloc(h->ngpus ? h->ngpus : 1, sizeof *st->gpus);
   if (!st->gpus)

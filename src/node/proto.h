@@ -30,6 +30,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cogpu.h"
+
 #define COGPU_PROTO_MAGIC 0x55504743u /* "CGPU" */
 #define COGPU_PROTO_VERSION 1u
 #define COGPU_MSG_SIZE 512u
@@ -194,7 +196,7 @@ bool cogpu__msg_str_ok(const char *s, size_t size);
  * nwaiters waiter records, each naming its GPU. Read with bounds checks:
  * every count is checked against the file's size before use. */
 #define COGPU_SNAP_MAGIC 0x50414e53u /* "SNAP" */
-#define COGPU_SNAP_VERSION 2u
+#define COGPU_SNAP_VERSION 3u
 
 typedef struct cogpu__snap_hdr_s {
   uint32_t magic, version;
@@ -203,7 +205,19 @@ typedef struct cogpu__snap_hdr_s {
   char state_path[512];
   uint64_t suspended, suspend_max, host_available, host_margin;
   char suspension[128];
+  /* The node's counters (cogpu_counters_t): admissions by COGPU_ADMIT_*,
+   * the wait histogram (bounds in ms, counts per bucket, sum in us) and
+   * the suspension counters. */
+  uint64_t admit[6];
+  uint64_t wait_le_ms[15], wait_count[15];
+  uint64_t wait_sum_us;
+  uint64_t suspensions, suspend_failures, resumes, resume_failures;
+  uint64_t deadlock_suspensions;
 } cogpu__snap_hdr_t;
+/* The snapshot's layout is the protocol's, not cogpu.h's: a change to the
+ * public counts must come with a new snapshot version. */
+_Static_assert(COGPU_ADMIT_NRESULTS == 6 && COGPU_WAIT_BUCKETS == 15,
+               "snapshot counters");
 
 typedef struct cogpu__snap_gpu_s {
   int32_t index;

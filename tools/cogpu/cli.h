@@ -23,6 +23,8 @@ int cli_config(int argc, char **argv);
 int cli_slurm_conf(int argc, char **argv);
 int cli_suspend(int argc, char **argv);
 int cli_resume(int argc, char **argv);
+int cli_metrics(int argc, char **argv);
+int cli_exporter(int argc, char **argv);
 
 /* "cogpu: <message>" on stderr. */
 void cli_err(const char *fmt, ...) COGPU_PRINTF(1, 2);
@@ -37,6 +39,21 @@ int cli_config_load(cogpu__config_t *cfg);
  * forge lines or send escape sequences. Written into buf (cut to fit);
  * returns buf. */
 const char *cli_safe(const char *s, char *buf, size_t len);
+
+/* Length of the well-formed UTF-8 sequence at s, or 0 if it is not one. */
+size_t cli_utf8_len(const unsigned char *s);
+
+/* --- metrics.c: the Prometheus text format ------------------------------- */
+typedef struct cli_metrics_opts_s {
+  long max_jobs;         /* per-job series per GPU at most; -1: all */
+  double status_seconds; /* how long the snapshot took; < 0: not shown */
+} cli_metrics_opts_t;
+/* Renders st (NULL: the node could not be read, cogpu_up 0) into a
+ * malloc'd buffer. 0 or -ENOMEM. */
+int cli_metrics_render(const cogpu_status_t *st, const cli_metrics_opts_t *o,
+                       char **out, size_t *len);
+/* Parses --max-jobs's value ("all" or a count); -1 and a message if bad. */
+long cli_metrics_max_jobs(const char *s);
 
 /* Minimal JSON writer: strings are escaped; `first` tracks commas. */
 void json_str(FILE *f, const char *s);

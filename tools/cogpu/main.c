@@ -21,6 +21,12 @@ static const char usage[] =
     "                 are accounted (preload library) unless --no-preload\n"
     "  status [--json] [--watch[=SECONDS]] [--count N]\n"
     "                 GPUs, clients, wait queues and the policy\n"
+    "  metrics [--max-jobs N|all] [--no-jobs]\n"
+    "                 the node's metrics in the Prometheus text format\n"
+    "  exporter [--textfile PATH [--interval DURATION]]\n"
+    "      [--listen [ADDR:]PORT] [--max-jobs N|all] [--no-jobs]\n"
+    "                 keep them current: a file for node_exporter's\n"
+    "                 textfile collector, and/or HTTP (GET /metrics)\n"
     "  doctor         check the configuration, NVML, the CUDA driver and the\n"
     "                 node state\n"
     "  suspend JOB|PID [--timeout DURATION]\n"
@@ -64,26 +70,6 @@ int cli_config_load(cogpu__config_t *cfg) {
   return 0;
 }
 
-/* Length of the well-formed UTF-8 sequence at s, or 0 if it is not one
- * (overlong forms, surrogates and code points past U+10FFFF are not). */
-static size_t utf8_len(const unsigned char *s) {
-  size_t n = s[0] < 0x80                   ? 1
-             : s[0] >= 0xf0 && s[0] < 0xf5 ? 4
-             : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
-             : s[0] >= 0xc2 && s[0] < 0xe0 ? 2
-                                           : 0;
-  uint32_t cp = n == 1 ? s[0] : s[0] & (0x7f >> n);
-  for (size_t i = 1; i < n; i++) {
-    if ((s[i] & 0xc0) != 0x80)
-      return 0;
-    cp = cp << 6 | (s[i] & 0x3f);
-  }
-  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-      (cp >= 0xd800 && cp <= 0xdfff))
-    return 0;
-  return n;
-}
-
 /* A control character: C0, DEL, or C1 (U+0080 to U+009F, "\xc2\x80" to
  * "\xc2\x9f" in UTF-8). A terminal acts on these. */
 static bool is_control(const unsigned char *p, size_t n) {
@@ -97,7 +83,7 @@ const char *cli_safe(const char *s, char *buf, size_t len) {
   if (len == 0)
     return "";
   while (*p) {
-    size_t n = utf8_len(p);
+    size_t n = cli_utf8_len(p);
     char esc[8];
     const char *piece = (const char *)p;
     size_t plen = n;
@@ -132,7 +118,7 @@ void json_str(FILE *f, const char *s) {
   fputc('"', f);
   const unsigned char *p = (const unsigned char *)(s ? s : "");
   while (*p) {
-    size_t n = utf8_len(p);
+    size_t n = cli_utf8_len(p);
     if (n == 0) {
       fputs("\\ufffd", f);
       p++;
@@ -175,7 +161,8 @@ int main(int argc, char **argv) {
   } cmds[] = {{"run", cli_run},         {"status", cli_status},
               {"doctor", cli_doctor},   {"reset", cli_reset},
               {"config", cli_config},   {"slurm-conf", cli_slurm_conf},
-              {"suspend", cli_suspend}, {"resume", cli_resume}};
+              {"suspend", cli_suspend}, {"resume", cli_resume},
+              {"metrics", cli_metrics}, {"exporter", cli_exporter}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
     if (strcmp(cmd, cmds[i].name) == 0)
       return cmds[i].fn(argc - 1, argv + 1);
