@@ -175,7 +175,8 @@ int main(int argc, char **argv) {
   } cmds[] = {{"run", cli_run},         {"status", cli_status},
               {"doctor", cli_doctor},   {"reset", cli_reset},
               {"config", cli_config},   {"slurm-conf", cli_slurm_conf},
-              {"suspend", cli_suspend}, {"resume", cli_resume}};
+              {"suspend", cli_suspend}, {"resume", cli_resume},
+              {"history", cli_history}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
     if (strcmp(cmd, cmds[i].name) == 0)
       return cmds[i].fn(argc - 1, argv + 1);
