@@ -225,8 +225,8 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
       cogpu__log(COGPU_LOG_WARN, "job history is off: no writer thread");
     }
   }
-  r->hooks = (ledger_usage_hooks_t){
-      .ctx = r, .sync = rec_sync, .ended = rec_ended};
+  r->hooks =
+      (ledger_usage_hooks_t){.ctx = r, .sync = rec_sync, .ended = rec_ended};
   d->rec = r;
   cogpu__ledger_usage_hooks = &r->hooks;
   return 0;

@@ -101,13 +101,13 @@ static int make_dirs(const char *path) {
 }
 
 static int db_err(cogpu__hist_t *h, int src, const char *what) {
-  int rc = src == SQLITE_BUSY || src == SQLITE_LOCKED ? -EBUSY
-           : src == SQLITE_FULL                       ? -ENOSPC
-           : src == SQLITE_CORRUPT || src == SQLITE_NOTADB ? -EILSEQ
-           : src == SQLITE_READONLY || src == SQLITE_PERM ||
-                   src == SQLITE_CANTOPEN
-               ? -EACCES
-               : -EIO;
+  int rc =
+      src == SQLITE_BUSY || src == SQLITE_LOCKED      ? -EBUSY
+      : src == SQLITE_FULL                            ? -ENOSPC
+      : src == SQLITE_CORRUPT || src == SQLITE_NOTADB ? -EILSEQ
+      : src == SQLITE_READONLY || src == SQLITE_PERM || src == SQLITE_CANTOPEN
+          ? -EACCES
+          : -EIO;
   return cogpu__seterr(rc, "job history %s: %s: %s%s", h->path, what,
                        h->db ? sqlite3_errmsg(h->db) : sqlite3_errstr(src),
                        rc == -EILSEQ ? " (move the file away to start a new "

@@ -23,8 +23,8 @@
 #define COGPU_HIST_TL_MAX 128
 
 typedef struct cogpu__hist_rec_s {
-  int64_t id;            /* assigned by the database */
-  int64_t start_ms;      /* Unix time, ms */
+  int64_t id;       /* assigned by the database */
+  int64_t start_ms; /* Unix time, ms */
   int64_t end_ms;
   uint32_t uid;
   int32_t exit_status; /* wait(2) status, or -1 unknown */

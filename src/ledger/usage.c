@@ -125,9 +125,8 @@ void cogpu__ledger_job_report(struct cogpu_s *h, uint32_t s,
                       : 0;
   uint64_t now = realtime_ns();
   out->run_ms = now > js->attached_ns ? (now - js->attached_ns) / 1000000u : 0;
-  out->peak_after_ms = best_ns > js->attached_ns
-                           ? (best_ns - js->attached_ns) / 1000000u
-                           : 0;
+  out->peak_after_ms =
+      best_ns > js->attached_ns ? (best_ns - js->attached_ns) / 1000000u : 0;
   out->waited_ms = js->waited_ns / 1000000u;
   out->suspensions = (unsigned)js->susp_count;
   out->guard_failures = (unsigned)js->guard_fails;
