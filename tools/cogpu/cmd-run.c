@@ -357,7 +357,7 @@ static void run_report(const run_opts_t *o, const cogpu__job_report_t *r) {
   }
   cogpu__fmt_size(r->peak, pk, sizeof pk);
   char tail[160] = "";
-  if (r->reserved && o->mem) {
+  if (r->reserved && o->mem && r->peak) {
     uint64_t s = run_suggest(r->peak);
     /* Far off: a quarter of the reservation unused, or grown beyond it. */
     if ((r->peak < r->reserved / 4 * 3 || r->peak > o->mem) && s != o->mem)
