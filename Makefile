@@ -51,6 +51,11 @@ LDLIBS := -ldl -lpthread
 VERSION := 0.1.0
 
 LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/node/*.c src/ledger/*.c))
+# The job history (SQLite): the daemon and the CLI only, never libcogpu or
+# the preload library, which load into users' programs.
+HIST_SRCS := $(sort $(wildcard src/history/*.c))
+HIST_OBJS := $(HIST_SRCS:%.c=$(B)/obj/%.o)
+HIST_LIBS := -lsqlite3
 DAEMON_SRCS := $(sort $(wildcard src/daemon/*.c tools/cogpud/*.c))
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
@@ -77,7 +82,8 @@ TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o \
 # The daemon's message handling is tested as a function (the bounded
 # random-message test of tests/node): its objects, not tools/cogpud's main.
 TEST_OBJS += $(B)/obj/src/daemon/handle.o $(B)/obj/src/daemon/daemon.o \
-             $(B)/obj/src/daemon/suspend.o
+             $(B)/obj/src/daemon/suspend.o $(B)/obj/src/daemon/record.o \
+             $(HIST_OBJS)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
 # The Slurm SPANK plug-in is built when Slurm's headers are installed
@@ -146,13 +152,13 @@ $(B)/libcogpu.so: $(LIB_OBJS)
 $(B)/libcogpu.so.0: $(B)/libcogpu.so
 	ln -sf libcogpu.so $@
 
-$(B)/cogpu: $(CLI_OBJS) $(B)/libcogpu.a
-	$(CC) $(ALLCFLAGS) -o $@ $(CLI_OBJS) $(B)/libcogpu.a $(LDLIBS)
+$(B)/cogpu: $(CLI_OBJS) $(HIST_OBJS) $(B)/libcogpu.a
+	$(CC) $(ALLCFLAGS) -o $@ $(CLI_OBJS) $(HIST_OBJS) $(B)/libcogpu.a $(HIST_LIBS) $(LDLIBS)
 
 # cogpud: the node daemon. libsystemd for socket activation, readiness and
 # the watchdog (Debian libsystemd-dev).
-$(B)/cogpud: $(DAEMON_OBJS) $(B)/libcogpu.a
-	$(CC) $(ALLCFLAGS) -o $@ $(DAEMON_OBJS) $(B)/libcogpu.a -lsystemd $(LDLIBS)
+$(B)/cogpud: $(DAEMON_OBJS) $(HIST_OBJS) $(B)/libcogpu.a
+	$(CC) $(ALLCFLAGS) -o $@ $(DAEMON_OBJS) $(HIST_OBJS) $(B)/libcogpu.a -lsystemd $(HIST_LIBS) $(LDLIBS)
 
 # Test doubles are built without sanitizers: they stand in for vendor
 # libraries, which are not instrumented either. They depend on their headers
@@ -176,7 +182,7 @@ $(B)/tests/fakes/libinterposer.so: $(sort $(wildcard tests/fakes/interposer/*.c)
 
 $(B)/tests/run-tests: $(TEST_OBJS) $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a -lsystemd $(LDLIBS)
+	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a -lsystemd $(HIST_LIBS) $(LDLIBS)
 
 $(TEST_OBJS): ALLCFLAGS += -Itests/harness -Itests/fuzz
 
@@ -217,17 +223,18 @@ $(B)/bench/bench-scrape: bench/bench-scrape.c bench/bench.h \
 AFL_CC ?= afl-clang-fast
 FUZZ_SECONDS ?= 60
 FUZZ_SRCS := $(LIB_SRCS) src/daemon/handle.c src/daemon/daemon.c src/daemon/suspend.c \
+             src/daemon/record.c $(HIST_SRCS) \
              tests/fuzz/fuzz-harness.c tests/fuzz/fuzz-daemon.c
 FUZZ_ENV := LD_LIBRARY_PATH=$(abspath $(B))/tests/fakes FAKE_NVML_GPUS=16G,16G
 .PHONY: fuzz fuzz-driver
 fuzz-driver: $(B)/fuzz/fuzz-daemon-plain
 $(B)/fuzz/fuzz-daemon-plain: $(FUZZ_SRCS) $(wildcard src/*/*.h tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itests/fuzz -o $@ $(FUZZ_SRCS) -lsystemd $(LDLIBS)
+	$(CC) $(ALLCFLAGS) -Itests/fuzz -o $@ $(FUZZ_SRCS) -lsystemd $(HIST_LIBS) $(LDLIBS)
 $(B)/fuzz/fuzz-daemon: $(FUZZ_SRCS) $(wildcard src/*/*.h tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
 	AFL_QUIET=1 $(AFL_CC) $(BASEFLAGS) $(CFLAGS) -Itests/fuzz -o $@ $(FUZZ_SRCS) \
-	    -lsystemd $(LDLIBS)
+	    -lsystemd $(HIST_LIBS) $(LDLIBS)
 fuzz: $(B)/fuzz/fuzz-daemon $(B)/fuzz/fuzz-daemon-plain $(B)/tests/fakes/libnvidia-ml.so.1
 	rm -rf $(B)/fuzz/seeds && $(FUZZ_ENV) $(B)/fuzz/fuzz-daemon-plain --seeds $(B)/fuzz/seeds
 	for f in $(B)/fuzz/seeds/*; do $(FUZZ_ENV) $(B)/fuzz/fuzz-daemon-plain $$f || exit 1; done

@@ -36,7 +36,7 @@ existing_parent() {
 # libslurm-dev: spank.h and slurm.h, to build the Slurm SPANK plug-in.
 # slurmctld, slurmd, slurm-client, munge: the test suite starts a private
 # one-node Slurm cluster with them (the packages start no daemon).
-deps="gcc make libc6-dev pkg-config python3 libsystemd-dev libslurm-dev slurmctld slurmd
+deps="gcc make libc6-dev pkg-config python3 libsystemd-dev libsqlite3-dev libslurm-dev slurmctld slurmd
       slurm-client munge"
 missing=""
 for p in $deps; do

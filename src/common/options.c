@@ -169,6 +169,9 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v, char *why,
               id == COGPU_OPT_DAEMON_DIR) &&
              text[0] != '/')
       snprintf(why, whylen, "not an absolute path");
+    else if (id == COGPU_OPT_HISTORY_DIR && text[0] && text[0] != '/' &&
+             strcmp(text, "none") != 0)
+      snprintf(why, whylen, "not an absolute path, empty or none");
     rc = why[0] ? -1 : 0;
     break;
   case COGPU_OPT_TYPE_ENUM:

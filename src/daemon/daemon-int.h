@@ -51,20 +51,23 @@ typedef struct dconn_s {
   bool susp_pending;
   uint32_t susp_slot, susp_gen;
   int susp_op;
-  bool closing;                /* to be ended after this batch of events */
-  bool dead;                   /* ended: its record is freed after this batch */
-  bool reap_listed;            /* on the daemon's reap list */
+  int passed_fd;    /* a descriptor that came with the message (-1: none) */
+  bool closing;     /* to be ended after this batch of events */
+  bool dead;        /* ended: its record is freed after this batch */
+  bool reap_listed; /* on the daemon's reap list */
   struct dconn_s *prev, *next; /* every connection, for reset and exit */
   struct dconn_s *reap_next;   /* the reap list: closing or dead ones */
 } dconn_t;
 
 typedef struct cogpu__susp_s cogpu__susp_t;
+struct cogpu__drec_s;
 
 typedef struct cogpu__daemon_s {
   cogpu__config_t cfg;
-  cogpu__susp_t *susp;  /* suspend.c; NULL when fuzzing */
-  struct cogpu_s *dh;   /* the daemon's own attachment to its state */
-  struct cogpu_s proxy; /* acts for one client at a time */
+  cogpu__susp_t *susp;       /* suspend.c; NULL when fuzzing */
+  struct cogpu__drec_s *rec; /* record.c: usage pages and job history */
+  struct cogpu_s *dh;        /* the daemon's own attachment to its state */
+  struct cogpu_s proxy;      /* acts for one client at a time */
   int epfd, lfd, tfd;
   bool lfd_owned; /* created here (unlink at exit), not from systemd */
   gid_t admin_gid;
@@ -153,6 +156,22 @@ void cogpu__susp_sample(cogpu__daemon_t *d);
 /* SUSPEND on a query connection. */
 int cogpu__daemon_on_suspend(cogpu__daemon_t *d, dconn_t *c,
                              const cogpu__msg_t *m);
+
+/* --- record.c: usage pages and the job history --------------------------- */
+/* Installs the ledger's usage hooks and starts the history writer. */
+int cogpu__daemon_rec_start(cogpu__daemon_t *d);
+void cogpu__daemon_rec_stop(cogpu__daemon_t *d);
+/* Unmaps the usage page of a freed slot. */
+void cogpu__daemon_rec_drop(cogpu__daemon_t *d, uint32_t slot);
+/* Records written to the database so far. */
+uint64_t cogpu__daemon_rec_written(cogpu__daemon_t *d);
+/* USAGE on a main connection (the page is c->passed_fd). */
+int cogpu__daemon_on_usage(cogpu__daemon_t *d, dconn_t *c,
+                           const cogpu__msg_t *m, cogpu__msg_t *r);
+/* HISTORY: the records the asker may see, in a sealed memfd (*mfd_out). */
+int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
+                             const cogpu__msg_t *m, cogpu__msg_t *r,
+                             int *mfd_out);
 
 /* Checks the ledger's invariants; returns 0 or a description's length. */
 int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len);

@@ -51,6 +51,7 @@ static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
   c->fd = fd;
   c->kind = kind;
   c->waiter = -1;
+  c->passed_fd = -1;
   c->next = d->conns;
   if (d->conns)
     d->conns->prev = c;
@@ -171,12 +172,33 @@ static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
   for (int i = 0; i < 16; i++) {
     cogpu__msg_t m;
     struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+    /* Room for one descriptor (a usage page); more is a violation. */
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = cbuf,
+                        .msg_controllen = sizeof cbuf};
+    ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
       break;
-    if (n <= 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
-        cogpu__daemon_handle(d, c, &m, (size_t)n) != 0) {
+    c->passed_fd = -1;
+    for (struct cmsghdr *cm = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm;
+         cm = CMSG_NXTHDR(&mh, cm))
+      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+          cm->cmsg_len == CMSG_LEN(sizeof(int))) {
+        int pfd;
+        memcpy(&pfd, CMSG_DATA(cm), sizeof pfd);
+        if (c->passed_fd >= 0)
+          close(c->passed_fd);
+        c->passed_fd = pfd;
+      }
+    bool bad = n <= 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+               cogpu__daemon_handle(d, c, &m, (size_t)n) != 0;
+    /* A descriptor is the handler's to keep (dup) or not: never leaked. */
+    if (c->passed_fd >= 0)
+      close(c->passed_fd);
+    c->passed_fd = -1;
+    if (bad) {
       conn_free(d, c);
       return;
     }
@@ -484,6 +506,9 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
     return rc;
   ev.data.ptr = &mark_susp;
   epoll_ctl(d->epfd, EPOLL_CTL_ADD, cogpu__susp_fd(d), &ev);
+  rc = cogpu__daemon_rec_start(d);
+  if (rc)
+    return cogpu__seterr(rc, "out of memory");
   recover(d);
   cogpu__susp_recover(d);
   if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
@@ -585,6 +610,7 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
  * and clients re-register with the next daemon. */
 void cogpu__daemon_fini(cogpu__daemon_t *d) {
   cogpu__susp_stop(d);
+  cogpu__daemon_rec_stop(d);
   while (d->conns) {
     dconn_t *c = d->conns;
     d->conns = c->next;

@@ -801,23 +801,25 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
                                   .capacity = gi->capacity_bytes,
                                   .reserved = gi->reserved_bytes,
                                   .exclusive = gi->exclusive,
-                                  .suspended = gi->suspended_bytes};
+                                  .suspended = gi->suspended_bytes,
+                                  .used = gi->used_bytes};
       snprintf(gs[g].uuid, sizeof gs[g].uuid, "%s", gi->uuid);
       snprintf(gs[g].name, sizeof gs[g].name, "%s", gi->name);
       for (size_t i = 0; i < gi->nclients; i++, cs++) {
         const cogpu_client_info_t *ci = &gi->clients[i];
-        *cs =
-            (cogpu__snap_client_t){.gpu = (uint32_t)g,
-                                   .pid = ci->pid,
-                                   .uid = ci->uid,
-                                   .priority = ci->priority,
-                                   .reserved = ci->reserved_bytes,
-                                   .exclusive = ci->exclusive,
-                                   .slot = ci->own,
-                                   .state = (uint32_t)ci->state,
-                                   .suspensions = ci->suspensions,
-                                   .suspended_bytes = ci->suspended_bytes,
-                                   .suspended_seconds = ci->suspended_seconds};
+        *cs = (cogpu__snap_client_t){.gpu = (uint32_t)g,
+                                     .pid = ci->pid,
+                                     .uid = ci->uid,
+                                     .priority = ci->priority,
+                                     .reserved = ci->reserved_bytes,
+                                     .exclusive = ci->exclusive,
+                                     .slot = ci->own,
+                                     .state = (uint32_t)ci->state,
+                                     .suspensions = ci->suspensions,
+                                     .suspended_bytes = ci->suspended_bytes,
+                                     .suspended_seconds = ci->suspended_seconds,
+                                     .used = ci->used_bytes,
+                                     .peak = ci->peak_bytes};
         snprintf(cs->command, sizeof cs->command, "%s", ci->command);
         snprintf(cs->job_id, sizeof cs->job_id, "%s", ci->job_id);
       }
@@ -901,6 +903,61 @@ static int on_mark(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   return 0;
 }
 
+/* The process's usage page (record.c). */
+static int on_usage(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  int rc = cogpu__daemon_on_usage(d, c, m, &r);
+  reply(d, c, m, rc, &r);
+  return 0;
+}
+
+/* cogpu run's end: the job's exit status for its record, and its report. */
+static int on_job_end(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  struct cogpu_s *h = as(d, c);
+  cogpu__job_report_t rep;
+  cogpu__ledger_lock(h);
+  cogpu__ledger_check_job(h);
+  ledger_slot_t *js = &h->st->slots[h->res_slot];
+  /* Only the job's own process says how it ended. */
+  if (h->res_slot == h->slot)
+    js->exit_status = m->u.job_end.exit_status >= 0
+                          ? (uint64_t)m->u.job_end.exit_status + 1
+                          : 0;
+  cogpu__ledger_job_report(h, h->res_slot, &rep);
+  cogpu__ledger_unlock(h);
+  r.u.reply.gpu = rep.gpu;
+  r.u.reply.a = rep.peak;
+  r.u.reply.b = rep.reserved;
+  r.u.reply.c = rep.peak_after_ms;
+  r.u.reply.d = rep.waited_ms;
+  r.u.reply.e = rep.run_ms;
+  r.u.reply.n1 = rep.suspensions;
+  r.u.reply.n2 = rep.guard_failures;
+  reply(d, c, m, 0, &r);
+  return 0;
+}
+
+static int on_history(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  int mfd = -1;
+  int rc = cogpu__daemon_on_history(d, c, m, &r, &mfd);
+  if (rc) {
+    reply(d, c, m, rc, &r);
+    return -1;
+  }
+  r.magic = COGPU_PROTO_MAGIC;
+  r.version = COGPU_PROTO_VERSION;
+  r.type = COGPU_M_REPLY;
+  r.seq = m->seq;
+  send_msg(d, c, &r, mfd);
+  close(mfd);
+  return -1;
+}
+
 /* --- dispatch ---------------------------------------------------------------
  */
 
@@ -950,6 +1007,10 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
       c->kind = DC_QUERY;
       rc = cogpu__daemon_on_suspend(d, c, &m);
       break;
+    case COGPU_M_HISTORY:
+      c->kind = DC_QUERY;
+      rc = on_history(d, c, &m);
+      break;
     default:
       rc = -1;
     }
@@ -978,6 +1039,12 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
       break;
     case COGPU_M_MARK:
       rc = on_mark(d, c, &m);
+      break;
+    case COGPU_M_USAGE:
+      rc = on_usage(d, c, &m);
+      break;
+    case COGPU_M_JOB_END:
+      rc = on_job_end(d, c, &m);
       break;
     case COGPU_M_DETACH:
     default:
@@ -1015,6 +1082,7 @@ void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
         cogpu__ledger_serve(h);
         cogpu__ledger_unlock(h);
       }
+      cogpu__daemon_rec_drop(d, c->slot);
     }
   } else if (c->kind == DC_WAIT) {
     struct cogpu_s *h = as(d, c);

@@ -129,7 +129,26 @@ typedef struct ledger_slot_s {
   uint64_t susp_since_ns;
   uint64_t susp_count;
   uint64_t susp_retry_ns;
+  /* Usage and the job's figures for its history record (usage.c,
+   * docs/history.md). `usage` is the process's own page in single-user
+   * mode (it writes it, relaxed atomics); in node mode the daemon copies
+   * the process's memfd page into it. The rest is the job's (its slot's):
+   * the peaks of its processes that have ended (job_peak, and when the
+   * highest was reached), the most its reservation held on one GPU, time
+   * spent in the queue, requests the deadlock guard failed, and the exit
+   * status its cogpu run reported (wait status + 1; 0 unknown). Figures,
+   * not bookings: written outside the undo log. */
+  cogpu__usage_t usage;
+  uint64_t job_peak[LEDGER_MAX_GPUS];
+  uint64_t job_peak_ns;
+  uint64_t held_max;
+  uint64_t held_max_gpu;
+  uint64_t waited_ns;
+  uint64_t guard_fails;
+  uint64_t exit_status;
 } ledger_slot_t;
+_Static_assert(COGPU_USAGE_GPUS == LEDGER_MAX_GPUS,
+               "a usage page has a word per ledger GPU");
 
 typedef struct ledger_waiter_s {
   _Atomic uint32_t futex; /* 0 while waiting; set to 1 to wake */
@@ -492,6 +511,34 @@ void cogpu__ledger_count_wait(struct cogpu_s *h, uint64_t waited_ns);
 void cogpu__ledger_counters_fill(struct cogpu_s *h, cogpu_counters_t *c);
 /* Upper bounds of the wait histogram's buckets, in ms (last: UINT64_MAX). */
 extern const uint64_t cogpu__ledger_wait_le_ms[COGPU_WAIT_BUCKETS];
+
+/* --- usage.c: what jobs' processes use (docs/history.md) -------------------
+ * Set by the daemon (trusted mode): `sync` copies slot s's usage from the
+ * page its process passed (single-user mode needs none: the slot is the
+ * page); `ended` is told, with the lock held, that job slot s is being
+ * freed (its figures folded in), to record it; it must not block. NULL
+ * elsewhere: single-user mode records from cogpu run (cogpu__job_end). */
+typedef struct ledger_usage_hooks_s {
+  void *ctx;
+  void (*sync)(void *ctx, struct cogpu_s *h, uint32_t s);
+  void (*ended)(void *ctx, struct cogpu_s *h, uint32_t s);
+} ledger_usage_hooks_t;
+extern const ledger_usage_hooks_t *cogpu__ledger_usage_hooks;
+/* Lock held, at the start of freeing slot s: a process of a job leaves its
+ * peaks with the job; a job takes its live processes' peaks and is told to
+ * `ended`. */
+void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s);
+/* Lock held: the job of slot s on GPU g: bytes its live processes use now
+ * and its peak. */
+void cogpu__ledger_job_usage(struct cogpu_s *h, uint32_t s, uint32_t g,
+                             uint64_t *used, uint64_t *peak);
+/* Lock held: the report of job slot s (cogpu__job_end's figures). */
+void cogpu__ledger_job_report(struct cogpu_s *h, uint32_t s,
+                              cogpu__job_report_t *out);
+/* Lock held: per job slot, used and peak on GPU g (arrays of
+ * LEDGER_MAX_SLOTS), for snapshots: one pass over the slots. */
+void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,
+                                uint64_t *peak);
 
 /* --- foreign.c: memory held by processes cogpu does not know ---------------
  */

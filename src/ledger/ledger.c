@@ -111,6 +111,14 @@ void cogpu__ledger_slot_fill(struct cogpu_s *h, uint32_t slot, int pid,
   s->job = s->job_gen = 0;
   s->flags = s->susp = s->susp_gpu = s->parked = s->susp_manual = 0;
   s->susp_since_ns = s->susp_count = s->susp_retry_ns = 0;
+  for (uint32_t g = 0; g < LEDGER_MAX_GPUS; g++) {
+    atomic_store_explicit(&s->usage.used[g], 0, memory_order_relaxed);
+    atomic_store_explicit(&s->usage.peak[g], 0, memory_order_relaxed);
+  }
+  atomic_store_explicit(&s->usage.peak_ns, 0, memory_order_relaxed);
+  memset(s->job_peak, 0, sizeof s->job_peak);
+  s->job_peak_ns = s->held_max = s->held_max_gpu = s->waited_ns = 0;
+  s->guard_fails = s->exit_status = 0;
 }
 
 static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {

@@ -63,4 +63,42 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
 #define COGPU_MARK_BROKEN 0x100u
 int cogpu__mark(cogpu_t *h, uint32_t flags);
 
+/* --- Usage: what a process's allocations hold (docs/history.md) -----------
+ * The preload library counts every allocation exactly; it publishes the
+ * process's used bytes per GPU and their peak here with relaxed atomic
+ * stores, and whoever keeps the record reads the last values, even after
+ * the process died (kill -9): in single-user mode the page is the
+ * process's own slot in the shared ledger; in node mode it is a sealed
+ * memfd the process passed to the daemon at registration. Indexed by
+ * ledger GPU. Only its own process writes it, so a process can misreport
+ * only its own job. */
+#define COGPU_USAGE_GPUS 16
+typedef struct cogpu__usage_s {
+  _Atomic uint64_t used[COGPU_USAGE_GPUS];
+  _Atomic uint64_t peak[COGPU_USAGE_GPUS];
+  /* CLOCK_REALTIME (ns) when a peak was last raised, on any GPU. */
+  _Atomic uint64_t peak_ns;
+  uint64_t pad[7];
+} cogpu__usage_t;
+/* This process's usage page, or NULL (not attached; the daemon would not
+ * take one). Valid until the handle is detached. */
+cogpu__usage_t *cogpu__usage_page(cogpu_t *h);
+
+/* The end-of-job report (cogpu run): the figures of the handle's job on
+ * the GPU where it peaked highest. */
+typedef struct cogpu__job_report_s {
+  int gpu;                /* ledger GPU; -1 when the job used no GPU memory */
+  uint64_t peak;          /* most its processes held at once, as counted */
+  uint64_t reserved;      /* most its reservation held on that GPU */
+  uint64_t peak_after_ms; /* from the job's start to its peak */
+  uint64_t waited_ms;     /* in the node's queue, all requests */
+  uint64_t run_ms;
+  unsigned suspensions;
+  unsigned guard_failures; /* requests the deadlock guard failed */
+} cogpu__job_report_t;
+/* Records the job's exit status (a wait(2) status; -1 unknown) for its
+ * history record and fills *out. Called by the job's own slot (cogpu run)
+ * before it detaches. */
+int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out);
+
 #endif /* COGPU_LEDGER_H */

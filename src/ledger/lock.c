@@ -539,6 +539,7 @@ void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
   bool lends = false;
+  cogpu__ledger_usage_free(h, s);
   for (uint32_t g = 0; g < hd->ngpus; g++)
     if (sl->held[g] || sl->claim[g]) {
       cogpu__ledger_note_left(h); /* it may have had memory on the GPU */

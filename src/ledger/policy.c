@@ -64,6 +64,12 @@ bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
   if (bytes) {
     cogpu__ledger_tx_set(h, &s->held[gi], s->held[gi] + bytes);
     cogpu__ledger_tx_set(h, &g->reserved, g->reserved + bytes);
+    /* The job's declaration, for its history record: a figure, kept out
+     * of the undo log (a rolled-back grant may leave it high). */
+    if (s->held[gi] > s->held_max) {
+      s->held_max = s->held[gi];
+      s->held_max_gpu = gi;
+    }
   }
   if (!was_client)
     cogpu__ledger_tx_set(h, &g->nclients, g->nclients + 1);
@@ -339,6 +345,7 @@ static void deadlock_guard(struct cogpu_s *h) {
                "(%llu bytes) to break the deadlock",
                g, why, h->st->slots[wt->slot].pid,
                (unsigned long long)wt->bytes);
+    h->st->slots[wt->slot].guard_fails++; /* a figure, for its record */
     cogpu__ledger_tx_set(h, &wt->state, W_REFUSED);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
     cogpu__ledger_count_admit(h, COGPU_ADMIT_DEADLOCK);

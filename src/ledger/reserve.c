@@ -122,6 +122,12 @@ int cogpu__ledger_dequeue_as(cogpu_t *h, uint32_t w, int why) {
   int gpu = wt->state == W_GRANTED   ? (int)wt->granted_gpu
             : wt->state == W_REFUSED ? -2
                                      : -1;
+  /* Time in the queue, for the job's record (a figure, not a booking). */
+  if (wt->slot < LEDGER_MAX_SLOTS && !wt->resume) {
+    ledger_slot_t *js = &h->st->slots[wt->slot];
+    if (js->state == SLOT_ACTIVE && atomic_load(&js->gen) == wt->gen)
+      js->waited_ns += cogpu__now_ns() - wt->since_ns;
+  }
   if (wt->state == W_WAITING) {
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
     if (!wt->resume)

@@ -38,8 +38,12 @@ static size_t count_listed(struct cogpu_s *h, uint32_t g) {
 }
 
 static void status_clients(struct cogpu_s *h, uint32_t g, size_t max,
-                           cogpu_gpu_info_t *gi) {
+                           cogpu_gpu_info_t *gi, uint64_t *used,
+                           uint64_t *peak) {
   ledger_gpu_t *gp = &h->st->hdr.gpus[g];
+  memset(used, 0, LEDGER_MAX_SLOTS * sizeof *used);
+  memset(peak, 0, LEDGER_MAX_SLOTS * sizeof *peak);
+  cogpu__ledger_usage_by_job(h, g, used, peak);
   uint64_t now = cogpu__now_ns();
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
@@ -58,6 +62,9 @@ static void status_clients(struct cogpu_s *h, uint32_t g, size_t max,
     c->own = s == h->res_slot;
     c->state = (int)sl->susp;
     c->suspensions = (unsigned)sl->susp_count;
+    c->used_bytes = used[s];
+    c->peak_bytes = peak[s];
+    gi->used_bytes += used[s];
     if (parked) {
       c->suspended_bytes = sl->parked;
       c->suspended_seconds = (double)(now - sl->susp_since_ns) / 1e9;
@@ -131,7 +138,7 @@ static void status_names(cogpu_status_t *st) {
 }
 
 static int status_fill_order(struct cogpu_s *h, cogpu_status_t *st,
-                             uint32_t *order) {
+                             uint32_t *order, uint64_t *used, uint64_t *peak) {
   ledger_hdr_t *hd = &h->st->hdr;
   snprintf(st->policy, sizeof st->policy, "%s",
            cogpu_policy_name((int)hd->policy));
@@ -161,7 +168,7 @@ static int status_fill_order(struct cogpu_s *h, cogpu_status_t *st,
     gi->waiting = calloc(n + 1, sizeof *gi->waiting);
     if (!gi->clients || !gi->waiting)
       return -ENOMEM;
-    status_clients(h, g, nc, gi);
+    status_clients(h, g, nc, gi, used, peak);
     status_waiters(h, g, order, n, gi);
   }
   return 0;
@@ -171,10 +178,12 @@ static int status_fill_order(struct cogpu_s *h, cogpu_status_t *st,
  * by every thread of every program under the preload library. */
 int cogpu__ledger_status_fill(struct cogpu_s *h, cogpu_status_t *st) {
   uint32_t *order = malloc(LEDGER_MAX_WAITERS * sizeof *order);
-  if (!order)
-    return -ENOMEM;
-  int rc = status_fill_order(h, st, order);
+  uint64_t *used = malloc(2 * LEDGER_MAX_SLOTS * sizeof *used);
+  int rc = order && used
+               ? status_fill_order(h, st, order, used, used + LEDGER_MAX_SLOTS)
+               : -ENOMEM;
   free(order);
+  free(used);
   return rc;
 }
 

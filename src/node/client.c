@@ -14,6 +14,7 @@
  * slot's record instead of doing it twice.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ledger/ledger.h"
 #include "node/node.h"
 #include "node/proto.h"
 #include "nvml/nvml.h"
@@ -44,6 +46,11 @@ struct cogpu__node_s {
   uint32_t ngpus, policy;
   uint32_t late_seq; /* a reserve that gave up waiting for its reply */
   uint64_t late_bytes;
+  /* The usage page (ledger.h): its memfd, kept to pass it again to a
+   * daemon that restarted; usage_state 0 not made, 1 passed, 2 failed. */
+  int usage_fd;
+  int usage_state;
+  cogpu__usage_t *usage;
   cogpu__m_gpu_t gpus[NODE_MAX_GPUS];
 };
 
@@ -214,6 +221,7 @@ int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
   if (!n)
     return cogpu__seterr(-ENOMEM, "out of memory");
   pthread_mutex_init(&n->mu, NULL);
+  n->usage_fd = -1;
   snprintf(n->sock, sizeof n->sock, "%s", cfg->v[COGPU_OPT_SOCKET].s);
   n->daemon_wait_ms = cfg->v[COGPU_OPT_DAEMON_WAIT].i;
   uint64_t dl = deadline_after(n->daemon_wait_ms);
@@ -285,6 +293,40 @@ int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
   return 0;
 }
 
+static int msg_send_fd(int fd, const cogpu__msg_t *m, int passfd) {
+  struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof *m};
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  memset(cbuf, 0, sizeof cbuf);
+  struct msghdr mh = {.msg_iov = &iov,
+                      .msg_iovlen = 1,
+                      .msg_control = cbuf,
+                      .msg_controllen = sizeof cbuf};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &passfd, sizeof passfd);
+  ssize_t r = sendmsg(fd, &mh, MSG_NOSIGNAL);
+  if (r == (ssize_t)sizeof *m)
+    return 0;
+  return r < 0 ? -errno : -EPIPE;
+}
+
+/* Passes the usage page on the main connection and waits for the answer
+ * (mu held). */
+static int usage_pass(cogpu__node_t *n, uint64_t dl) {
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_USAGE, ++n->seq);
+  m.u.usage.size = (uint32_t)sizeof(cogpu__usage_t);
+  int rc = msg_send_fd(n->fd, &m, n->usage_fd);
+  while (rc == 0) {
+    rc = msg_recv(n->fd, &r, dl, NULL);
+    if (rc == 0 && r.type == COGPU_M_REPLY && r.seq == m.seq)
+      return reply_rc(&r);
+  }
+  return rc;
+}
+
 /* The daemon went away: reconnect and re-register (mu held), trying again
  * while it restarts (a daemon can die again between accept and reply),
  * until the deadline. */
@@ -324,6 +366,10 @@ static int node_resume(cogpu__node_t *n, uint64_t dl) {
     if (rc == 0) {
       n->fd = fd;
       cogpu__log(COGPU_LOG_INFO, "reconnected to the node daemon");
+      /* The new daemon reads this process's usage from its page too. */
+      if (n->usage_state == 1 && usage_pass(n, dl) != 0)
+        cogpu__log(COGPU_LOG_WARN, "the restarted node daemon did not take "
+                                   "this process's usage page");
       return 0;
     }
     close(fd);
@@ -414,6 +460,10 @@ void cogpu__node_detach(cogpu__node_t *n) {
     return;
   if (!n->forked && n->fd >= 0)
     close(n->fd);
+  if (n->usage)
+    munmap(n->usage, sizeof(cogpu__usage_t));
+  if (n->usage_fd >= 0)
+    close(n->usage_fd);
   pthread_mutex_destroy(&n->mu);
   free(n);
 }
@@ -424,6 +474,12 @@ void cogpu__node_forked(cogpu__node_t *n) {
   n->fd = -1;
   n->forked = true;
   pthread_mutex_init(&n->mu, NULL);
+  /* The parent's page stays the parent's: the child never writes it. */
+  n->usage = NULL;
+  if (n->usage_fd >= 0)
+    close(n->usage_fd);
+  n->usage_fd = -1;
+  n->usage_state = 2;
 }
 
 /* --- requests ------------------------------------------------------------ */
@@ -721,6 +777,69 @@ int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu) {
   return cogpu__gpu_spec(spec, uuids, n->ngpus, gpu);
 }
 
+/* --- usage --------------------------------------------------------------- */
+
+/* The page is a memfd sealed against shrinking and growing, so that the
+ * daemon's mapping of it can never fault; the daemon maps it read-only. */
+cogpu__usage_t *cogpu__node_usage_page(cogpu__node_t *n) {
+  if (!n || n->forked)
+    return NULL;
+  pthread_mutex_lock(&n->mu);
+  if (n->usage_state == 0) {
+    n->usage_state = 2;
+    size_t size = sizeof(cogpu__usage_t);
+    int fd = memfd_create("cogpu-usage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    void *p = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)size) == 0 &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+      p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int rc = p == MAP_FAILED ? -errno : 0;
+    if (rc == 0) {
+      n->usage_fd = fd;
+      n->usage = p;
+      rc =
+          n->fd < 0 ? -EPIPE : usage_pass(n, deadline_after(n->daemon_wait_ms));
+    }
+    if (rc == 0) {
+      n->usage_state = 1;
+    } else {
+      cogpu__log(COGPU_LOG_WARN,
+                 "this process's GPU memory use will not reach its job's "
+                 "record: %s",
+                 rc < 0 ? strerror(-rc) : cogpu_last_error());
+      if (p != MAP_FAILED)
+        munmap(p, size);
+      if (fd >= 0)
+        close(fd);
+      n->usage = NULL;
+      n->usage_fd = -1;
+    }
+  }
+  cogpu__usage_t *u = n->usage;
+  pthread_mutex_unlock(&n->mu);
+  return u;
+}
+
+int cogpu__node_job_end(cogpu__node_t *n, int exit_status,
+                        cogpu__job_report_t *out) {
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_JOB_END, 0);
+  m.u.job_end.exit_status = exit_status < 0 ? -1 : exit_status;
+  int rc = rpc(n, &m, &r);
+  if (rc)
+    return rc;
+  const cogpu__m_reply_t *p = &r.u.reply;
+  *out = (cogpu__job_report_t){.gpu = p->gpu,
+                               .peak = p->a,
+                               .reserved = p->b,
+                               .peak_after_ms = p->c,
+                               .waited_ms = p->d,
+                               .run_ms = p->e,
+                               .suspensions = p->n1,
+                               .guard_failures = p->n2};
+  return 0;
+}
+
 /* --- status and reset ---------------------------------------------------- */
 
 /* Copies a field the daemon wrote into a fixed buffer, NUL-terminated. */
@@ -793,6 +912,7 @@ static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
     gi->max_clients = gs[g].max_clients;
     gi->exclusive = gs[g].exclusive;
     gi->suspended_bytes = gs[g].suspended;
+    gi->used_bytes = gs[g].used;
     gi->clients = calloc(h->nclients + 1, sizeof *gi->clients);
     gi->waiting = calloc(h->nwaiters + 1, sizeof *gi->waiting);
     if (!gi->clients || !gi->waiting)
@@ -815,6 +935,8 @@ static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
     c->suspensions = cs[i].suspensions;
     c->suspended_bytes = cs[i].suspended_bytes;
     c->suspended_seconds = cs[i].suspended_seconds;
+    c->used_bytes = cs[i].used;
+    c->peak_bytes = cs[i].peak;
   }
   for (uint32_t i = 0; i < h->nwaiters; i++) {
     if (ws[i].gpu >= h->ngpus)
@@ -872,6 +994,25 @@ int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
   }
   *out = st;
   return 0;
+}
+
+int cogpu__node_history(const cogpu__config_t *cfg, bool has_uid, uint32_t uid,
+                        int64_t since_s, uint32_t last, int *mfd) {
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_HISTORY, 1);
+  m.u.history = (cogpu__m_history_t){
+      .last = last, .has_uid = has_uid, .uid = uid, .since_s = since_s};
+  *mfd = -1;
+  int rc = query(cfg, &m, &r, mfd);
+  if (rc == 0)
+    rc = reply_rc(&r);
+  if (rc == 0 && *mfd < 0)
+    rc = cogpu__seterr(-EPROTO, "the node daemon sent no history");
+  if (rc && *mfd >= 0) {
+    close(*mfd);
+    *mfd = -1;
+  }
+  return rc;
 }
 
 int cogpu__node_reset(const cogpu__config_t *cfg, bool force, int *live) {

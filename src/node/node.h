@@ -57,6 +57,19 @@ int cogpu__node_suspend(const cogpu__config_t *cfg, int pid, const char *job_id,
 int cogpu__node_gpu_count(cogpu__node_t *n);
 int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu);
 
+/* This process's usage page (ledger.h): a sealed memfd, made and passed
+ * to the daemon on first use, and passed again after a daemon restart;
+ * NULL if it cannot be made or the daemon refused it. */
+struct cogpu__usage_s *cogpu__node_usage_page(cogpu__node_t *n);
+/* cogpu__job_end through the daemon. */
+struct cogpu__job_report_s;
+int cogpu__node_job_end(cogpu__node_t *n, int exit_status,
+                        struct cogpu__job_report_s *out);
+
+/* HISTORY: the daemon's answer, a memfd (*mfd) of history records. */
+int cogpu__node_history(const cogpu__config_t *cfg, bool has_uid, uint32_t uid,
+                        int64_t since_s, uint32_t last, int *mfd);
+
 /* A snapshot from the daemon (n may be NULL: a connection of its own). */
 int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
                        cogpu_status_t **out);

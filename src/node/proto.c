@@ -103,6 +103,19 @@ int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why, size_t wl) {
         (m->u.suspend.pid == 0 && !m->u.suspend.job_id[0]))
       return bad(why, wl, "suspend: no job named, or bad fields");
     return 0;
+  case COGPU_M_USAGE:
+    if (m->u.usage.pad)
+      return bad(why, wl, "usage: bad padding");
+    return 0; /* the size is checked against the passed memfd */
+  case COGPU_M_JOB_END:
+    if (m->u.job_end.pad || m->u.job_end.exit_status < -1)
+      return bad(why, wl, "job_end: bad fields");
+    return 0;
+  case COGPU_M_HISTORY:
+    if (m->u.history.pad || m->u.history.has_uid > 1 ||
+        m->u.history.since_s < 0)
+      return bad(why, wl, "history: bad fields");
+    return 0;
   case COGPU_M_DETACH:
   case COGPU_M_ACK:
   case COGPU_M_STATUS:

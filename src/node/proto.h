@@ -33,7 +33,7 @@
 #include "cogpu.h"
 
 #define COGPU_PROTO_MAGIC 0x55504743u /* "CGPU" */
-#define COGPU_PROTO_VERSION 1u
+#define COGPU_PROTO_VERSION 2u
 #define COGPU_MSG_SIZE 512u
 
 enum cogpu__msg_type {
@@ -54,6 +54,11 @@ enum cogpu__msg_type {
   COGPU_M_MARK,    /* main connection: what this process uses (ledger.h) */
   COGPU_M_SUSPEND, /* query connection: suspend or resume a job; answered
                       when done */
+  COGPU_M_USAGE,   /* main connection: this process's usage page (a sealed
+                      memfd passed with SCM_RIGHTS; ledger.h) */
+  COGPU_M_JOB_END, /* main connection: the job's exit status; the reply
+                      is its end-of-job report */
+  COGPU_M_HISTORY, /* query connection: finished jobs (a memfd) */
   COGPU_M_REPLY = 64,
   COGPU_M_GPU, /* after ATTACH's reply: one per GPU */
   COGPU_M__MAX
@@ -123,6 +128,27 @@ typedef struct cogpu__m_suspend_s {
   char job_id[64];
 } cogpu__m_suspend_t;
 
+typedef struct cogpu__m_usage_s {
+  uint32_t size; /* sizeof(cogpu__usage_t) */
+  uint32_t pad;
+} cogpu__m_usage_t;
+
+typedef struct cogpu__m_job_end_s {
+  int32_t exit_status; /* a wait(2) status, or -1: unknown */
+  uint32_t pad;
+} cogpu__m_job_end_t;
+
+/* HISTORY: the records the asking user may see (all for root and the
+ * admin group), newest first; answered with a sealed memfd of
+ * cogpu__hist_hdr_t and its records (history/history.h). */
+typedef struct cogpu__m_history_s {
+  uint32_t last;    /* at most this many (0: no bound) */
+  uint32_t has_uid; /* 1: only user uid's */
+  uint32_t uid;
+  uint32_t pad;
+  int64_t since_s; /* ended at or after (Unix seconds; 0: any) */
+} cogpu__m_history_t;
+
 /* REPLY: rc 0 or a negative code; msg explains a failure. */
 typedef struct cogpu__m_reply_s {
   int32_t gpu;
@@ -137,6 +163,10 @@ typedef struct cogpu__m_reply_s {
   uint32_t pad;
   uint64_t ticket;
   char msg[320];
+  /* JOB_END: a peak, b reserved, c time to peak (ms), d waited (ms),
+   * e run time (ms), n1 suspensions, n2 deadlock-guard failures. */
+  uint64_t c, d, e;
+  uint32_t n1, n2;
 } cogpu__m_reply_t;
 #define COGPU_REPLY_PRIORITY_CAPPED 0x1u
 #define COGPU_REPLY_QUEUED 0x2u /* WAIT: not served yet; answer follows */
@@ -170,6 +200,9 @@ typedef struct cogpu__msg_s {
     cogpu__m_reset_t reset;
     cogpu__m_mark_t mark;
     cogpu__m_suspend_t suspend;
+    cogpu__m_usage_t usage;
+    cogpu__m_job_end_t job_end;
+    cogpu__m_history_t history;
     cogpu__m_reply_t reply;
     cogpu__m_gpu_t gpu;
     char raw[COGPU_MSG_SIZE - 16];
@@ -227,6 +260,7 @@ typedef struct cogpu__snap_gpu_s {
   char uuid[96];
   char name[96];
   uint64_t suspended; /* footprints of its suspended jobs, in host memory */
+  uint64_t used;      /* its clients' used bytes */
 } cogpu__snap_gpu_t;
 
 typedef struct cogpu__snap_client_s {
@@ -244,6 +278,7 @@ typedef struct cogpu__snap_client_s {
   uint32_t suspensions;
   uint64_t suspended_bytes;
   double suspended_seconds;
+  uint64_t used, peak; /* as its processes counted (preload library) */
 } cogpu__snap_client_t;
 
 typedef struct cogpu__snap_waiter_s {

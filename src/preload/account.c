@@ -72,6 +72,11 @@ static bool
     pl_member; /* joined a job, which took `mem` for all its processes */
 static cogpu__config_t pl_cfg;
 static pl_table_t pl_tables[4]; /* pointers, VMM handles, arrays, contexts */
+/* Where this process publishes its used bytes and their peak per GPU
+ * (ledger.h: its slot, or the memfd the daemon maps), or NULL. Relaxed
+ * atomics only: one store per allocation and free, and a compare-and-swap
+ * only when the peak rises; nothing on kernel launches. */
+static _Atomic(cogpu__usage_t *) pl_usage;
 
 /* Contexts that own memory, by a small id (0: none known), so that what a
  * context held can be forgotten when the driver frees it with the context
@@ -100,6 +105,7 @@ static void pl_fork_child(void) {
    * parent's. */
   pl_h = NULL;
   atomic_store(&pl_attached, 0);
+  atomic_store(&pl_usage, NULL); /* the parent's page is the parent's */
   for (int i = 0; i < PL_MAX_DEVS; i++) {
     atomic_store(&pl_devs[i].state, DEV_UNKNOWN);
     atomic_store(&pl_devs[i].used, 0);
@@ -163,6 +169,9 @@ static bool pl_attach(void) {
     /* The node daemon may suspend this process (it runs CUDA under us). */
     if (rc == 0 && cogpu__mark(pl_h, COGPU_MARK_CUDA) != 0)
       cogpu__log(COGPU_LOG_DEBUG, "mark: %s", cogpu_last_error());
+    if (rc == 0)
+      atomic_store_explicit(&pl_usage, cogpu__usage_page(pl_h),
+                            memory_order_release);
     atomic_store_explicit(&pl_attached, rc ? 2 : 1, memory_order_release);
   }
   pthread_mutex_unlock(&pl_mu);
@@ -417,6 +426,31 @@ static void limit_refused(const pl_dev_t *d, uint64_t bytes, int64_t used) {
                d->gpu, b, u, l);
 }
 
+/* Publishes d's used bytes (exact: every allocation and free passes
+ * here), raising the peak when `grew`. */
+static void usage_put(const pl_dev_t *d, int64_t used, bool grew) {
+  cogpu__usage_t *u = atomic_load_explicit(&pl_usage, memory_order_acquire);
+  if (!u)
+    return;
+  uint64_t v = used > 0 ? (uint64_t)used : 0;
+  atomic_store_explicit(&u->used[d->gpu], v, memory_order_relaxed);
+  if (!grew)
+    return;
+  uint64_t p = atomic_load_explicit(&u->peak[d->gpu], memory_order_relaxed);
+  while (v > p) {
+    if (atomic_compare_exchange_weak_explicit(&u->peak[d->gpu], &p, v,
+                                              memory_order_relaxed,
+                                              memory_order_relaxed)) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      atomic_store_explicit(
+          &u->peak_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
+          memory_order_relaxed);
+      break;
+    }
+  }
+}
+
 CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
   pl_dev_t *d = dev_get(dev);
   if (!d || bytes == 0)
@@ -428,13 +462,18 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
     limit_refused(d, bytes, used);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  if (used <= atomic_load_explicit(&d->reserved, memory_order_relaxed))
+  if (used <= atomic_load_explicit(&d->reserved, memory_order_relaxed)) {
+    usage_put(d, used, true);
     return CUDA_SUCCESS;
+  }
   pthread_mutex_lock(&d->mu);
   CUresult rc = dev_grow(d, grow_timeout());
   dev_unlock(d);
   if (rc != CUDA_SUCCESS)
-    atomic_fetch_sub(&d->used, (int64_t)bytes);
+    usage_put(d, atomic_fetch_sub(&d->used, (int64_t)bytes) - (int64_t)bytes,
+              false);
+  else
+    usage_put(d, atomic_load(&d->used), true);
   return rc;
 }
 
@@ -488,6 +527,7 @@ void cogpu__pl_uncharge(CUdevice dev, uint64_t bytes) {
   if (!d || bytes == 0)
     return;
   int64_t used = atomic_fetch_sub(&d->used, (int64_t)bytes) - (int64_t)bytes;
+  usage_put(d, used, false);
   uint64_t step = cfg_u(COGPU_OPT_GROW_STEP);
   if (atomic_load(&d->reserved) - used <= (int64_t)(2 * step))
     return;
@@ -503,6 +543,7 @@ void cogpu__pl_adjust(CUdevice dev, int64_t delta) {
   if (!d || !delta)
     return;
   int64_t used = atomic_fetch_add(&d->used, delta) + delta;
+  usage_put(d, used, delta > 0);
   /* The driver already holds it: cover it if memory is free now; if not,
    * the job is over its reservation until it frees. Never waits, not even
    * for d->mu: whoever holds it does the growing on its way out. */

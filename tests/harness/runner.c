@@ -440,6 +440,10 @@ static void test_env(void) {
   setenv("COGPU_SOCKET", buf, 1);
   snprintf(buf, sizeof buf, "%s/cogpud", tmpdir);
   setenv("COGPU_DAEMON_DIR", buf, 1);
+  /* The job history of the test's own (never /var/lib/cogpu, nor the
+   * user's). */
+  snprintf(buf, sizeof buf, "%s/history", tmpdir);
+  setenv("COGPU_HISTORY_DIR", buf, 1);
   if (node_mode())
     setenv("COGPU_NODE_MODE", "daemon", 1);
   setenv("FAKE_NVML_GPUS", "16G", 1);

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 
+#include "cogpu.h"
 #include "internal.h"
 
 /* Exit codes of cogpu itself (a command run by `cogpu run` keeps its own). */
@@ -25,6 +26,14 @@ int cli_suspend(int argc, char **argv);
 int cli_resume(int argc, char **argv);
 int cli_metrics(int argc, char **argv);
 int cli_exporter(int argc, char **argv);
+int cli_history(int argc, char **argv);
+
+/* Single-user mode: cogpu run records its own job in the user's history
+ * (cmd-history.c); says once why not if it cannot. */
+struct cogpu__job_report_s;
+void cli_history_record(const cogpu__config_t *cfg, cogpu_t *h,
+                        const char *command, const char *job_id,
+                        int exit_status, const struct cogpu__job_report_s *rep);
 
 /* "cogpu: <message>" on stderr. */
 void cli_err(const char *fmt, ...) COGPU_PRINTF(1, 2);

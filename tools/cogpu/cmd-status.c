@@ -47,6 +47,10 @@ static void status_json_clients(FILE *f, const cogpu_gpu_info_t *g) {
     fprintf(f, "%.3f", c->suspended_seconds);
     json_key(f, &first, "suspensions");
     fprintf(f, "%u", c->suspensions);
+    json_key(f, &first, "used_bytes");
+    fprintf(f, "%llu", (unsigned long long)c->used_bytes);
+    json_key(f, &first, "peak_bytes");
+    fprintf(f, "%llu", (unsigned long long)c->peak_bytes);
     fputc('}', f);
   }
   fputc(']', f);
@@ -120,12 +124,13 @@ static void status_json(FILE *f, const cogpu_status_t *st) {
     json_str(f, g->uuid);
     json_key(f, &gf, "name");
     json_str(f, g->name);
-    static const char *const keys[] = {"total_bytes",    "margin_bytes",
-                                       "foreign_bytes",  "capacity_bytes",
-                                       "reserved_bytes", "suspended_bytes"};
+    static const char *const keys[] = {
+        "total_bytes",    "margin_bytes",    "foreign_bytes", "capacity_bytes",
+        "reserved_bytes", "suspended_bytes", "used_bytes"};
     const uint64_t vals[] = {g->total_bytes,    g->margin_bytes,
                              g->foreign_bytes,  g->capacity_bytes,
-                             g->reserved_bytes, g->suspended_bytes};
+                             g->reserved_bytes, g->suspended_bytes,
+                             g->used_bytes};
     for (size_t k = 0; k < COGPU_ARRAY_SIZE(keys); k++) {
       json_key(f, &gf, keys[k]);
       fprintf(f, "%llu", (unsigned long long)vals[k]);
@@ -166,18 +171,22 @@ static void status_table_gpu(FILE *f, const cogpu_gpu_info_t *g) {
           cli_safe(g->name, name, sizeof name),
           cli_safe(g->uuid, uuid, sizeof uuid),
           g->exclusive ? "  [exclusive]" : "");
-  fprintf(f, "  total %s  margin %s  foreign %s  capacity %s  reserved %s\n",
+  char u[32];
+  fprintf(f,
+          "  total %s  margin %s  foreign %s  capacity %s  reserved %s  "
+          "used %s\n",
           cogpu__fmt_size(g->total_bytes, t, sizeof t),
           cogpu__fmt_size(g->margin_bytes, m, sizeof m),
           cogpu__fmt_size(g->foreign_bytes, fo, sizeof fo),
           cogpu__fmt_size(g->capacity_bytes, c, sizeof c),
-          cogpu__fmt_size(g->reserved_bytes, r, sizeof r));
+          cogpu__fmt_size(g->reserved_bytes, r, sizeof r),
+          cogpu__fmt_size(g->used_bytes, u, sizeof u));
   if (g->suspended_bytes)
     fprintf(f, "  suspended %s (in host memory)\n",
             cogpu__fmt_size(g->suspended_bytes, r, sizeof r));
   if (g->nclients)
-    fprintf(f, "  %-8s %-10s %12s %5s %-10s %s\n", "PID", "USER", "RESERVED",
-            "PRIO", "JOB", "COMMAND");
+    fprintf(f, "  %-8s %-10s %12s %12s %12s %5s %-10s %s\n", "PID", "USER",
+            "RESERVED", "USED", "PEAK", "PRIO", "JOB", "COMMAND");
   for (size_t i = 0; i < g->nclients; i++) {
     const cogpu_client_info_t *cl = &g->clients[i];
     status_text(&tx, cl->user, cl->command, cl->job_id);
@@ -188,8 +197,11 @@ static void status_table_gpu(FILE *f, const cogpu_gpu_info_t *g) {
                cl->suspended_seconds);
     else if (cl->state != COGPU_JOB_RUNNING)
       snprintf(state, sizeof state, " [%s]", job_state(cl->state));
-    fprintf(f, "  %-8d %-10s %12s %5d %-10s %s%s%s\n", cl->pid, tx.user,
-            cogpu__fmt_size(cl->reserved_bytes, r, sizeof r), cl->priority,
+    char us[32], pk[32];
+    fprintf(f, "  %-8d %-10s %12s %12s %12s %5d %-10s %s%s%s\n", cl->pid,
+            tx.user, cogpu__fmt_size(cl->reserved_bytes, r, sizeof r),
+            cogpu__fmt_size(cl->used_bytes, us, sizeof us),
+            cogpu__fmt_size(cl->peak_bytes, pk, sizeof pk), cl->priority,
             tx.job, tx.command, cl->exclusive ? " [exclusive]" : "", state);
   }
   if (g->nwaiting)

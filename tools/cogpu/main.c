@@ -162,7 +162,8 @@ int main(int argc, char **argv) {
               {"doctor", cli_doctor},   {"reset", cli_reset},
               {"config", cli_config},   {"slurm-conf", cli_slurm_conf},
               {"suspend", cli_suspend}, {"resume", cli_resume},
-              {"metrics", cli_metrics}, {"exporter", cli_exporter}};
+              {"metrics", cli_metrics}, {"exporter", cli_exporter},
+              {"history", cli_history}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
     if (strcmp(cmd, cmds[i].name) == 0)
       return cmds[i].fn(argc - 1, argv + 1);

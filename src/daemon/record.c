@@ -1,0 +1,347 @@
+/*
+ * record.c: what the daemon knows of each job's GPU memory use, and the
+ * job history it alone writes (docs/history.md).
+ *
+ * Each process under the preload library passes its usage page (a memfd
+ * sealed against resizing, so a mapping of it can never fault) on its main
+ * connection; the daemon maps it read-only and copies its figures into
+ * the process's slot whenever the ledger looks at them (the ledger's
+ * `sync` hook). The mapping outlives the process: when its connection
+ * closes, however it died, the last figures it stored are still there
+ * when its slot is freed. When a job's slot is freed, the ledger's `ended`
+ * hook builds its record, which a writer thread puts in the database: the
+ * loop never waits for SQLite or for a user-name lookup.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/daemon-int.h"
+#include "history/history.h"
+
+#define REC_QUEUE_MAX 256u
+
+struct cogpu__drec_s {
+  cogpu__daemon_t *d;
+  cogpu__usage_t **page; /* LEDGER_MAX_SLOTS: mapped pages, by slot */
+  uint32_t *page_gen;    /* the slot's generation the page belongs to */
+  ledger_usage_hooks_t hooks;
+  /* The writer thread and its queue. */
+  pthread_t thread;
+  bool started, stop;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  cogpu__hist_rec_t *queue;
+  size_t nqueue;
+  uint64_t written, dropped; /* for tests and the log */
+  bool off_said;
+  bool history_on;
+  char path[512];
+  int64_t max_age_ms, max_rows;
+};
+
+static uint64_t rd(const _Atomic uint64_t *p) {
+  return atomic_load_explicit(p, memory_order_relaxed);
+}
+
+static void rec_sync(void *ctx, struct cogpu_s *h, uint32_t s) {
+  struct cogpu__drec_s *r = ctx;
+  ledger_slot_t *sl = &h->st->slots[s];
+  const cogpu__usage_t *p = r->page[s];
+  if (!p || r->page_gen[s] != atomic_load(&sl->gen))
+    return;
+  for (uint32_t g = 0; g < h->st->hdr.ngpus; g++) {
+    atomic_store_explicit(&sl->usage.used[g], rd(&p->used[g]),
+                          memory_order_relaxed);
+    atomic_store_explicit(&sl->usage.peak[g], rd(&p->peak[g]),
+                          memory_order_relaxed);
+  }
+  atomic_store_explicit(&sl->usage.peak_ns, rd(&p->peak_ns),
+                        memory_order_relaxed);
+}
+
+static void page_drop(struct cogpu__drec_s *r, uint32_t s) {
+  if (r->page[s])
+    munmap(r->page[s], sizeof(cogpu__usage_t));
+  r->page[s] = NULL;
+}
+
+static int64_t ns_to_ms(uint64_t ns) {
+  return (int64_t)(ns / 1000000u);
+}
+
+static int64_t realtime_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Lock held, in the loop: the job of slot s ends. Its record is queued for
+ * the writer; a full queue (the disk is that slow) drops it, said once. */
+static void rec_ended(void *ctx, struct cogpu_s *h, uint32_t s) {
+  struct cogpu__drec_s *r = ctx;
+  ledger_slot_t *sl = &h->st->slots[s];
+  page_drop(r, s);
+  /* The daemon's own slot is no job (h is the proxy of a client). */
+  if (!r->history_on || (r->d->dh && s == r->d->dh->slot))
+    return;
+  cogpu__job_report_t rep;
+  cogpu__ledger_job_report(h, s, &rep);
+  if (rep.gpu < 0)
+    return; /* never used or reserved GPU memory: not a GPU job */
+  pthread_mutex_lock(&r->mu);
+  if (r->nqueue == REC_QUEUE_MAX) {
+    r->dropped++;
+    pthread_mutex_unlock(&r->mu);
+    return;
+  }
+  cogpu__hist_rec_t *x = &r->queue[r->nqueue++];
+  memset(x, 0, sizeof *x);
+  x->start_ms = ns_to_ms(sl->attached_ns);
+  x->end_ms = realtime_ms();
+  x->uid = sl->uid;
+  x->exit_status = sl->exit_status ? (int32_t)(sl->exit_status - 1) : -1;
+  snprintf(x->command, sizeof x->command, "%s", sl->command);
+  snprintf(x->job_id, sizeof x->job_id, "%s", sl->job_id);
+  x->gpu = rep.gpu;
+  const ledger_gpu_t *gp = &h->st->hdr.gpus[rep.gpu];
+  snprintf(x->gpu_uuid, sizeof x->gpu_uuid, "%s", gp->uuid);
+  snprintf(x->gpu_name, sizeof x->gpu_name, "%s", gp->name);
+  x->declared = rep.reserved;
+  x->peak = rep.peak;
+  x->peak_after_ms = rep.peak_after_ms;
+  x->waited_ms = rep.waited_ms;
+  x->run_ms = rep.run_ms;
+  x->suspensions = rep.suspensions;
+  x->guard_failures = rep.guard_failures;
+  cogpu__hist_tl_add(x, rep.peak_after_ms, rep.peak);
+  pthread_cond_signal(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static void user_name(uint32_t uid, char *buf, size_t len) {
+  struct passwd pw, *res = NULL;
+  char tmp[1024];
+  if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
+    snprintf(buf, len, "%s", res->pw_name);
+  else
+    snprintf(buf, len, "%u", uid);
+}
+
+/* History off, or failing: said once per cause, then tried again at the
+ * next record (a disk that was full may have room again). */
+static void say_off(struct cogpu__drec_s *r, int rc) {
+  static int last_rc;
+  if (r->off_said && rc == last_rc)
+    return;
+  r->off_said = true;
+  last_rc = rc;
+  cogpu__log(COGPU_LOG_WARN, "job history is off: %s", cogpu_last_error());
+}
+
+static void *writer(void *arg) {
+  struct cogpu__drec_s *r = arg;
+  cogpu__hist_t *db = NULL;
+  cogpu__hist_rec_t *batch = malloc(REC_QUEUE_MAX * sizeof *batch);
+  pthread_mutex_lock(&r->mu);
+  for (;;) {
+    while (!r->nqueue && !r->stop)
+      pthread_cond_wait(&r->cv, &r->mu);
+    if (!r->nqueue && r->stop)
+      break;
+    size_t n = r->nqueue;
+    if (batch)
+      memcpy(batch, r->queue, n * sizeof *batch);
+    r->nqueue = 0;
+    pthread_mutex_unlock(&r->mu);
+    for (size_t i = 0; batch && i < n; i++) {
+      user_name(batch[i].uid, batch[i].user, sizeof batch[i].user);
+      int rc = db ? 0 : cogpu__hist_open(r->path, true, &db);
+      if (rc == 0)
+        rc = cogpu__hist_add(db, &batch[i], r->max_age_ms, r->max_rows);
+      if (rc) {
+        say_off(r, rc);
+        cogpu__hist_close(db);
+        db = NULL;
+        continue;
+      }
+      if (r->off_said) {
+        cogpu__log(COGPU_LOG_INFO, "job history is on again (%s)", r->path);
+        r->off_said = false;
+      }
+      __atomic_add_fetch(&r->written, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_lock(&r->mu);
+  }
+  pthread_mutex_unlock(&r->mu);
+  cogpu__hist_close(db);
+  free(batch);
+  return NULL;
+}
+
+int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
+  struct cogpu__drec_s *r = calloc(1, sizeof *r);
+  if (!r)
+    return -ENOMEM;
+  r->page = calloc(LEDGER_MAX_SLOTS, sizeof *r->page);
+  r->page_gen = calloc(LEDGER_MAX_SLOTS, sizeof *r->page_gen);
+  r->queue = calloc(REC_QUEUE_MAX, sizeof *r->queue);
+  if (!r->page || !r->page_gen || !r->queue) {
+    free(r->page);
+    free(r->page_gen);
+    free(r->queue);
+    free(r);
+    return -ENOMEM;
+  }
+  r->d = d;
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  r->max_age_ms = d->cfg.v[COGPU_OPT_HISTORY_MAX_AGE].i;
+  r->max_rows = d->cfg.v[COGPU_OPT_HISTORY_MAX_ROWS].i;
+  int on = cogpu__hist_path(&d->cfg, true, r->path, sizeof r->path);
+  r->history_on = on == 1;
+  if (on == 0)
+    cogpu__log(COGPU_LOG_INFO, "job history is off (history_dir=none)");
+  else if (on < 0)
+    cogpu__log(COGPU_LOG_WARN, "job history is off: %s", cogpu_last_error());
+  if (r->history_on) {
+    /* Open it now, so that a database that cannot be used is said at
+     * start, not at the first job's end. */
+    cogpu__hist_t *db = NULL;
+    if (cogpu__hist_open(r->path, true, &db) != 0)
+      say_off(r, -1);
+    cogpu__hist_close(db);
+    r->started = pthread_create(&r->thread, NULL, writer, r) == 0;
+    if (!r->started) {
+      r->history_on = false;
+      cogpu__log(COGPU_LOG_WARN, "job history is off: no writer thread");
+    }
+  }
+  r->hooks =
+      (ledger_usage_hooks_t){.ctx = r, .sync = rec_sync, .ended = rec_ended};
+  d->rec = r;
+  cogpu__ledger_usage_hooks = &r->hooks;
+  return 0;
+}
+
+void cogpu__daemon_rec_stop(cogpu__daemon_t *d) {
+  struct cogpu__drec_s *r = d->rec;
+  if (!r)
+    return;
+  cogpu__ledger_usage_hooks = NULL;
+  if (r->started) {
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->thread, NULL);
+  }
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
+    page_drop(r, s);
+  free(r->page);
+  free(r->page_gen);
+  free(r->queue);
+  free(r);
+  d->rec = NULL;
+}
+
+int cogpu__daemon_on_usage(cogpu__daemon_t *d, dconn_t *c,
+                           const cogpu__msg_t *m, cogpu__msg_t *r) {
+  struct cogpu__drec_s *x = d->rec;
+  int fd = c->passed_fd;
+  struct stat sb;
+  int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+  /* Only a memfd that can neither shrink nor grow: a mapping of a file the
+   * client could truncate would fault in the daemon. */
+  if (!x || fd < 0 || m->u.usage.size != sizeof(cogpu__usage_t) ||
+      fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+      sb.st_size != (off_t)sizeof(cogpu__usage_t) || seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+          (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    snprintf(r->u.reply.msg, sizeof r->u.reply.msg,
+             "a usage page must be a sealed memfd of %zu bytes",
+             sizeof(cogpu__usage_t));
+    return -EINVAL;
+  }
+  void *p = mmap(NULL, sizeof(cogpu__usage_t), PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
+    return -errno;
+  page_drop(x, c->slot);
+  x->page[c->slot] = p;
+  x->page_gen[c->slot] = c->gen;
+  return 0;
+}
+
+void cogpu__daemon_rec_drop(cogpu__daemon_t *d, uint32_t slot) {
+  if (d->rec && slot < LEDGER_MAX_SLOTS)
+    page_drop(d->rec, slot);
+}
+
+uint64_t cogpu__daemon_rec_written(cogpu__daemon_t *d) {
+  return d->rec ? __atomic_load_n(&d->rec->written, __ATOMIC_RELAXED) : 0;
+}
+
+/* HISTORY: read in the loop with a connection of its own (WAL: the writer
+ * never blocks it; SQLite's busy wait is bounded), filtered by who asks:
+ * root and the admin group see every user's jobs, others their own. */
+int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
+                             const cogpu__msg_t *m, cogpu__msg_t *r,
+                             int *mfd_out) {
+  struct cogpu__drec_s *x = d->rec;
+  const cogpu__m_history_t *q = &m->u.history;
+  cogpu__hist_filter_t f = {.has_uid = q->has_uid,
+                            .uid = q->uid,
+                            .since_ms = q->since_s * 1000,
+                            .last = q->last};
+  if (!c->admin) {
+    if (q->has_uid && q->uid != c->uid) {
+      snprintf(r->u.reply.msg, sizeof r->u.reply.msg,
+               "only root and the admin group may see other users' jobs");
+      return -EPERM;
+    }
+    f.has_uid = true;
+    f.uid = c->uid;
+  }
+  if (!x || !x->history_on) {
+    snprintf(r->u.reply.msg, sizeof r->u.reply.msg,
+             "the node keeps no job history (history_dir=none)");
+    return -ENOENT;
+  }
+  cogpu__hist_t *db = NULL;
+  cogpu__hist_rec_t *v = NULL;
+  size_t n = 0;
+  int rc = cogpu__hist_open(x->path, false, &db);
+  if (rc == 0)
+    rc = cogpu__hist_query(db, &f, &v, &n);
+  cogpu__hist_close(db);
+  if (rc) {
+    snprintf(r->u.reply.msg, sizeof r->u.reply.msg, "%s", cogpu_last_error());
+    return rc;
+  }
+  cogpu__hist_hdr_t hh = {.magic = COGPU_HIST_MAGIC,
+                          .version = COGPU_HIST_VERSION,
+                          .n = (uint32_t)n,
+                          .rec_size = sizeof *v};
+  int mfd = memfd_create("cogpu-history", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  size_t bytes = n * sizeof *v;
+  if (mfd < 0 || write(mfd, &hh, sizeof hh) != (ssize_t)sizeof hh ||
+      (bytes && write(mfd, v, bytes) != (ssize_t)bytes) ||
+      fcntl(mfd, F_ADD_SEALS,
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    rc = errno ? -errno : -EIO;
+    if (mfd >= 0)
+      close(mfd);
+    mfd = -1;
+  }
+  free(v);
+  *mfd_out = mfd;
+  return rc;
+}

@@ -1,0 +1,190 @@
+/*
+ * usage.c: what the processes of each job use, for status, the end-of-job
+ * report and the job's history record (docs/history.md).
+ *
+ * A process's own figures (used and peak per GPU) are the preload
+ * library's exact counts, published in its usage page. A job is a slot and
+ * the member slots that joined it (cogpu run's command, a Slurm step's
+ * tasks). Its used bytes are the sum of its live processes'; its peak is
+ * the highest of: each process's own peak (those that ended are folded
+ * into the job's slot when they leave), and the sum of its processes' used
+ * bytes wherever it is looked at (snapshots, the report, the daemon's
+ * samples). So the peak is exact for a job whose processes use the GPU one
+ * at a time (a single program, or a script running them in turn); for
+ * processes that allocate at the same moment it lies between the largest
+ * process's peak and the true one.
+ */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "ledger-int.h"
+
+const ledger_usage_hooks_t *cogpu__ledger_usage_hooks;
+
+static uint64_t rd(const _Atomic uint64_t *p) {
+  return atomic_load_explicit(p, memory_order_relaxed);
+}
+
+static uint64_t max_u(uint64_t a, uint64_t b) {
+  return a > b ? a : b;
+}
+
+static void sync_slot(struct cogpu_s *h, uint32_t s) {
+  const ledger_usage_hooks_t *uh = cogpu__ledger_usage_hooks;
+  if (uh && uh->sync)
+    uh->sync(uh->ctx, h, s);
+}
+
+/* The job slot slot s belongs to (itself, or the live job it joined). */
+static uint32_t job_of(struct cogpu_s *h, uint32_t s) {
+  const ledger_slot_t *sl = &h->st->slots[s];
+  if (sl->job == 0 || sl->job > LEDGER_MAX_SLOTS)
+    return s;
+  uint32_t j = (uint32_t)(sl->job - 1);
+  const ledger_slot_t *js = &h->st->slots[j];
+  if (js->state != SLOT_ACTIVE || atomic_load(&js->gen) != sl->job_gen)
+    return s;
+  return j;
+}
+
+static void raise_job_peak(ledger_slot_t *js, uint32_t g, uint64_t v,
+                           uint64_t at_ns) {
+  if (v > js->job_peak[g]) {
+    js->job_peak[g] = v;
+    js->job_peak_ns = at_ns;
+  }
+}
+
+static uint64_t realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void cogpu__ledger_job_usage(struct cogpu_s *h, uint32_t s, uint32_t g,
+                             uint64_t *used, uint64_t *peak) {
+  ledger_slot_t *js = &h->st->slots[s];
+  sync_slot(h, s);
+  uint64_t u = rd(&js->usage.used[g]);
+  uint64_t p = max_u(rd(&js->usage.peak[g]), js->job_peak[g]);
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    if (m == s || h->st->slots[m].state != SLOT_ACTIVE || job_of(h, m) != s)
+      continue;
+    sync_slot(h, m);
+    u += rd(&h->st->slots[m].usage.used[g]);
+    p = max_u(p, rd(&h->st->slots[m].usage.peak[g]));
+  }
+  *used = u;
+  *peak = max_u(p, u);
+}
+
+void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,
+                                uint64_t *peak) {
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &h->st->slots[s];
+    if (sl->state != SLOT_ACTIVE)
+      continue;
+    sync_slot(h, s);
+    uint32_t j = job_of(h, s);
+    used[j] += rd(&sl->usage.used[g]);
+    peak[j] = max_u(peak[j], max_u(rd(&sl->usage.peak[g]), sl->job_peak[g]));
+  }
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
+    peak[s] = max_u(peak[s], used[s]);
+}
+
+void cogpu__ledger_job_report(struct cogpu_s *h, uint32_t s,
+                              cogpu__job_report_t *out) {
+  ledger_slot_t *js = &h->st->slots[s];
+  memset(out, 0, sizeof *out);
+  out->gpu = -1;
+  uint64_t best = 0, best_ns = 0;
+  for (uint32_t g = 0; g < h->st->hdr.ngpus; g++) {
+    uint64_t used, peak;
+    cogpu__ledger_job_usage(h, s, g, &used, &peak);
+    if (peak > best) {
+      best = peak;
+      out->gpu = (int)g;
+    }
+  }
+  if (out->gpu < 0 && js->held_max)
+    out->gpu = (int)js->held_max_gpu;
+  /* When the peak was reached: the job's own record of its processes'
+   * peaks, or its live processes' pages. */
+  best_ns = js->job_peak_ns;
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    const ledger_slot_t *ms = &h->st->slots[m];
+    if (ms->state == SLOT_ACTIVE && job_of(h, m) == s && out->gpu >= 0 &&
+        rd(&ms->usage.peak[out->gpu]) == best)
+      best_ns = rd(&ms->usage.peak_ns);
+  }
+  out->peak = best;
+  out->reserved = out->gpu >= 0 && js->held_max_gpu == (uint64_t)out->gpu
+                      ? js->held_max
+                      : 0;
+  uint64_t now = realtime_ns();
+  out->run_ms = now > js->attached_ns ? (now - js->attached_ns) / 1000000u : 0;
+  out->peak_after_ms =
+      best_ns > js->attached_ns ? (best_ns - js->attached_ns) / 1000000u : 0;
+  out->waited_ms = js->waited_ns / 1000000u;
+  out->suspensions = (unsigned)js->susp_count;
+  out->guard_failures = (unsigned)js->guard_fails;
+}
+
+void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s) {
+  ledger_slot_t *sl = &h->st->slots[s];
+  sync_slot(h, s);
+  uint32_t j = job_of(h, s);
+  uint32_t ng = h->st->hdr.ngpus;
+  if (j != s) {
+    /* A process of a job leaves its peaks with the job. */
+    ledger_slot_t *js = &h->st->slots[j];
+    for (uint32_t g = 0; g < ng; g++)
+      raise_job_peak(js, g, rd(&sl->usage.peak[g]), rd(&sl->usage.peak_ns));
+    return;
+  }
+  /* A process whose job ended before it (slot_orphan_members made it a
+   * job of its own) was recorded with that job. */
+  if (sl->job == (uint64_t)s + 1)
+    return;
+  /* The job ends: its live processes' peaks first (they are orphaned
+   * after this, or die with it). */
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    if (m == s || h->st->slots[m].state != SLOT_ACTIVE || job_of(h, m) != s)
+      continue;
+    sync_slot(h, m);
+    for (uint32_t g = 0; g < ng; g++)
+      raise_job_peak(sl, g, rd(&h->st->slots[m].usage.peak[g]),
+                     rd(&h->st->slots[m].usage.peak_ns));
+  }
+  for (uint32_t g = 0; g < ng; g++)
+    raise_job_peak(sl, g, rd(&sl->usage.peak[g]), rd(&sl->usage.peak_ns));
+  const ledger_usage_hooks_t *uh = cogpu__ledger_usage_hooks;
+  if (uh && uh->ended)
+    uh->ended(uh->ctx, h, s);
+}
+
+cogpu__usage_t *cogpu__usage_page(cogpu_t *h) {
+  if (!h || h->forked || atomic_load(&h->done))
+    return NULL;
+  if (h->node)
+    return cogpu__node_usage_page(h->node);
+  return h->st ? &h->st->slots[h->slot].usage : NULL;
+}
+
+int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out) {
+  cogpu__clearerr();
+  if (!h || !out)
+    return cogpu__seterr(-EINVAL, "cogpu__job_end: no handle");
+  if (h->node)
+    return cogpu__node_job_end(h->node, exit_status, out);
+  int rc = cogpu__ledger_lock_live(h);
+  if (rc)
+    return rc;
+  ledger_slot_t *js = &h->st->slots[h->res_slot];
+  js->exit_status = exit_status >= 0 ? (uint64_t)exit_status + 1 : 0;
+  cogpu__ledger_job_report(h, h->res_slot, out);
+  cogpu__ledger_unlock(h);
+  return 0;
+}

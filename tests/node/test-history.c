@@ -1,0 +1,247 @@
+/*
+ * test-history.c: each job's exact GPU memory peak, its history record and
+ * the end-of-job line (docs/history.md), on the fake driver, in both
+ * modes (make check: single-user, cogpu run records; make check-node: the
+ * daemon records). The peak must equal the fake driver's own peak for
+ * every allocation route.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "ledger-helpers.h"
+
+static void hist_env(void) {
+  if (th_sanitizer_runtime()[0])
+    setenv("LD_PRELOAD", th_sanitizer_runtime(), 1);
+  th_setenv("COGPU_MARGIN", "0");
+  setenv("COGPU_CONTEXT_BYTES", "300M", 1);
+  setenv("FAKE_CUDA_CTX_BYTES", "300M", 1);
+  setenv("COGPU_LOG", "warn", 1);
+}
+
+static int run_logged(const char *tag, const char *const argv[]) {
+  pid_t p = lt_spawn_logged(tag, argv);
+  return th_exit_code(th_wait(p, th_ms(30000)));
+}
+
+/* `cogpu history --json` (with extra arguments), its output. */
+static char *history_json(const char *a1, const char *a2) {
+  const char *argv[] = {"cogpu", "history", "--json", a1, a2, NULL};
+  int code = run_logged("hist", argv);
+  char *out = lt_slurp("hist");
+  if (code != 0)
+    th_fail(__FILE__, __LINE__, "cogpu history failed (%d): %s", code, out);
+  return out;
+}
+
+#define ASSERT_NOT_CONTAINS(hay, needle)                                       \
+  do {                                                                         \
+    const char *h_ = (hay), *n_ = (needle);                                    \
+    if (h_ && strstr(h_, n_))                                                  \
+      th_fail(__FILE__, __LINE__, "\"%s\" found in: %s", n_, h_);              \
+  } while (0)
+
+static unsigned long long field_u(const char *json, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(json, k);
+  if (!p)
+    th_fail(__FILE__, __LINE__, "no %s in %s", key, json);
+  return strtoull(p + strlen(k), NULL, 10);
+}
+
+/* A job whose one process allocates by `op` (then frees it all): its
+ * record's peak, its end-of-job line's, and the fake's per-GPU peak (the
+ * job runs alone on a fresh fake) agree to the byte. */
+static void peak_exact(const char *route, const char *op, const char *op2) {
+  hist_env();
+  const char *argv[] = {"cogpu",
+                        "run",
+                        "--mem",
+                        "6G",
+                        "--",
+                        lt_cudaprog(),
+                        route,
+                        "init",
+                        "ctx",
+                        op,
+                        op2 ? op2 : "hold:1",
+                        "freeall",
+                        NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  unsigned long long fpeak, ooms;
+  lt_fake_cuda_stats(&fpeak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  char *h = history_json(NULL, NULL);
+  ASSERT_UEQ(field_u(h, "peak_bytes"), fpeak);
+  ASSERT_UEQ(field_u(h, "declared_bytes"), 6ull << 30);
+  ASSERT_CONTAINS(lt_slurp("job"), "used at most");
+  ASSERT_CONTAINS(lt_slurp("job"), "(reserved 6.0 GiB");
+}
+
+TEST_IMPL(history_peak_direct) {
+  peak_exact("direct", "alloc:1G", "alloc:300M");
+}
+TEST_IMPL(history_peak_pool) {
+  peak_exact("direct", "async:1G", "async:64M");
+}
+TEST_IMPL(history_peak_vmm) {
+  peak_exact("direct", "vmm:1G", NULL);
+}
+TEST_IMPL(history_peak_graph) {
+  peak_exact("direct", "graph:1G", NULL);
+}
+TEST_IMPL(history_peak_runtime_route) {
+  peak_exact("runtime", "alloc:2G", NULL);
+}
+
+/* A crash is recorded with its signal; the line still comes. */
+TEST_IMPL(history_after_crash) {
+  hist_env();
+  const char *argv[] = {"cogpu",
+                        "run",
+                        "--",
+                        "sh",
+                        "-c",
+                        "\"$0\" direct init ctx alloc:1G hold:1 & wait $!; "
+                        "kill -SEGV $$",
+                        lt_cudaprog(),
+                        NULL};
+  int code = run_logged("job", argv);
+  ASSERT_NE(code, 0);
+  char *h = history_json("--last", "1");
+  ASSERT_UEQ(field_u(h, "peak_bytes"), 300ull * MiB + GiB);
+  ASSERT_CONTAINS(h, "\"signal\":11");
+}
+
+/* kill -9 of cogpu run (its command dies with it): the daemon still knows
+ * the job's last peak from the usage page and records it. Single-user mode
+ * records from cogpu run itself, which this kills. */
+TEST_IMPL(history_after_kill9) {
+  if (!th_node_mode())
+    SKIP("single-user mode records only from cogpu run");
+  hist_env();
+  const char *argv[] = {"cogpu", "run", "--",       lt_cudaprog(), "direct",
+                        "init",  "ctx", "alloc:2G", "hold:20000",  NULL};
+  pid_t p = lt_spawn_logged("job", argv);
+  for (int i = 0; i < 250; i++) {
+    cogpu_status_t *st = lt_status();
+    uint64_t peak =
+        st->gpus[0].nclients ? st->gpus[0].clients[0].peak_bytes : 0;
+    cogpu_status_free(st);
+    if (peak == 300ull * MiB + 2 * GiB)
+      break;
+    th_sleep_ms(20);
+  }
+  kill(p, SIGKILL);
+  th_wait(p, th_ms(10000));
+  char *h = NULL;
+  for (int i = 0; i < 100; i++) {
+    h = history_json(NULL, NULL);
+    if (strstr(h, "peak_bytes"))
+      break;
+    th_sleep_ms(50);
+  }
+  ASSERT_UEQ(field_u(h, "peak_bytes"), 300ull * MiB + 2 * GiB);
+  ASSERT_CONTAINS(h, "\"exit_status\":null");
+}
+
+/* The figures reach status while the job runs. */
+TEST_IMPL(history_status_shows_used_and_peak) {
+  hist_env();
+  const char *argv[] = {"cogpu",  "run",        "--",        lt_cudaprog(),
+                        "direct", "init",       "ctx",       "alloc:1G",
+                        "free",   "alloc:512M", "hold:3000", NULL};
+  pid_t p = lt_spawn_logged("job", argv);
+  uint64_t used = 0, peak = 0, gused = 0;
+  for (int i = 0; i < 250; i++) {
+    cogpu_status_t *st = lt_status();
+    if (st->gpus[0].nclients) {
+      used = st->gpus[0].clients[0].used_bytes;
+      peak = st->gpus[0].clients[0].peak_bytes;
+      gused = st->gpus[0].used_bytes;
+    }
+    cogpu_status_free(st);
+    if (used == 300ull * MiB + 512 * MiB)
+      break;
+    th_sleep_ms(20);
+  }
+  ASSERT_UEQ(used, 300ull * MiB + 512 * MiB);
+  ASSERT_UEQ(gused, used);
+  ASSERT_UEQ(peak, 300ull * MiB + GiB);
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(30000))), 0);
+}
+
+TEST_IMPL(history_job_report_off) {
+  hist_env();
+  setenv("COGPU_JOB_REPORT", "no", 1);
+  const char *argv[] = {"cogpu", "run", "--",       lt_cudaprog(), "direct",
+                        "init",  "ctx", "alloc:1G", "freeall",     NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  ASSERT_NOT_CONTAINS(lt_slurp("job"), "used at most");
+}
+
+TEST_IMPL(history_bad_input) {
+  const char *a[] = {"cogpu", "history", "--since", "yesterday-ish", NULL};
+  ASSERT_EQ(run_logged("a", a), 2);
+  ASSERT_CONTAINS(lt_slurp("a"), "--since 'yesterday-ish'");
+  const char *b[] = {"cogpu", "history", "--user", "no-such-user-xyz", NULL};
+  ASSERT_EQ(run_logged("b", b), 2);
+  ASSERT_CONTAINS(lt_slurp("b"), "no user named 'no-such-user-xyz'");
+}
+
+/* Retention by rows: three jobs, history_max_rows=2 keeps the newest two.
+ * In node mode the daemon's configuration decides, so it is set before
+ * the daemon starts (the runner's daemon reads the environment then). */
+TEST_IMPL_SINGLE(history_retention_rows) {
+  hist_env();
+  setenv("COGPU_HISTORY_MAX_ROWS", "2", 1);
+  for (int i = 0; i < 3; i++) {
+    char op[32];
+    snprintf(op, sizeof op, "alloc:%dM", 100 * (i + 1));
+    const char *argv[] = {"cogpu", "run", "--", lt_cudaprog(), "direct",
+                          "init",  "ctx", op,   "freeall",     NULL};
+    ASSERT_EQ(run_logged("job", argv), 0);
+  }
+  char *h = history_json(NULL, NULL);
+  ASSERT_NOT_CONTAINS(h, "alloc:100M");
+  ASSERT_CONTAINS(h, "alloc:200M");
+  ASSERT_CONTAINS(h, "alloc:300M");
+}
+
+/* A corrupt database: cogpu run runs the job as without history, and says
+ * why; `cogpu history` is a clear error. */
+TEST_IMPL_SINGLE(history_corrupt_database) {
+  hist_env();
+  char dir[4200], path[4300];
+  snprintf(dir, sizeof dir, "%s/history", getenv("COGPU_TEST_TMPDIR"));
+  mkdir(dir, 0700);
+  snprintf(path, sizeof path, "%s/history.db", dir);
+  th_write_file(path, "this is not an SQLite database, not at all......"
+                      "................................................");
+  const char *argv[] = {"cogpu", "run", "--",       lt_cudaprog(), "direct",
+                        "init",  "ctx", "alloc:1G", "freeall",     NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "job history is off");
+  ASSERT_CONTAINS(lt_slurp("job"), "alloc 1073741824 ok");
+  const char *h[] = {"cogpu", "history", NULL};
+  ASSERT_EQ(run_logged("h", h), 125);
+  ASSERT_CONTAINS(lt_slurp("h"), "not a database");
+}
+
+/* An unwritable directory: the same. */
+TEST_IMPL_SINGLE(history_unwritable_dir) {
+  hist_env();
+  setenv("COGPU_HISTORY_DIR", "/proc/cogpu-history", 1);
+  const char *argv[] = {"cogpu", "run", "--",       lt_cudaprog(), "direct",
+                        "init",  "ctx", "alloc:1G", "freeall",     NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "job history is off");
+  ASSERT_CONTAINS(lt_slurp("job"), "used at most");
+}
