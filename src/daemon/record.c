@@ -39,8 +39,10 @@ struct cogpu__drec_s {
   bool started, stop;
   pthread_mutex_t mu;
   pthread_cond_t cv;
+  pthread_cond_t done_cv; /* a batch was written (or dropped) */
   cogpu__hist_rec_t *queue;
   size_t nqueue;
+  uint64_t queued, handled;  /* records given to the writer, and done by it */
   uint64_t written, dropped; /* for tests and the log */
   bool off_said;
   bool history_on;
@@ -104,6 +106,7 @@ static void rec_ended(void *ctx, struct cogpu_s *h, uint32_t s) {
     return;
   }
   cogpu__hist_rec_t *x = &r->queue[r->nqueue++];
+  r->queued++;
   memset(x, 0, sizeof *x);
   x->start_ms = ns_to_ms(sl->attached_ns);
   x->end_ms = realtime_ms();
@@ -180,6 +183,8 @@ static void *writer(void *arg) {
       __atomic_add_fetch(&r->written, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_lock(&r->mu);
+    r->handled += n;
+    pthread_cond_broadcast(&r->done_cv);
   }
   pthread_mutex_unlock(&r->mu);
   cogpu__hist_close(db);
@@ -204,6 +209,11 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
   r->d = d;
   pthread_mutex_init(&r->mu, NULL);
   pthread_cond_init(&r->cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&r->done_cv, &ca);
+  pthread_condattr_destroy(&ca);
   r->max_age_ms = d->cfg.v[COGPU_OPT_HISTORY_MAX_AGE].i;
   r->max_rows = d->cfg.v[COGPU_OPT_HISTORY_MAX_ROWS].i;
   int on = cogpu__hist_path(&d->cfg, true, r->path, sizeof r->path);
@@ -314,6 +324,21 @@ int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
     snprintf(r->u.reply.msg, sizeof r->u.reply.msg,
              "the node keeps no job history (history_dir=none)");
     return -ENOENT;
+  }
+  /* Jobs that ended before this request are in its answer: a user who
+   * runs `cogpu history` right after `cogpu run` returned sees that job
+   * (its slot was freed before its detach was answered). The writer is
+   * waited for up to a second (a disk that slow answers without them). */
+  if (x->started) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += 1;
+    pthread_mutex_lock(&x->mu);
+    uint64_t want = x->queued;
+    while (x->handled < want &&
+           pthread_cond_timedwait(&x->done_cv, &x->mu, &ts) == 0) {
+    }
+    pthread_mutex_unlock(&x->mu);
   }
   cogpu__hist_t *db = NULL;
   cogpu__hist_rec_t *v = NULL;

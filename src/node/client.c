@@ -455,11 +455,31 @@ static int rpc(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r) {
   return rpc_fd(n, m, r, NULL);
 }
 
+/* Ends the connection and waits (bounded) for the daemon to close its side,
+ * which it does after freeing this client's slot: once cogpu_detach (or
+ * `cogpu run`) returns, the node no longer counts the client, and its job
+ * is in the history that the next command reads. */
+static void hang_up(int fd) {
+  uint64_t dl = deadline_after(500);
+  if (shutdown(fd, SHUT_WR) == 0)
+    for (;;) {
+      struct pollfd p = {.fd = fd, .events = POLLIN};
+      int ms = ms_until(dl);
+      if (ms <= 0 || poll(&p, 1, ms) <= 0)
+        break;
+      char buf[512];
+      ssize_t k = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+        break; /* closed by the daemon (or gone) */
+    }
+  close(fd);
+}
+
 void cogpu__node_detach(cogpu__node_t *n) {
   if (!n)
     return;
   if (!n->forked && n->fd >= 0)
-    close(n->fd);
+    hang_up(n->fd);
   if (n->usage)
     munmap(n->usage, sizeof(cogpu__usage_t));
   if (n->usage_fd >= 0)
