@@ -23,6 +23,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -96,6 +97,14 @@ static char notice[512];
 static char failure[512];
 static bool failure_recorded; /* in the job's AdminComment */
 static pid_t stepd_pid;       /* slurmstepd, the tasks' parent */
+/* The end-of-job report goes to the stderr of the step's first task on this
+ * node (the batch job's output file, or srun's terminal): slurmstepd opens
+ * it through /proc when the task starts (for appending: a batch job's
+ * output file is then written at its end, never overwritten) and writes
+ * there when the step's last task has ended. */
+static int report_fd = -1;
+static int report_status = -1; /* the first task's wait status */
+static unsigned report_tasks;  /* tasks started and not yet ended */
 
 static double secs_since(uint64_t t0_ns) {
   return (double)(cogpu__now_ns() - t0_ns) / 1e9;
@@ -656,6 +665,97 @@ static void guard_stop(void) {
   guard_pidfd = -1;
 }
 
+/* slurmstepd: the first local task's stderr, for the end-of-job report. */
+static void report_capture(spank_t sp) {
+  pid_t pid = 0;
+  int task = -1;
+  if (report_fd >= 0 || !holder || !opts.mem || failure[0] ||
+      spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task != 0 ||
+      spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS)
+    return;
+  cogpu__config_t cfg;
+  if (cogpu__config_load(&cfg) == 0 && !cfg.v[COGPU_OPT_JOB_REPORT].i)
+    return; /* job_report=no on this node */
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/2", (int)pid);
+  report_fd = open(path, O_WRONLY | O_APPEND | O_NOCTTY | O_CLOEXEC);
+}
+
+/* The job's figures in its AdminComment, as JSON that `sacct -o
+ * AdminComment` and `scontrol show job` show: {"cogpu":[{...}, ...]}, one
+ * entry per step and node, appended to those already there (a comment that
+ * is not cogpu's is kept, with ours after it). Read, then written: two nodes
+ * ending the same instant may lose one entry (Slurm offers no append). */
+static void report_admin_comment(uint32_t id, uint32_t step, const char *node,
+                                 const cogpu__job_report_t *r) {
+  char entry[512], *old = NULL, msg[4096];
+  int n = snprintf(
+      entry, sizeof entry,
+      "{\"node\":\"%s\",\"step\":\"%u\",\"gpu\":%d,\"peak_bytes\":%llu,"
+      "\"reserved_bytes\":%llu,\"declared_bytes\":%llu,\"peak_after_s\":%.1f,"
+      "\"waited_s\":%.1f,\"run_s\":%.1f,\"suspensions\":%u,"
+      "\"guard_failures\":%u}",
+      node, step, r->gpu, (unsigned long long)r->peak,
+      (unsigned long long)r->reserved, (unsigned long long)opts.mem,
+      (double)r->peak_after_ms / 1e3, (double)r->waited_ms / 1e3,
+      (double)r->run_ms / 1e3, r->suspensions, r->guard_failures);
+  if (n < 0 || (size_t)n >= sizeof entry)
+    return;
+  job_info_msg_t *ji = NULL;
+  if (slurm_load_job(&ji, id, SHOW_DETAIL) == SLURM_SUCCESS && ji &&
+      ji->record_count > 0 && ji->job_array[0].admin_comment)
+    old = strdup(ji->job_array[0].admin_comment);
+  if (ji)
+    slurm_free_job_info_msg(ji);
+  const char *head = "{\"cogpu\":[", *tail = "]}";
+  size_t ol = old ? strlen(old) : 0;
+  if (old && ol > strlen(head) + 2 && strncmp(old, head, strlen(head)) == 0 &&
+      strcmp(old + ol - 2, tail) == 0)
+    snprintf(msg, sizeof msg, "%.*s,%s%s", (int)(ol - 2), old, entry, tail);
+  else if (old && *old)
+    snprintf(msg, sizeof msg, "%s %s%s%s", old, head, entry, tail);
+  else
+    snprintf(msg, sizeof msg, "%s%s%s", head, entry, tail);
+  free(old);
+  job_desc_msg_t d;
+  slurm_init_job_desc_msg(&d);
+  d.job_id = id;
+  d.admin_comment = msg;
+  if (slurm_update_job(&d) != SLURM_SUCCESS)
+    slurm_info("cogpu: job %u: cannot record its GPU memory figures in its "
+               "AdminComment: %s",
+               id, slurm_strerror(slurm_get_errno()));
+}
+
+/* slurmstepd, when the step's last task on this node has ended: the job's
+ * figures (its exact peak, from the preload library's counts) on the first
+ * task's stderr, like seff's, and in the job's AdminComment. */
+static void report_step(spank_t sp) {
+  if (!holder || !opts.mem || failure[0])
+    return;
+  uint32_t id = 0, step = 0, nnodes = 1;
+  char node[128] = "", job[96], line[1024];
+  spank_get_item(sp, S_JOB_ID, &id);
+  spank_get_item(sp, S_JOB_STEPID, &step);
+  spank_get_item(sp, S_JOB_NNODES, &nnodes);
+  if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof node) != ESPANK_SUCCESS)
+    gethostname(node, sizeof node - 1);
+  cogpu__job_report_t r;
+  if (cogpu__job_end(holder, report_status, &r) != 0)
+    return;
+  if (nnodes > 1)
+    snprintf(job, sizeof job, "job %u on %s", id, node);
+  else
+    snprintf(job, sizeof job, "job %u", id);
+  size_t n = cogpu__job_report_line(&r, job, "--gpu-mem=", opts.mem, line,
+                                    sizeof line);
+  if (report_fd >= 0 && n && write(report_fd, line, n) < 0)
+    slurm_info("cogpu: job %u: cannot write its report: %s", id,
+               strerror(errno));
+  if (r.gpu >= 0)
+    report_admin_comment(id, step, node, &r);
+}
+
 /* slurmstepd (root), after each task's fork, before the tasks run: note
  * the task's process group; after the last one, start the guard. If the
  * reservation failed, record why in the job's AdminComment (once), so that
@@ -683,6 +783,8 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av) {
                    id, slurm_strerror(slurm_get_errno()));
     }
   }
+  report_capture(sp);
+  report_tasks++;
   if (!step_managed())
     return 0;
   pid_t pid = 0;
@@ -706,11 +808,20 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av) {
 
 /* slurmstepd (root), as each task ends: after the last, the guard goes. */
 int slurm_spank_task_exit(spank_t sp, int ac, char **av) {
-  (void)sp;
   (void)ac;
   (void)av;
+  int task = -1, status = 0;
+  if (spank_get_item(sp, S_TASK_ID, &task) == ESPANK_SUCCESS && task == 0 &&
+      spank_get_item(sp, S_TASK_EXIT_STATUS, &status) == ESPANK_SUCCESS)
+    report_status = status;
   if (tasks_left > 0 && --tasks_left == 0)
     guard_stop();
+  if (report_tasks > 0 && --report_tasks == 0) {
+    report_step(sp);
+    if (report_fd >= 0)
+      close(report_fd);
+    report_fd = -1;
+  }
   return 0;
 }
 

@@ -100,5 +100,14 @@ typedef struct cogpu__job_report_s {
  * history record and fills *out. Called by the job's own slot (cogpu run)
  * before it detaches. */
 int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out);
+/* The end-of-job line(s), like seff's, into buf (each ending in a newline;
+ * truncated to len): the job's exact peak against what it reserved, the
+ * wait, suspensions, and a hint when the declaration was far off, written
+ * as flag then size ("--mem " or "--gpu-mem="); `declared` is the job's
+ * declaration (0: on demand), `job` how the job is named ("job 42").
+ * Returns the length written. */
+size_t cogpu__job_report_line(const cogpu__job_report_t *r, const char *job,
+                              const char *flag, uint64_t declared, char *buf,
+                              size_t len);
 
 #endif /* COGPU_LEDGER_H */

@@ -15,6 +15,7 @@
  * process's peak and the true one.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -187,4 +188,54 @@ int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out) {
   cogpu__ledger_job_report(h, h->res_slot, out);
   cogpu__ledger_unlock(h);
   return 0;
+}
+
+/* A declaration worth suggesting: the peak and 5 % more, rounded up to
+ * a whole GiB (to 256 MiB below 4 GiB). */
+static uint64_t report_suggest(uint64_t peak) {
+  uint64_t want = peak + peak / 20;
+  uint64_t unit = want < (4ull << 30) ? 256ull << 20 : 1ull << 30;
+  return (want + unit - 1) / unit * unit;
+}
+
+size_t cogpu__job_report_line(const cogpu__job_report_t *r, const char *job,
+                              const char *flag, uint64_t declared, char *buf,
+                              size_t len) {
+  char pk[32], res[32], sug[32], tail[160] = "";
+  int n;
+  if (r->gpu < 0) {
+    n = snprintf(buf, len,
+                 "cogpu: %s used no GPU memory that cogpu saw; waited %.0f "
+                 "s; suspended %u times\n",
+                 job, (double)r->waited_ms / 1e3, r->suspensions);
+    return n < 0 ? 0 : (size_t)n;
+  }
+  cogpu__fmt_size(r->peak, pk, sizeof pk);
+  if (r->reserved && declared && r->peak) {
+    uint64_t s = report_suggest(r->peak);
+    /* Far off: a quarter of the reservation unused, or grown beyond it. */
+    if ((r->peak < r->reserved / 4 * 3 || r->peak > declared) && s != declared)
+      snprintf(tail, sizeof tail, " (%s%s would have done)", flag,
+               cogpu__fmt_size(s, sug, sizeof sug));
+  }
+  if (r->reserved)
+    n = snprintf(buf, len,
+                 "cogpu: %s used at most %s of GPU %d (reserved %s, %.0f %%); "
+                 "waited %.0f s; suspended %u times%s\n",
+                 job, pk, r->gpu, cogpu__fmt_size(r->reserved, res, sizeof res),
+                 100.0 * (double)r->peak / (double)r->reserved,
+                 (double)r->waited_ms / 1e3, r->suspensions, tail);
+  else
+    n = snprintf(buf, len,
+                 "cogpu: %s used at most %s of GPU %d (on demand); waited "
+                 "%.0f s; suspended %u times\n",
+                 job, pk, r->gpu, (double)r->waited_ms / 1e3, r->suspensions);
+  size_t used = n < 0 ? 0 : (size_t)n < len ? (size_t)n : len ? len - 1 : 0;
+  if (r->guard_failures && used < len) {
+    n = snprintf(buf + used, len - used,
+                 "cogpu: %s: the deadlock guard failed %u of its requests\n",
+                 job, r->guard_failures);
+    used += n < 0 ? 0 : (size_t)n < len - used ? (size_t)n : len - used - 1;
+  }
+  return used;
 }

@@ -1178,3 +1178,43 @@ TEST_IMPL_T(slurm_growing_jobs_suspended, 240) {
   lt_check_invariants();
   stop_cluster();
 }
+
+/* Issue 14. A job's end-of-job report: its exact peak (the fake driver's,
+ * to the byte: the job ran alone) against its --gpu-mem, on the first
+ * task's stderr (the batch job's output file, after the job's own output;
+ * srun's terminal) and, as JSON, in the job's AdminComment. A batch job
+ * that declared far more than it used gets a hint. */
+TEST_IMPL_T(slurm_end_of_job_report, 240) {
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/rep.out --gpu-mem=8G --wrap 'echo first; %s "
+           "direct init ctx alloc:1G alloc:512M hold:200 freeall'",
+           th_tmpdir(), th_tmpdir(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_jobs_done(60000);
+  unsigned long long peak = fake_peak();
+  ASSERT(peak > 1536ull << 20);
+  const char *o = file("rep.out");
+  ASSERT_CONTAINS(o, "first\n");
+  ASSERT_CONTAINS(o, "cogpu: job 1 used at most ");
+  ASSERT_CONTAINS(o, "(reserved 8.0 GiB, ");
+  ASSERT_CONTAINS(o, "(--gpu-mem=2.0 GiB would have done)");
+  ASSERT(strstr(o, "first\n") < strstr(o, "cogpu: job 1 used"));
+  const char *job = show_job("1");
+  char want[96];
+  snprintf(want, sizeof want, "\"peak_bytes\":%llu,", peak);
+  ASSERT_CONTAINS(job, "AdminComment={\"cogpu\":[{\"node\":");
+  ASSERT_CONTAINS(job, want);
+  ASSERT_CONTAINS(job, "\"declared_bytes\":8589934592,");
+  ASSERT_CONTAINS(job, "JobState=COMPLETED");
+  /* srun: on the terminal, after the program's own output. */
+  snprintf(cmd, sizeof cmd,
+           "srun --gpu-mem=4G %s direct init ctx alloc:1G freeall 2>&1",
+           prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "cogpu: job 2 used at most ");
+  ASSERT_CONTAINS(out, "(reserved 4.0 GiB, ");
+  ASSERT_CONTAINS(show_job("2"), "\"peak_bytes\":");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}

@@ -330,55 +330,15 @@ static int run_exit_like(int st) {
   return 128 + sig;
 }
 
-/* A declaration worth suggesting: the peak and 5 % more, rounded up to
- * a whole GiB (to 256 MiB below 4 GiB). */
-static uint64_t run_suggest(uint64_t peak) {
-  uint64_t want = peak + peak / 20;
-  uint64_t unit = want < (4ull << 30) ? 256ull << 20 : 1ull << 30;
-  return (want + unit - 1) / unit * unit;
-}
-
-/* The end-of-job line, like seff's: the job's exact peak (what its
- * processes' allocations held at once, as the preload library counted
- * them) against what it reserved, with a hint when the declaration was
- * far off. */
+/* The end-of-job line (cogpu__job_report_line). */
 static void run_report(const run_opts_t *o, const cogpu__job_report_t *r) {
-  char job[96], safe[200], pk[32], res[32], sug[32];
+  char job[96], safe[200], line[512];
   if (o->job_id && *o->job_id)
     snprintf(job, sizeof job, "job %s", cli_safe(o->job_id, safe, sizeof safe));
   else
     snprintf(job, sizeof job, "job %d", (int)getpid());
-  if (r->gpu < 0) {
-    fprintf(stderr,
-            "cogpu: %s used no GPU memory that cogpu saw; waited %.0f "
-            "s; suspended %u times\n",
-            job, (double)r->waited_ms / 1e3, r->suspensions);
-    return;
-  }
-  cogpu__fmt_size(r->peak, pk, sizeof pk);
-  char tail[160] = "";
-  if (r->reserved && o->mem && r->peak) {
-    uint64_t s = run_suggest(r->peak);
-    /* Far off: a quarter of the reservation unused, or grown beyond it. */
-    if ((r->peak < r->reserved / 4 * 3 || r->peak > o->mem) && s != o->mem)
-      snprintf(tail, sizeof tail, " (--mem %s would have done)",
-               cogpu__fmt_size(s, sug, sizeof sug));
-  }
-  if (r->reserved)
-    fprintf(stderr,
-            "cogpu: %s used at most %s of GPU %d (reserved %s, %.0f %%); "
-            "waited %.0f s; suspended %u times%s\n",
-            job, pk, r->gpu, cogpu__fmt_size(r->reserved, res, sizeof res),
-            100.0 * (double)r->peak / (double)r->reserved,
-            (double)r->waited_ms / 1e3, r->suspensions, tail);
-  else
-    fprintf(stderr,
-            "cogpu: %s used at most %s of GPU %d (on demand); waited %.0f s; "
-            "suspended %u times\n",
-            job, pk, r->gpu, (double)r->waited_ms / 1e3, r->suspensions);
-  if (r->guard_failures)
-    fprintf(stderr, "cogpu: %s: the deadlock guard failed %u of its requests\n",
-            job, r->guard_failures);
+  cogpu__job_report_line(r, job, "--mem ", o->mem, line, sizeof line);
+  fputs(line, stderr);
 }
 
 int cli_run(int argc, char **argv) {
