@@ -245,3 +245,44 @@ TEST_IMPL_SINGLE(history_unwritable_dir) {
   ASSERT_CONTAINS(lt_slurp("job"), "job history is off");
   ASSERT_CONTAINS(lt_slurp("job"), "used at most");
 }
+
+/* Learned reservations: the second run of a command with --mem auto
+ * reserves what the first one peaked at, plus auto_margin, rounded up to
+ * 64 MiB; `cogpu history --suggest` prints the same figure; a command
+ * never run before runs on demand and says so; and a job that needs more
+ * than it learned still grows (on demand, beyond the reservation). */
+TEST_IMPL(history_mem_auto_learns) {
+  hist_env();
+  th_setenv("COGPU_AUTO_MARGIN", "10");
+  const char *first[] = {"cogpu",  "run",     "--",  lt_cudaprog(),
+                         "direct", "init",    "ctx", "alloc:1G",
+                         "hold:1", "freeall", NULL};
+  ASSERT_EQ(run_logged("first", first), 0);
+  unsigned long long peak = field_u(history_json(NULL, NULL), "peak_bytes");
+  ASSERT(peak > 1ull << 30);
+  unsigned long long want = peak + peak / 10;
+  want = (want + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
+  char bytes[64];
+  snprintf(bytes, sizeof bytes, "\"suggested_bytes\":%llu}", want);
+  const char *sug[] = {"cogpu", "history",     "--suggest", "--json",
+                       "--",    lt_cudaprog(), "direct",    "init",
+                       "ctx",   "alloc:1G",    "hold:1",    "freeall",
+                       NULL};
+  ASSERT_EQ(run_logged("sug", sug), 0);
+  ASSERT_CONTAINS(lt_slurp("sug"), bytes);
+  ASSERT_CONTAINS(lt_slurp("sug"), "\"runs\":1,");
+  const char *second[] = {"cogpu",       "run",     "--mem", "auto", "--",
+                          lt_cudaprog(), "direct",  "init",  "ctx",  "alloc:1G",
+                          "hold:1",      "freeall", NULL};
+  ASSERT_EQ(run_logged("second", second), 0);
+  ASSERT_CONTAINS(lt_slurp("second"), "--mem auto: reserving ");
+  char *h = history_json("--last", "1");
+  ASSERT_UEQ(field_u(h, "declared_bytes"), want);
+  /* Never run before: on demand. */
+  const char *fresh[] = {"cogpu", "run",         "--mem",   "auto",
+                         "--",    lt_cudaprog(), "direct",  "init",
+                         "ctx",   "alloc:2G",    "freeall", NULL};
+  ASSERT_EQ(run_logged("fresh", fresh), 0);
+  ASSERT_CONTAINS(lt_slurp("fresh"), "no earlier run of this command");
+  ASSERT_CONTAINS(lt_slurp("fresh"), "used at most 2.3 GiB");
+}

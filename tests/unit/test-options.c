@@ -259,8 +259,8 @@ TEST_IMPL(options_ranges_from_table_columns) {
     }
     ASSERT_CONTAINS(d->form, range);
   }
-  ASSERT_EQ(bounded, 11); /* 5 of the ledger and preload, 4 of node mode,
-                            1 of suspension, 1 of the history */
+  ASSERT_EQ(bounded, 12); /* 5 of the ledger and preload, 4 of node mode,
+                            1 of suspension, 2 of the history */
 }
 
 TEST_IMPL(options_set_mode) {

@@ -27,6 +27,11 @@ int cli_resume(int argc, char **argv);
 int cli_metrics(int argc, char **argv);
 int cli_exporter(int argc, char **argv);
 int cli_history(int argc, char **argv);
+/* --mem auto: what this user's command line (as cogpu run records it)
+ * peaked at in its last runs on this node's GPU models, with auto_margin
+ * on top (*bytes; 0 and *runs 0 when there is no such run). */
+int cli_history_suggest(const cogpu__config_t *cfg, const char *cmdline,
+                        uint64_t *bytes, unsigned *runs, uint64_t *peak);
 
 /* Single-user mode: cogpu run records its own job in the user's history
  * (cmd-history.c); says once why not if it cannot. */

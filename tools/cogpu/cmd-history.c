@@ -24,7 +24,8 @@
 static int hist_usage(const char *msg, const char *arg) {
   cli_err("history: %s%s%s", msg, arg ? " " : "", arg ? arg : "");
   fputs("usage: cogpu history [--json] [--user USER] [--last N] "
-        "[--since DURATION|YYYY-MM-DD[THH:MM[:SS]]|@UNIXTIME]\n",
+        "[--since DURATION|YYYY-MM-DD[THH:MM[:SS]]|@UNIXTIME]\n"
+        "       cogpu history --suggest [--json] -- CMD [ARGS]\n",
         stderr);
   return CLI_EXIT_USAGE;
 }
@@ -202,15 +203,137 @@ static int read_answer(int mfd, cogpu__hist_rec_t **out, size_t *n) {
   return 0;
 }
 
+/* The records the filter selects: from the daemon in node mode, else from
+ * the user's own database (none yet: an empty history). */
+static int hist_fetch(const cogpu__config_t *cfg, cogpu__hist_filter_t *f,
+                      int64_t since_s, cogpu__hist_rec_t **out, size_t *nout) {
+  cogpu__hist_rec_t *v = NULL;
+  size_t n = 0;
+  int rc;
+  int mode = cogpu__node_mode(cfg);
+  if (mode < 0)
+    return mode;
+  if (mode == 1) {
+    int mfd = -1;
+    rc = cogpu__node_history(cfg, f->has_uid, f->uid, since_s, f->last, &mfd);
+    if (rc == 0) {
+      rc = read_answer(mfd, &v, &n);
+      close(mfd);
+    }
+  } else {
+    char path[512];
+    rc = cogpu__hist_path(cfg, false, path, sizeof path);
+    if (rc == 0)
+      rc = cogpu__seterr(-ENOENT, "no job history is kept (history_dir=none)");
+    cogpu__hist_t *db = NULL;
+    if (rc == 1)
+      rc = cogpu__hist_open(path, false, &db);
+    /* No database yet is an empty history, not an error. */
+    if (rc == -ENOENT && access(path, F_OK) != 0 &&
+        strcmp(cfg->v[COGPU_OPT_HISTORY_DIR].s, "none") != 0)
+      rc = 0;
+    else if (rc == 0)
+      rc = cogpu__hist_query(db, f, &v, &n);
+    cogpu__hist_close(db);
+  }
+  if (rc) {
+    free(v);
+    return rc;
+  }
+  *out = v;
+  *nout = n;
+  return 0;
+}
+
+/* How many of a command's most recent runs --mem auto looks at: enough to
+ * ride over one run that stopped early, few enough to follow a program
+ * whose needs changed. */
+#define SUGGEST_RUNS 5
+
+int cli_history_suggest(const cogpu__config_t *cfg, const char *cmdline,
+                        uint64_t *bytes, unsigned *runs, uint64_t *peak) {
+  *bytes = *peak = 0;
+  *runs = 0;
+  /* The node's GPU models: a run on another model (a node of a different
+   * kind that shares this history) says nothing about this one. */
+  char models[16][96];
+  size_t nm = 0;
+  cogpu_status_t *st = NULL;
+  if (cogpu_status(NULL, &st) == 0) {
+    for (size_t i = 0; i < st->ngpus && nm < 16; i++)
+      snprintf(models[nm++], sizeof models[0], "%s", st->gpus[i].name);
+    cogpu_status_free(st);
+  }
+  cogpu__hist_filter_t f = {.has_uid = true, .uid = (uint32_t)getuid()};
+  cogpu__hist_rec_t *v = NULL;
+  size_t n = 0;
+  int rc = hist_fetch(cfg, &f, 0, &v, &n);
+  if (rc)
+    return rc;
+  /* Newest first. */
+  for (size_t i = 0; i < n && *runs < SUGGEST_RUNS; i++) {
+    if (v[i].uid != (uint32_t)getuid() || strcmp(v[i].command, cmdline) != 0)
+      continue;
+    bool model = nm == 0;
+    for (size_t k = 0; k < nm && !model; k++)
+      model = strcmp(models[k], v[i].gpu_name) == 0;
+    if (!model || v[i].peak == 0)
+      continue;
+    (*runs)++;
+    if (v[i].peak > *peak)
+      *peak = v[i].peak;
+  }
+  free(v);
+  if (*runs) {
+    uint64_t m = (uint64_t)cfg->v[COGPU_OPT_AUTO_MARGIN].i;
+    uint64_t want = *peak + *peak / 100 * m + (*peak % 100) * m / 100;
+    uint64_t unit = 64ull << 20;
+    *bytes = (want + unit - 1) / unit * unit;
+  }
+  return 0;
+}
+
+static int hist_suggest_print(const cogpu__config_t *cfg, char **cmd,
+                              bool json) {
+  char cmdline[128];
+  size_t k = 0;
+  cmdline[0] = 0;
+  for (int i = 0; cmd[i] && k + 1 < sizeof cmdline; i++)
+    k += (size_t)snprintf(cmdline + k, sizeof cmdline - k, "%s%s", i ? " " : "",
+                          cmd[i]);
+  if (!cmd[0])
+    return hist_usage("--suggest needs a command", NULL);
+  uint64_t bytes, peak;
+  unsigned runs;
+  int rc = cli_history_suggest(cfg, cmdline, &bytes, &runs, &peak);
+  if (rc)
+    return cli_fail("history", rc);
+  char b[32], p[32];
+  if (json) {
+    printf("{\"command\":");
+    json_str(stdout, cmdline);
+    printf(",\"runs\":%u,\"peak_bytes\":%llu,\"suggested_bytes\":%llu}\n", runs,
+           (unsigned long long)peak, (unsigned long long)bytes);
+  } else if (runs)
+    printf("%s\t(%llu bytes: peak %s over the last %u run%s, +%lld %%)\n",
+           cogpu__fmt_size(bytes, b, sizeof b), (unsigned long long)bytes,
+           cogpu__fmt_size(peak, p, sizeof p), runs, runs == 1 ? "" : "s",
+           (long long)cfg->v[COGPU_OPT_AUTO_MARGIN].i);
+  else
+    printf("no history of this command: it would run on demand\n");
+  return 0;
+}
+
 int cli_history(int argc, char **argv) {
   static const struct option longopts[] = {
       {"json", no_argument, NULL, 'J'},
       {"user", required_argument, NULL, 'u'},
       {"last", required_argument, NULL, 'n'},
       {"since", required_argument, NULL, 's'},
+      {"suggest", no_argument, NULL, 'S'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
-  bool json = false;
+  bool json = false, suggest = false;
   cogpu__hist_filter_t f = {.has_uid = false};
   int64_t since_s = 0;
   int c;
@@ -220,6 +343,9 @@ int cli_history(int argc, char **argv) {
     switch (c) {
     case 'J':
       json = true;
+      break;
+    case 'S':
+      suggest = true;
       break;
     case 'u': {
       struct passwd pw, *res = NULL;
@@ -255,7 +381,7 @@ int cli_history(int argc, char **argv) {
       return hist_usage("unknown or incomplete option", argv[optind - 1]);
     }
   }
-  if (optind < argc)
+  if (optind < argc && !suggest)
     return hist_usage("unexpected argument", argv[optind]);
   f.since_ms = since_s * 1000;
   cogpu__config_t cfg;
@@ -264,32 +390,11 @@ int cli_history(int argc, char **argv) {
     return rc;
   cogpu__hist_rec_t *v = NULL;
   size_t n = 0;
-  int mode = cogpu__node_mode(&cfg);
-  if (mode < 0)
-    return cli_fail("history", mode);
-  if (mode == 1) {
-    int mfd = -1;
-    rc = cogpu__node_history(&cfg, f.has_uid, f.uid, since_s, f.last, &mfd);
-    if (rc == 0) {
-      rc = read_answer(mfd, &v, &n);
-      close(mfd);
-    }
-  } else {
-    char path[512];
-    rc = cogpu__hist_path(&cfg, false, path, sizeof path);
-    if (rc == 0)
-      rc = cogpu__seterr(-ENOENT, "no job history is kept (history_dir=none)");
-    cogpu__hist_t *db = NULL;
-    if (rc == 1)
-      rc = cogpu__hist_open(path, false, &db);
-    /* No database yet is an empty history, not an error. */
-    if (rc == -ENOENT && access(path, F_OK) != 0 &&
-        strcmp(cfg.v[COGPU_OPT_HISTORY_DIR].s, "none") != 0)
-      rc = 0;
-    else if (rc == 0)
-      rc = cogpu__hist_query(db, &f, &v, &n);
-    cogpu__hist_close(db);
+  if (suggest) {
+    rc = hist_suggest_print(&cfg, argv + optind, json);
+    return rc;
   }
+  rc = hist_fetch(&cfg, &f, since_s, &v, &n);
   if (rc) {
     free(v);
     return cli_fail("history", rc);

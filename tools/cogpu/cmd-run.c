@@ -22,6 +22,7 @@
 
 typedef struct run_opts_s {
   uint64_t mem;
+  bool mem_auto;
   const char *gpu;
   long priority;
   int64_t timeout_ms;
@@ -33,7 +34,8 @@ typedef struct run_opts_s {
 
 static int run_usage(const char *msg, const char *arg) {
   cli_err("run: %s%s%s", msg, arg ? " " : "", arg ? arg : "");
-  fputs("usage: cogpu run [--mem SIZE] [--gpu auto|INDEX|UUID] [--priority N]"
+  fputs("usage: cogpu run [--mem SIZE|auto] [--gpu auto|INDEX|UUID] "
+        "[--priority N]"
         " [--timeout DURATION] [--exclusive] [--job-id ID] [--no-preload] -- "
         "COMMAND "
         "[ARGS]\n",
@@ -60,7 +62,10 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
     int rc = 0;
-    if (c == 'm') {
+    if (c == 'm' && strcmp(optarg, "auto") == 0) {
+      o->mem_auto = true;
+    } else if (c == 'm') {
+      o->mem_auto = false;
       rc = cogpu__parse_size("--mem", optarg, &o->mem);
       if (rc == 0 && o->mem == 0)
         return run_usage("--mem must be more than 0 bytes", NULL);
@@ -89,6 +94,31 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
     return run_usage("no command given", NULL);
   o->cmd = argv + optind;
   return 0;
+}
+
+/* --mem auto: reserve what this command needed before (docs/history.md,
+ * "Learned reservations"), and grow on demand beyond it; with no history,
+ * on demand. Says which, on stderr. */
+static void run_mem_auto(const cogpu__config_t *cfg, run_opts_t *o,
+                         const char *cmdline) {
+  uint64_t bytes = 0, peak = 0;
+  unsigned runs = 0;
+  char b[32], p[32];
+  if (cli_history_suggest(cfg, cmdline, &bytes, &runs, &peak) != 0) {
+    cli_err("run: --mem auto: no history to learn from (%s): running on "
+            "demand",
+            cogpu_last_error());
+  } else if (!runs) {
+    cli_err("run: --mem auto: no earlier run of this command on this node: "
+            "running on demand");
+  } else {
+    o->mem = bytes;
+    cli_err("run: --mem auto: reserving %s (peak %s over the last %u "
+            "run%s, +%lld %%)",
+            cogpu__fmt_size(bytes, b, sizeof b),
+            cogpu__fmt_size(peak, p, sizeof p), runs, runs == 1 ? "" : "s",
+            (long long)cfg->v[COGPU_OPT_AUTO_MARGIN].i);
+  }
 }
 
 static void run_cmdline(char **cmd, char *buf, size_t len) {
@@ -352,6 +382,8 @@ int cli_run(int argc, char **argv) {
     return rc;
   char cmdline[128];
   run_cmdline(o.cmd, cmdline, sizeof cmdline);
+  if (o.mem_auto)
+    run_mem_auto(&cfg, &o, cmdline);
   cogpu_attach_opts_t ao = {
       .priority = (int)o.priority, .job_id = o.job_id, .command = cmdline};
   cogpu_t *h;
