@@ -1519,6 +1519,11 @@ static const struct {
     {"SUSPEND_LOCK_TIMEOUT", "1h"},
     {"SUSPEND_HOST_MARGIN", "lots"},
     {"SUSPEND_MAX", "-1G"},
+    {"HISTORY_DIR", "var/lib/cogpu"},
+    {"HISTORY_MAX_AGE", "a while"},
+    {"HISTORY_MAX_ROWS", "-1"},
+    {"JOB_REPORT", "loud"},
+    {"AUTO_MARGIN", "1001"},
 };
 
 static const char *long_value(void) {
