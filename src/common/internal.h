@@ -176,6 +176,8 @@ void cogpu__fault(int point);
 /* The calling process's command line, arguments joined by spaces,
  * truncated to len (proc.c). */
 void cogpu__self_cmdline(char *buf, size_t len);
+/* The name of user uid, or the number when it has none. */
+void cogpu__user_name(uint32_t uid, char *buf, size_t len);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t cogpu__now_ns(void);

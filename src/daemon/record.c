@@ -130,15 +130,6 @@ static void rec_ended(void *ctx, struct cogpu_s *h, uint32_t s) {
   pthread_mutex_unlock(&r->mu);
 }
 
-static void user_name(uint32_t uid, char *buf, size_t len) {
-  struct passwd pw, *res = NULL;
-  char tmp[1024];
-  if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
-    snprintf(buf, len, "%s", res->pw_name);
-  else
-    snprintf(buf, len, "%u", uid);
-}
-
 /* History off, or failing: said once per cause, then tried again at the
  * next record (a disk that was full may have room again). */
 static void say_off(struct cogpu__drec_s *r, int rc) {
@@ -166,7 +157,7 @@ static void *writer(void *arg) {
     r->nqueue = 0;
     pthread_mutex_unlock(&r->mu);
     for (size_t i = 0; batch && i < n; i++) {
-      user_name(batch[i].uid, batch[i].user, sizeof batch[i].user);
+      cogpu__user_name(batch[i].uid, batch[i].user, sizeof batch[i].user);
       int rc = db ? 0 : cogpu__hist_open(r->path, true, &db);
       if (rc == 0)
         rc = cogpu__hist_add(db, &batch[i], r->max_age_ms, r->max_rows);

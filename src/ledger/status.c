@@ -12,15 +12,6 @@
 
 #include "ledger-int.h"
 
-static void user_name(uint32_t uid, char *buf, size_t len) {
-  struct passwd pw, *res = NULL;
-  char tmp[1024];
-  if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
-    snprintf(buf, len, "%s", res->pw_name);
-  else
-    snprintf(buf, len, "%u", uid);
-}
-
 /* Is slot s listed under GPU g: it holds memory there, uses it
  * exclusively, or has its footprint there suspended? */
 static bool listed(struct cogpu_s *h, uint32_t g, uint32_t s) {
@@ -118,7 +109,7 @@ static void cached_name(name_cache_t *nc, uint32_t uid, char *buf, size_t len) {
       snprintf(buf, len, "%s", nc->name[i]);
       return;
     }
-  user_name(uid, buf, len);
+  cogpu__user_name(uid, buf, len);
   size_t k = nc->n < 16 ? nc->n++ : nc->next++ % 16;
   nc->uid[k] = uid;
   snprintf(nc->name[k], sizeof nc->name[k], "%s", buf);
