@@ -669,7 +669,7 @@ static void guard_stop(void) {
 static void report_capture(spank_t sp) {
   pid_t pid = 0;
   int task = -1;
-  if (report_fd >= 0 || !holder || !opts.mem || failure[0] ||
+  if (report_fd >= 0 || !holder || !opts.mem || failure[0] || opts.no_preload ||
       spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task != 0 ||
       spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS)
     return;
@@ -731,7 +731,9 @@ static void report_admin_comment(uint32_t id, uint32_t step, const char *node,
  * figures (its exact peak, from the preload library's counts) on the first
  * task's stderr, like seff's, and in the job's AdminComment. */
 static void report_step(spank_t sp) {
-  if (!holder || !opts.mem || failure[0])
+  /* Without the preload library nothing counted the tasks' memory: no
+   * figure is better than a false 0. */
+  if (!holder || !opts.mem || failure[0] || opts.no_preload)
     return;
   uint32_t id = 0, step = 0, nnodes = 1;
   char node[128] = "", job[96], line[1024];

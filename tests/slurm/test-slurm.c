@@ -475,7 +475,8 @@ static const char *task_gpu(const char *srun_opts) {
   static char out[OUT_MAX];
   char cmd[512];
   snprintf(cmd, sizeof cmd,
-           "srun %s sh -c 'echo gpu=$COGPU_GPU cvd=$CUDA_VISIBLE_DEVICES'",
+           "srun %s sh -c 'echo gpu=$COGPU_GPU cvd=$CUDA_VISIBLE_DEVICES' "
+           "2>/dev/null", /* stdout only: not the end-of-job line */
            srun_opts);
   if (sh(cmd, out, sizeof out, th_ms(60000)) != 0)
     th_fail(__FILE__, __LINE__, "%s:\n%s", cmd, out);
