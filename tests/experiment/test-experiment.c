@@ -146,7 +146,10 @@ TEST_IMPL_T(experiment_fake_mix, 120) {
       if (s[i].failed != 0)
         th_fail(__FILE__, __LINE__, "%s: %d jobs failed", s[i].name,
                 s[i].failed);
-      if (!(s[i].makespan < one))
+      /* Packing beats one at a time; under a sanitizer (TSan slows each
+       * process several times, and cogpu's scenarios run more of them)
+       * the clock says nothing, and only the outcomes count. */
+      if (!th_sanitizer_runtime()[0] && !(s[i].makespan < one))
         th_fail(__FILE__, __LINE__, "%s: makespan %.2f s, one-at-a-time %.2f s",
                 s[i].name, s[i].makespan, one);
     }
