@@ -296,13 +296,9 @@ int cli_history_suggest(const cogpu__config_t *cfg, const char *cmdline,
 static int hist_suggest_print(const cogpu__config_t *cfg, char **cmd,
                               bool json) {
   char cmdline[128];
-  size_t k = 0;
-  cmdline[0] = 0;
-  for (int i = 0; cmd[i] && k + 1 < sizeof cmdline; i++)
-    k += (size_t)snprintf(cmdline + k, sizeof cmdline - k, "%s%s", i ? " " : "",
-                          cmd[i]);
   if (!cmd[0])
     return hist_usage("--suggest needs a command", NULL);
+  cli_cmdline(cmd, cmdline, sizeof cmdline); /* as cogpu run records it */
   uint64_t bytes, peak;
   unsigned runs;
   int rc = cli_history_suggest(cfg, cmdline, &bytes, &runs, &peak);

@@ -121,7 +121,7 @@ static void run_mem_auto(const cogpu__config_t *cfg, run_opts_t *o,
   }
 }
 
-static void run_cmdline(char **cmd, char *buf, size_t len) {
+void cli_cmdline(char **cmd, char *buf, size_t len) {
   size_t n = 0;
   buf[0] = 0;
   for (int i = 0; cmd[i] && n + 1 < len; i++)
@@ -381,7 +381,7 @@ int cli_run(int argc, char **argv) {
   if (rc)
     return rc;
   char cmdline[128];
-  run_cmdline(o.cmd, cmdline, sizeof cmdline);
+  cli_cmdline(o.cmd, cmdline, sizeof cmdline);
   if (o.mem_auto)
     run_mem_auto(&cfg, &o, cmdline);
   cogpu_attach_opts_t ao = {
