@@ -24,6 +24,7 @@
 
 #include "cogpu.h"
 #include "internal.h"
+#include "ledger/core.h"
 #include "ledger/ledger.h"
 #include "node/node.h"
 #include "nvml/nvml.h"
@@ -344,6 +345,9 @@ extern _Atomic uint64_t cogpu__ledger_probes_locked;
 
 /* --- policy.c: who is served ---------------------------------------------- */
 uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g);
+/* A GPU and the node's rules as the decisions (core.h) see them. */
+cogpu__core_gpu_t cogpu__ledger_core_gpu(const ledger_gpu_t *g);
+cogpu__core_rules_t cogpu__ledger_core_rules(struct cogpu_s *h);
 /* Can `bytes` (or exclusive use) be granted on GPU gi to slot now? */
 bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                         uint64_t bytes, bool exclusive);

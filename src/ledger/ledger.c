@@ -599,9 +599,12 @@ int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes) {
   bool ends_excl = all && excl;
   if (all && bytes)
     cogpu__ledger_note_left(h);
+  cogpu__core_gpu_t was = cogpu__ledger_core_gpu(g);
+  cogpu__core_gpu_t now = cogpu__core_released(&was, (uint64_t)h->res_slot + 1,
+                                               held, bytes, ends_excl);
   if (bytes) {
     cogpu__ledger_tx_set(h, &s->held[gpu], held - bytes);
-    cogpu__ledger_tx_set(h, &g->reserved, g->reserved - bytes);
+    cogpu__ledger_tx_set(h, &g->reserved, now.reserved);
   }
   ledger_slot_t *me = &h->st->slots[h->slot];
   uint64_t unclaim = bytes < me->claim[gpu] ? bytes : me->claim[gpu];
@@ -610,12 +613,10 @@ int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes) {
     cogpu__ledger_tx_set(h, &s->lent[gpu],
                          s->lent[gpu] > unclaim ? s->lent[gpu] - unclaim : 0);
   }
-  if (ends_excl)
-    cogpu__ledger_tx_set(h, &g->excl_slot, 0);
-  bool was_client = held > 0 || excl;
-  bool is_client = held > bytes || (excl && !ends_excl);
-  if (was_client && !is_client)
-    cogpu__ledger_tx_set(h, &g->nclients, g->nclients - 1);
+  if (now.excl != was.excl)
+    cogpu__ledger_tx_set(h, &g->excl_slot, now.excl);
+  if (now.nclients != was.nclients)
+    cogpu__ledger_tx_set(h, &g->nclients, now.nclients);
   cogpu__ledger_tx_commit(h);
   if (bytes) /* a hint for the deadlock guard: no transaction needed */
     s->released_ns = me->released_ns = cogpu__now_ns();

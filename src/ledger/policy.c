@@ -15,28 +15,40 @@
 
 #include "ledger-int.h"
 
+_Static_assert(LEDGER_MAX_GPUS <= COGPU_CORE_MAX_GPUS,
+               "a service pass covers every GPU of a node");
+
 uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g) {
-  uint64_t off = g->margin + g->foreign;
-  return g->total > off ? g->total - off : 0;
+  return cogpu__core_capacity(g->total, g->margin, g->foreign);
+}
+
+cogpu__core_gpu_t cogpu__ledger_core_gpu(const ledger_gpu_t *g) {
+  return (cogpu__core_gpu_t){.capacity = cogpu__ledger_capacity(g),
+                             .reserved = g->reserved,
+                             .nclients = g->nclients,
+                             .excl = g->excl_slot};
+}
+
+cogpu__core_rules_t cogpu__ledger_core_rules(struct cogpu_s *h) {
+  const ledger_hdr_t *hd = &h->st->hdr;
+  return (cogpu__core_rules_t){.policy = hd->policy,
+                               .max_clients = hd->max_clients,
+                               .mmu_max_age_ns =
+                                   cogpu__ms_to_ns(hd->mmu_max_age_ms)};
 }
 
 static uint64_t gpu_free(const ledger_gpu_t *g) {
-  uint64_t cap = cogpu__ledger_capacity(g);
-  return cap > g->reserved ? cap - g->reserved : 0;
+  cogpu__core_gpu_t c = cogpu__ledger_core_gpu(g);
+  return cogpu__core_free(&c);
 }
 
 bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                         uint64_t bytes, bool exclusive) {
   ledger_hdr_t *hd = &h->st->hdr;
-  ledger_gpu_t *g = &hd->gpus[gi];
-  uint64_t held = h->st->slots[slot].held[gi];
-  if (g->excl_slot && g->excl_slot != slot + 1)
-    return false;
-  if (exclusive)
-    return g->nclients == (held > 0 || g->excl_slot == slot + 1);
-  if (held == 0 && hd->max_clients && g->nclients >= hd->max_clients)
-    return false;
-  return bytes <= gpu_free(g);
+  cogpu__core_gpu_t g = cogpu__ledger_core_gpu(&hd->gpus[gi]);
+  cogpu__core_rules_t r = {.max_clients = hd->max_clients};
+  return cogpu__core_fits(&r, &g, (uint64_t)slot + 1,
+                          h->st->slots[slot].held[gi], bytes, exclusive);
 }
 
 bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
@@ -58,12 +70,16 @@ bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
     cogpu__ledger_tx_set(h, &s->lent[gi], s->lent[gi] + bytes);
     cogpu__ledger_tx_set(h, &m->claim[gi], m->claim[gi] + bytes);
   }
-  bool was_client = s->held[gi] > 0 || g->excl_slot == slot + 1;
-  if (exclusive)
-    cogpu__ledger_tx_set(h, &g->excl_slot, slot + 1);
+  cogpu__core_gpu_t was = cogpu__ledger_core_gpu(g);
+  cogpu__core_gpu_t now = cogpu__core_granted(&was, (uint64_t)slot + 1,
+                                              s->held[gi], bytes, exclusive);
+  if (now.excl != was.excl)
+    cogpu__ledger_tx_set(h, &g->excl_slot, now.excl);
+  if (now.nclients != was.nclients)
+    cogpu__ledger_tx_set(h, &g->nclients, now.nclients);
   if (bytes) {
     cogpu__ledger_tx_set(h, &s->held[gi], s->held[gi] + bytes);
-    cogpu__ledger_tx_set(h, &g->reserved, g->reserved + bytes);
+    cogpu__ledger_tx_set(h, &g->reserved, now.reserved);
     /* The job's declaration, for its history record: a figure, kept out
      * of the undo log (a rolled-back grant may leave it high). */
     if (s->held[gi] > s->held_max) {
@@ -71,82 +87,27 @@ bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
       s->held_max_gpu = gi;
     }
   }
-  if (!was_client)
-    cogpu__ledger_tx_set(h, &g->nclients, g->nclients + 1);
   return true;
 }
 
-static bool policy_by_priority(uint32_t p) {
-  return p == COGPU_POLICY_PRIO_FIFO || p == COGPU_POLICY_PRIO_MMU;
+static void core_entry(void *ctx, uint32_t id, cogpu__core_entry_t *out) {
+  const ledger_waiter_t *wt = &((struct cogpu_s *)ctx)->st->waiters[id];
+  *out = (cogpu__core_entry_t){.gpu = wt->gpu,
+                               .priority = wt->priority,
+                               .ticket = wt->ticket,
+                               .since_ns = wt->since_ns};
 }
 
-static bool policy_first_fit(uint32_t p) {
-  return p == COGPU_POLICY_MMU || p == COGPU_POLICY_PRIO_MMU;
-}
-
-/* a is served before b. */
-static bool queue_before(const ledger_waiter_t *a, const ledger_waiter_t *b,
-                         bool by_prio) {
-  if (by_prio && a->priority != b->priority)
-    return a->priority > b->priority;
-  return a->ticket < b->ticket;
-}
+/* Only the order is needed of the ops here; the pass's are below. */
+static const cogpu__core_ops_t order_ops = {.entry = core_entry};
 
 size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx) {
-  bool by_prio = policy_by_priority(h->st->hdr.policy);
   size_t n = 0;
-  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
-    const ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->state != W_WAITING)
-      continue;
-    size_t k = n++;
-    while (k > 0 && queue_before(wt, &h->st->waiters[idx[k - 1]], by_prio)) {
-      idx[k] = idx[k - 1];
-      k--;
-    }
-    idx[k] = w;
-  }
-  return n;
-}
-
-/* The waiter that has waited longest, if past the mmu guard age. */
-static int64_t starving_waiter(struct cogpu_s *h, const uint32_t *order,
-                               size_t n) {
-  ledger_hdr_t *hd = &h->st->hdr;
-  if (!policy_first_fit(hd->policy) || n == 0)
-    return -1;
-  uint64_t now = cogpu__now_ns(), oldest = UINT64_MAX;
-  int64_t who = -1;
-  for (size_t i = 0; i < n; i++) {
-    const ledger_waiter_t *wt = &h->st->waiters[order[i]];
-    if (wt->since_ns < oldest) {
-      oldest = wt->since_ns;
-      who = order[i];
-    }
-  }
-  /* mmu_max_age = inf is stored as UINT64_MAX ms: saturated, never due. */
-  if (now - oldest < cogpu__ms_to_ns(hd->mmu_max_age_ms))
-    return -1;
-  return who;
-}
-
-/* GPUs the waiter may be served on, most free first. */
-static size_t waiter_gpus(struct cogpu_s *h, const ledger_waiter_t *wt,
-                          uint32_t *gpus) {
-  ledger_hdr_t *hd = &h->st->hdr;
-  if (wt->gpu != COGPU_GPU_AUTO) {
-    gpus[0] = (uint32_t)wt->gpu;
-    return 1;
-  }
-  size_t n = 0;
-  for (uint32_t g = 0; g < hd->ngpus; g++) {
-    size_t k = n++;
-    while (k > 0 && gpu_free(&hd->gpus[g]) > gpu_free(&hd->gpus[gpus[k - 1]])) {
-      gpus[k] = gpus[k - 1];
-      k--;
-    }
-    gpus[k] = g;
-  }
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
+    if (h->st->waiters[w].state == W_WAITING)
+      idx[n++] = w;
+  cogpu__core_rules_t r = cogpu__ledger_core_rules(h);
+  cogpu__core_order(&r, idx, n, &order_ops, h);
   return n;
 }
 
@@ -235,7 +196,9 @@ static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
   return wt->state == W_WAITING && !wt->nowait && !wt->resume &&
          !cogpu__ledger_held_back(h, wt) &&
          (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g) &&
-         now - wt->since_ns >= cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h));
+         cogpu__core_guard_due(
+             wt->since_ns, now,
+             cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h)));
 }
 
 #define BIT_SET(map, i) ((map)[(i) / 8] |= (uint8_t)(1u << ((i) % 8)))
@@ -298,8 +261,8 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
         sl->held[g] > sl->lent[g] || h->st->hdr.gpus[g].excl_slot == s + 1;
     /* A job that gave memory back within the last tick is moving: one of
      * its threads waits while others release. */
-    bool moving = now - sl->released_ns <
-                  cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h));
+    bool moving = !cogpu__core_guard_due(
+        sl->released_ns, now, cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h)));
     bool stuck = BIT_GET(waits, s) && !BIT_GET(running, s) && !moving &&
                  (!own || BIT_GET(owner_w, s));
     if (!stuck)
@@ -310,9 +273,11 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
     if (!guard_waiting(h, wt, g, now) || wt->slot >= LEDGER_MAX_SLOTS ||
         h->st->slots[wt->slot].held[g] == 0)
       continue;
-    const ledger_waiter_t *v = victim < 0 ? NULL : &h->st->waiters[victim];
-    if (!v || wt->priority < v->priority ||
-        (wt->priority == v->priority && wt->ticket > v->ticket))
+    cogpu__core_entry_t e, v;
+    core_entry(h, w, &e);
+    if (victim >= 0)
+      core_entry(h, (uint32_t)victim, &v);
+    if (victim < 0 || cogpu__core_victim_before(&e, &v))
       victim = w;
   }
   return victim;
@@ -355,59 +320,64 @@ static void deadlock_guard(struct cogpu_s *h) {
   }
 }
 
+/* The service pass's view of the ledger (core.h). */
+static int core_kind(void *ctx, uint32_t id) {
+  struct cogpu_s *h = ctx;
+  const ledger_waiter_t *wt = &h->st->waiters[id];
+  if (wt->state != W_WAITING)
+    return COGPU_CORE_SKIP; /* served with its job's resume, earlier */
+  if (waiter_stale(h, wt))
+    return COGPU_CORE_DROP;
+  if (cogpu__ledger_held_back(h, wt))
+    return COGPU_CORE_SKIP; /* served with its job's resume */
+  return wt->resume ? COGPU_CORE_RESUME : COGPU_CORE_REQUEST;
+}
+
+static uint64_t core_free(void *ctx, uint32_t g) {
+  return gpu_free(&((struct cogpu_s *)ctx)->st->hdr.gpus[g]);
+}
+
+static bool core_fits(void *ctx, uint32_t id, uint32_t g) {
+  struct cogpu_s *h = ctx;
+  const ledger_waiter_t *wt = &h->st->waiters[id];
+  if (wt->resume)
+    return cogpu__ledger_resume_fits(h, wt);
+  return cogpu__ledger_fits(h, g, (uint32_t)wt->slot, wt->bytes, wt->exclusive);
+}
+
+static bool core_could_fit(void *ctx, uint32_t id, uint32_t g) {
+  struct cogpu_s *h = ctx;
+  return could_fit(h, &h->st->waiters[id], g);
+}
+
+static void core_serve(void *ctx, uint32_t id, uint32_t g) {
+  struct cogpu_s *h = ctx;
+  if (h->st->waiters[id].resume)
+    serve_resume(h, id);
+  else
+    serve_one(h, id, g);
+}
+
+static void core_drop(void *ctx, uint32_t id) {
+  drop_stale(ctx, id);
+}
+
+static const cogpu__core_ops_t serve_ops = {.entry = core_entry,
+                                            .kind = core_kind,
+                                            .free = core_free,
+                                            .fits = core_fits,
+                                            .could_fit = core_could_fit,
+                                            .serve = core_serve,
+                                            .drop = core_drop};
+
 void cogpu__ledger_serve(struct cogpu_s *h) {
   ledger_hdr_t *hd = &h->st->hdr;
   if (hd->nwaiting == 0)
     return;
-  uint32_t order[LEDGER_MAX_WAITERS], gpus[LEDGER_MAX_GPUS];
+  uint32_t order[LEDGER_MAX_WAITERS];
   size_t n = cogpu__ledger_queue_order(h, order);
-  int64_t starving = starving_waiter(h, order, n);
-  if (starving >= 0) {
-    /* Move it to the front: it is served first, as under fifo. */
-    size_t i = 0;
-    while (order[i] != (uint32_t)starving)
-      i++;
-    memmove(order + 1, order, i * sizeof order[0]);
-    order[0] = (uint32_t)starving;
-  }
-  bool blocked[LEDGER_MAX_GPUS] = {false};
-  bool first_fit = policy_first_fit(hd->policy);
-  for (size_t i = 0; i < n; i++) {
-    ledger_waiter_t *wt = &h->st->waiters[order[i]];
-    if (wt->state != W_WAITING)
-      continue; /* served with its job's resume, earlier in this pass */
-    if (waiter_stale(h, wt)) {
-      drop_stale(h, order[i]);
-      continue;
-    }
-    if (cogpu__ledger_held_back(h, wt))
-      continue; /* served with its job's resume */
-    if (wt->resume) {
-      uint32_t g = (uint32_t)wt->gpu;
-      if (!blocked[g] && cogpu__ledger_resume_fits(h, wt)) {
-        serve_resume(h, order[i]);
-        continue;
-      }
-      if (!first_fit || (int64_t)order[i] == starving)
-        blocked[g] = true;
-      continue;
-    }
-    size_t ng = waiter_gpus(h, wt, gpus);
-    bool served = false;
-    for (size_t k = 0; k < ng && !served; k++) {
-      uint32_t g = gpus[k];
-      if (!blocked[g] && cogpu__ledger_fits(h, g, (uint32_t)wt->slot, wt->bytes,
-                                            wt->exclusive)) {
-        serve_one(h, order[i], g);
-        served = true;
-      }
-    }
-    if (served || (first_fit && (int64_t)order[i] != starving))
-      continue;
-    for (size_t k = 0; k < ng; k++)
-      if (could_fit(h, wt, gpus[k]))
-        blocked[gpus[k]] = true;
-  }
+  cogpu__core_rules_t r = cogpu__ledger_core_rules(h);
+  cogpu__core_serve(&r, cogpu__now_ns(), hd->ngpus, order, n, &serve_ops, h);
   deadlock_guard(h);
   cogpu__ledger_preempt(h);
 }
