@@ -38,7 +38,7 @@ void cogpu__core_order(const cogpu__core_rules_t *r, uint32_t *ids, size_t n,
     ops->entry(ctx, id, &e);
     ops->entry(ctx, ids[i - 1], &o);
     if (!cogpu__core_before(r, &e, &o))
-      continue; /* in order already: the usual case */
+      continue;                /* in order already: the usual case */
     size_t lo = 0, hi = i - 1; /* the first entry e goes before is in it */
     while (lo < hi) {
       size_t mid = lo + (hi - lo) / 2;

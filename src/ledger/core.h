@@ -58,9 +58,9 @@ static inline uint64_t cogpu__core_free(const cogpu__core_gpu_t *g) {
  * nobody else fits beside an exclusive holder; a new client counts
  * against max_clients. */
 static inline bool cogpu__core_fits(const cogpu__core_rules_t *r,
-                                    const cogpu__core_gpu_t *g,
-                                    uint64_t holder, uint64_t held,
-                                    uint64_t bytes, bool exclusive) {
+                                    const cogpu__core_gpu_t *g, uint64_t holder,
+                                    uint64_t held, uint64_t bytes,
+                                    bool exclusive) {
   if (g->excl && g->excl != holder)
     return false;
   if (exclusive)
@@ -73,11 +73,9 @@ static inline bool cogpu__core_fits(const cogpu__core_rules_t *r,
 /* The GPU after a grant of `bytes` (or exclusive use) to `holder`, which
  * held `held` there: the caller stores what changed (the ledger through
  * its undo log). */
-static inline cogpu__core_gpu_t cogpu__core_granted(const cogpu__core_gpu_t *g,
-                                                    uint64_t holder,
-                                                    uint64_t held,
-                                                    uint64_t bytes,
-                                                    bool exclusive) {
+static inline cogpu__core_gpu_t
+cogpu__core_granted(const cogpu__core_gpu_t *g, uint64_t holder, uint64_t held,
+                    uint64_t bytes, bool exclusive) {
   cogpu__core_gpu_t n = *g;
   bool was_client = held > 0 || g->excl == holder;
   if (exclusive)
@@ -91,8 +89,8 @@ static inline cogpu__core_gpu_t cogpu__core_granted(const cogpu__core_gpu_t *g,
 /* The GPU after `holder`, which held `held` there, gives back `bytes` of
  * it (at most held), and its exclusive use if `end_excl`. */
 static inline cogpu__core_gpu_t
-cogpu__core_released(const cogpu__core_gpu_t *g, uint64_t holder,
-                     uint64_t held, uint64_t bytes, bool end_excl) {
+cogpu__core_released(const cogpu__core_gpu_t *g, uint64_t holder, uint64_t held,
+                     uint64_t bytes, bool end_excl) {
   cogpu__core_gpu_t n = *g;
   bool was_client = held > 0 || g->excl == holder;
   if (bytes > held)
