@@ -345,8 +345,15 @@ extern _Atomic uint64_t cogpu__ledger_probes_locked;
 
 /* --- policy.c: who is served ---------------------------------------------- */
 uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g);
-/* A GPU and the node's rules as the decisions (core.h) see them. */
-cogpu__core_gpu_t cogpu__ledger_core_gpu(const ledger_gpu_t *g);
+/* A GPU and the node's rules as the decisions (core.h) see them. Inline:
+ * the fast path's fit and booking read the GPU through it. */
+static inline cogpu__core_gpu_t cogpu__ledger_core_gpu(const ledger_gpu_t *g) {
+  return (cogpu__core_gpu_t){
+      .capacity = cogpu__core_capacity(g->total, g->margin, g->foreign),
+      .reserved = g->reserved,
+      .nclients = g->nclients,
+      .excl = g->excl_slot};
+}
 cogpu__core_rules_t cogpu__ledger_core_rules(struct cogpu_s *h);
 /* Can `bytes` (or exclusive use) be granted on GPU gi to slot now? */
 bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,

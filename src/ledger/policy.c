@@ -22,13 +22,6 @@ uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g) {
   return cogpu__core_capacity(g->total, g->margin, g->foreign);
 }
 
-cogpu__core_gpu_t cogpu__ledger_core_gpu(const ledger_gpu_t *g) {
-  return (cogpu__core_gpu_t){.capacity = cogpu__ledger_capacity(g),
-                             .reserved = g->reserved,
-                             .nclients = g->nclients,
-                             .excl = g->excl_slot};
-}
-
 cogpu__core_rules_t cogpu__ledger_core_rules(struct cogpu_s *h) {
   const ledger_hdr_t *hd = &h->st->hdr;
   return (cogpu__core_rules_t){.policy = hd->policy,

@@ -53,7 +53,9 @@ static void n_serve(void *ctx, uint32_t id, uint32_t g) {
   n->served_on[id] = g;
   n->serve_log[n->nserved++] = id;
 }
-static void n_drop(void *ctx, uint32_t id) { ((node_t *)ctx)->dropped[id]++; }
+static void n_drop(void *ctx, uint32_t id) {
+  ((node_t *)ctx)->dropped[id]++;
+}
 
 static const cogpu__core_ops_t n_ops = {.entry = n_entry,
                                         .kind = n_kind,
@@ -202,9 +204,9 @@ TEST_IMPL(core_serve_starving_guard) {
   node_init(&n, COGPU_POLICY_MMU, 1, 10 * GiB);
   n.rules.mmu_max_age_ns = age;
   n.gpu[0] = cogpu__core_granted(&n.gpu[0], 100, 0, 4 * GiB, false);
-  node_ask(&n, 0, 0, 8 * GiB, 0, 0);         /* old, large */
-  node_ask(&n, 1, 0, 2 * GiB, 0, age / 2);   /* young, small */
-  node_pass(&n, 2, age - 1);                 /* not yet starving */
+  node_ask(&n, 0, 0, 8 * GiB, 0, 0);       /* old, large */
+  node_ask(&n, 1, 0, 2 * GiB, 0, age / 2); /* young, small */
+  node_pass(&n, 2, age - 1);               /* not yet starving */
   ASSERT_EQ(n.served_on[1], 0);
   node_init(&n, COGPU_POLICY_MMU, 1, 10 * GiB);
   n.rules.mmu_max_age_ns = age;
@@ -218,8 +220,8 @@ TEST_IMPL(core_serve_starving_guard) {
    * priority ones, once it fits. */
   node_init(&n, COGPU_POLICY_PRIO_MMU, 1, 10 * GiB);
   n.rules.mmu_max_age_ns = age;
-  node_ask(&n, 0, 0, 6 * GiB, 10, age);   /* high priority, young */
-  node_ask(&n, 1, 0, 8 * GiB, 0, 0);      /* low, starving */
+  node_ask(&n, 0, 0, 6 * GiB, 10, age); /* high priority, young */
+  node_ask(&n, 1, 0, 8 * GiB, 0, 0);    /* low, starving */
   node_pass(&n, 2, age);
   ASSERT_EQ(n.served_on[1], 0);
   ASSERT_EQ(n.served_on[0], -1);
@@ -232,7 +234,8 @@ TEST_IMPL(core_serve_any_gpu_and_kinds) {
   n.gpu[0] = cogpu__core_granted(&n.gpu[0], 100, 0, 5 * GiB, false);
   n.gpu[1] = cogpu__core_granted(&n.gpu[1], 101, 0, 2 * GiB, false);
   n.gpu[2] = cogpu__core_granted(&n.gpu[2], 102, 0, 2 * GiB, false);
-  node_ask(&n, 0, COGPU_GPU_AUTO, 1 * GiB, 0, 0); /* most free: 1 (tie: lower) */
+  node_ask(&n, 0, COGPU_GPU_AUTO, 1 * GiB, 0,
+           0); /* most free: 1 (tie: lower) */
   node_ask(&n, 1, COGPU_GPU_AUTO, 8 * GiB, 0, 0); /* after 0: GPU 2 */
   node_ask(&n, 2, 0, 1 * GiB, 0, 0);
   n.kind[2] = COGPU_CORE_DROP;
