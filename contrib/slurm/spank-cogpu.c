@@ -32,8 +32,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -71,6 +73,9 @@ typedef struct job_opts_s {
   /* plugstack.conf whole_gpu_wait=: how long a whole-GPU job waits for
    * --gpu-mem jobs to leave its GPUs before it runs unguarded. */
   int64_t whole_wait_ms;
+  /* plugstack.conf dcgm_job_map_dir=: where to keep DCGM exporter's HPC
+   * job mapping (empty: none). */
+  char dcgm_dir[PATH_MAX];
 } job_opts_t;
 
 static job_opts_t opts = {.whole_wait_ms = COGPU_WAIT_FOREVER};
@@ -299,8 +304,19 @@ static int parse_args(int ac, char **av) {
       }
       continue;
     }
+    if (strncmp(av[i], "dcgm_job_map_dir=", 17) == 0) {
+      if (av[i][17] != '/') {
+        slurm_error("cogpu: plugstack.conf: dcgm_job_map_dir must be an "
+                    "absolute path, not '%s'",
+                    av[i] + 17);
+        return -1;
+      }
+      snprintf(opts.dcgm_dir, sizeof opts.dcgm_dir, "%s", av[i] + 17);
+      continue;
+    }
     slurm_error("cogpu: unknown argument '%s' in plugstack.conf (accepted: "
-                "preload=PATH, whole_gpu_wait=DURATION)",
+                "preload=PATH, whole_gpu_wait=DURATION, "
+                "dcgm_job_map_dir=DIR)",
                 av[i]);
     return -1;
   }
@@ -730,6 +746,105 @@ static void report_admin_comment(uint32_t id, uint32_t step, const char *node,
 /* slurmstepd, when the step's last task on this node has ended: the job's
  * figures (its exact peak, from the preload library's counts) on the first
  * task's stderr, like seff's, and in the job's AdminComment. */
+/* --- DCGM exporter's HPC job mapping ----------------------------------------
+ * With dcgm_job_map_dir=DIR, DIR holds a file per GPU, named by the GPU's
+ * index, listing the jobs that hold memory on it, one job id per line:
+ * dcgm-exporter --hpc-job-mapping-dir=DIR then labels each GPU's metrics
+ * with the jobs on it (several, when cogpu shares the GPU). slurmstepd
+ * (root) adds its job when the step's first task starts and takes it out
+ * when the step ends, unless another step of the job still holds memory
+ * there. Steps of many jobs start and end at once: each change is made
+ * under an flock of DIR/.lock and published by rename, so the exporter
+ * never reads half a file. */
+static bool dcgm_added;
+static int dcgm_index = -1; /* job_gpu's NVML index, the file's name */
+
+static void dcgm_map_change(const char *job, bool add) {
+  char lock[PATH_MAX + 16], path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+  snprintf(lock, sizeof lock, "%s/.lock", opts.dcgm_dir);
+  snprintf(path, sizeof path, "%s/%d", opts.dcgm_dir, dcgm_index);
+  snprintf(tmp, sizeof tmp, "%s/.%d.%d", opts.dcgm_dir, dcgm_index,
+           (int)getpid());
+  if (mkdir(opts.dcgm_dir, 0755) != 0 && errno != EEXIST) {
+    slurm_info("cogpu: dcgm_job_map_dir %s: %s", opts.dcgm_dir,
+               strerror(errno));
+    return;
+  }
+  int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (lfd < 0 || flock(lfd, LOCK_EX) != 0) {
+    slurm_info("cogpu: %s: %s", lock, strerror(errno));
+    if (lfd >= 0)
+      close(lfd);
+    return;
+  }
+  /* Another step of the job still on the GPU keeps the line. */
+  bool keep = false;
+  cogpu_status_t *st = NULL;
+  if (!add && holder && job_gpu >= 0 && cogpu_status(holder, &st) == 0) {
+    if ((size_t)job_gpu < st->ngpus) {
+      const cogpu_gpu_info_t *gi = &st->gpus[job_gpu];
+      for (size_t c = 0; c < gi->nclients && !keep; c++)
+        keep = strcmp(gi->clients[c].job_id, job) == 0 &&
+               gi->clients[c].pid != getpid();
+    }
+    cogpu_status_free(st);
+  }
+  char line[128];
+  bool present = false;
+  FILE *in = fopen(path, "re");
+  FILE *out = keep ? NULL : fopen(tmp, "we");
+  while (in && fgets(line, sizeof line, in)) {
+    line[strcspn(line, "\n")] = 0;
+    bool mine = strcmp(line, job) == 0;
+    present |= mine;
+    if (out && line[0] && (!mine || add))
+      fprintf(out, "%s\n", line);
+  }
+  if (out && add && !present)
+    fprintf(out, "%s\n", job);
+  if (in)
+    fclose(in);
+  if (out) {
+    bool ok = fflush(out) == 0 && fchmod(fileno(out), 0644) == 0;
+    ok = fclose(out) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+      slurm_info("cogpu: %s: %s", path, strerror(errno));
+      unlink(tmp);
+    }
+  }
+  close(lfd); /* drops the flock */
+}
+
+static void dcgm_map_add(spank_t sp) {
+  if (!opts.dcgm_dir[0] || dcgm_added || !holder || job_gpu < 0 || failure[0])
+    return;
+  uint32_t id = 0;
+  if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS)
+    return;
+  cogpu_status_t *st = NULL;
+  if (cogpu_status(holder, &st) != 0)
+    return;
+  if ((size_t)job_gpu < st->ngpus)
+    dcgm_index = st->gpus[job_gpu].index;
+  cogpu_status_free(st);
+  if (dcgm_index < 0)
+    return;
+  char job[16];
+  snprintf(job, sizeof job, "%u", id);
+  dcgm_map_change(job, true);
+  dcgm_added = true;
+}
+
+static void dcgm_map_remove(spank_t sp) {
+  uint32_t id = 0;
+  if (!dcgm_added || spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS)
+    return;
+  char job[16];
+  snprintf(job, sizeof job, "%u", id);
+  dcgm_map_change(job, false);
+  dcgm_added = false;
+}
+
 static void report_step(spank_t sp) {
   /* Without the preload library nothing counted the tasks' memory: no
    * figure is better than a false 0. */
@@ -787,6 +902,7 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av) {
   }
   report_capture(sp);
   report_tasks++;
+  dcgm_map_add(sp);
   if (!step_managed())
     return 0;
   pid_t pid = 0;
@@ -976,10 +1092,10 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
 
 /* The step is over: its reservation (or its share of the job's) ends. */
 int slurm_spank_exit(spank_t sp, int ac, char **av) {
-  (void)sp;
   (void)ac;
   (void)av;
   guard_stop();
+  dcgm_map_remove(sp);
   if (holder)
     cogpu_detach(holder);
   holder = NULL;

@@ -1219,3 +1219,96 @@ TEST_IMPL_T(slurm_end_of_job_report, 240) {
   ASSERT_CONTAINS(show_job("2"), "\"peak_bytes\":");
   stop_cluster(); /* tests end with _exit: no atexit */
 }
+
+/* dcgm_job_map_dir: DCGM exporter's HPC job mapping lists the jobs on
+ * each GPU while they run (two jobs sharing GPU 1, one on GPU 0), keeps a
+ * job while another of its steps still runs there, and forgets each job
+ * when it ends. A relative directory is refused on the plugstack line. */
+static const char *map_file(const char *dir, int gpu) {
+  char path[PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/%d", dir, gpu);
+  static char buf[4096];
+  buf[0] = 0;
+  FILE *f = fopen(path, "re");
+  if (f) {
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+  }
+  return buf;
+}
+
+static void wait_map(const char *dir, int gpu, const char *want, int ms) {
+  for (int i = 0; i < th_ms(ms) / 100; i++) {
+    if (strcmp(map_file(dir, gpu), want) == 0)
+      return;
+    th_sleep_ms(100);
+  }
+  th_fail(__FILE__, __LINE__, "%s/%d holds '%s', want '%s'", dir, gpu,
+          map_file(dir, gpu), want);
+}
+
+TEST_IMPL_T(slurm_dcgm_job_map, 240) {
+  start_cluster_gpus("32G", "16G,16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2], conf[PATH_MAX + 32], line[PATH_MAX * 2],
+      dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/dcgm-map", th_tmpdir());
+  snprintf(conf, sizeof conf, "%s/plugstack.conf", cluster);
+  snprintf(line, sizeof line, "required %s dcgm_job_map_dir=dcgm\n",
+           getenv("COGPU_SPANK"));
+  th_write_file(conf, line);
+  ASSERT_NE(sh("srun --gpu-mem=1G true", out, sizeof out, th_ms(30000)), 0);
+  ASSERT_CONTAINS(out, "dcgm_job_map_dir must be an absolute path");
+  snprintf(line, sizeof line, "required %s dcgm_job_map_dir=%s\n",
+           getenv("COGPU_SPANK"), dir);
+  th_write_file(conf, line);
+  /* The first job fills most of one GPU (whichever cogpu picks); the
+   * next two can then only share the other. */
+  const char *mem[] = {"12G", "6G", "6G"};
+  char id[3][16], want[48], want2[48];
+  int g0 = -1;
+  for (int j = 0; j < 3; j++) {
+    snprintf(cmd, sizeof cmd,
+             "sbatch --parsable -D %s -o /dev/null --gpu-mem=%s --wrap "
+             "'srun --overlap --gpu-mem=%s sleep 4 & sleep 600'",
+             th_tmpdir(), mem[j], mem[j]);
+    ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+    snprintf(id[j], sizeof id[j], "%.*s", (int)strcspn(out, ";\n"), out);
+    snprintf(want, sizeof want, "%s\n", id[0]);
+    for (int i = 0; j == 0 && g0 < 0 && i < th_ms(30000) / 100; i++) {
+      g0 = strcmp(map_file(dir, 0), want) == 0   ? 0
+           : strcmp(map_file(dir, 1), want) == 0 ? 1
+                                                 : -1;
+      th_sleep_ms(100);
+    }
+    ASSERT_GE(g0, 0);
+  }
+  int other = 1 - g0;
+  snprintf(want, sizeof want, "%s\n%s\n", id[1], id[2]);
+  snprintf(want2, sizeof want2, "%s\n%s\n", id[2], id[1]);
+  bool both = false;
+  for (int i = 0; !both && i < th_ms(30000) / 100; i++) {
+    const char *m = map_file(dir, other);
+    both = strcmp(m, want) == 0 || strcmp(m, want2) == 0;
+    if (!both)
+      th_sleep_ms(100);
+  }
+  if (!both)
+    th_fail(__FILE__, __LINE__, "GPU %d's map holds '%s', want jobs %s, %s",
+            other, map_file(dir, other), id[1], id[2]);
+  snprintf(want, sizeof want, "%s\n", id[0]);
+  wait_map(dir, g0, want, 1000);
+  /* The srun steps end after 4 s; their batch steps still run: kept. */
+  th_sleep_ms(6000);
+  wait_map(dir, g0, want, 1000);
+  snprintf(cmd, sizeof cmd, "scancel %s", id[1]);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  snprintf(want2, sizeof want2, "%s\n", id[2]);
+  wait_map(dir, other, want2, 30000);
+  snprintf(cmd, sizeof cmd, "scancel %s %s", id[0], id[2]);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  wait_map(dir, 0, "", 30000);
+  wait_map(dir, 1, "", 30000);
+  wait_jobs_done(60000);
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
