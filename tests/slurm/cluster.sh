@@ -27,6 +27,11 @@ gpu_size=${COGPU_CLUSTER_GPU_SIZE:-}
 # cgroup the node gets a name of its own, which names its cgroups
 # (slurm_NODE): clusters of other tests running at once must not share them.
 proctrack=${COGPU_CLUSTER_PROCTRACK:-linuxproc}
+# COGPU_CLUSTER_CPUS: the node's CPUs (16): a replay of many small jobs
+# needs more, so that GPU memory, not CPUs, bounds how many run at once.
+cpus=${COGPU_CLUSTER_CPUS:-16}
+# COGPU_CLUSTER_CONF_EXTRA: lines added to slurm.conf (e.g. MinJobAge).
+extra=${COGPU_CLUSTER_CONF_EXTRA:-}
 node=localhost
 { [ "$proctrack" = cgroup ] || [ -f "$dir/cgroup.conf" ]; } &&
   node=cg$(printf %s "$dir" | cksum | cut -d' ' -f1)
@@ -136,8 +141,9 @@ PlugStackConfig=$dir/plugstack.conf
 GresTypes=$gres$([ "$gpus" -gt 0 ] && echo ,gpu)
 ${COGPU_CLI_FILTER:+CliFilterPlugins=cli_filter/lua}
 ${COGPU_JOB_SUBMIT:+JobSubmitPlugins=lua}
-NodeName=$node NodeAddr=127.0.0.1 CPUs=16 RealMemory=4096 Gres=$gres:$gpumem$([ "$gpus" -gt 0 ] && echo ",gpu:$gpus")${gpu_size:+ Features=cogpu_gpu_$gpu_size} State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$((cpus * 256)) Gres=$gres:$gpumem$([ "$gpus" -gt 0 ] && echo ",gpu:$gpus")${gpu_size:+ Features=cogpu_gpu_$gpu_size} State=UNKNOWN
 PartitionName=test Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$extra
 CONF
   if [ "$proctrack" = cgroup ]; then
     printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n' >"$dir/cgroup.conf"

@@ -1312,3 +1312,61 @@ TEST_IMPL_T(slurm_dcgm_job_map, 240) {
   wait_jobs_done(60000);
   stop_cluster(); /* tests end with _exit: no atexit */
 }
+
+/* ------------------------------------------------------------------------ */
+/* Issue 15: a real replay of a scaled-down trace, for the simulator        */
+/* ------------------------------------------------------------------------ */
+
+/* The public traces (../shared/traces beside the repository, or
+ * COGPU_TRACES); NULL if absent. */
+static const char *traces_dir(void) {
+  static char d[PATH_MAX + 32];
+  const char *e = getenv("COGPU_TRACES");
+  if (e && *e)
+    snprintf(d, sizeof d, "%s", e);
+  else
+    snprintf(d, sizeof d, "%s/../shared/traces", root);
+  char f[PATH_MAX * 2];
+  snprintf(f, sizeof f, "%s/alibaba-clusterdata/openb_pod_list_default.csv", d);
+  return access(f, R_OK) == 0 ? d : NULL;
+}
+
+/* Replay a window of Alibaba's sharing pods (COGPU_REPLAY_JOBS, 60 by
+ * default; `make sim-validate` runs 300), arrivals compressed, on one
+ * 80 GiB GPU: every job is submitted at its time, runs its allocation and
+ * completes; Slurm's record of each is in replay.psv for the comparison
+ * with the simulator's prediction. */
+TEST_IMPL_T(slurm_replay_trace, 900) {
+  find_root();
+  const char *tr = traces_dir();
+  if (!tr)
+    SKIP("no public traces (../shared/traces or COGPU_TRACES): the replay "
+         "reads them from there");
+  const char *nj = getenv("COGPU_REPLAY_JOBS");
+  int jobs = nj && atoi(nj) > 0 ? atoi(nj) : 60;
+  setenv("COGPU_CLUSTER_CPUS", "64", 1);
+  setenv("COGPU_CLUSTER_CONF_EXTRA", "MinJobAge=7200", 1);
+  start_cluster("80G");
+  char cmd[PATH_MAX * 4], out[OUT_MAX];
+  snprintf(cmd, sizeof cmd,
+           "python3 %s/bench/sim-validate/make-trace.py --pods "
+           "%s/alibaba-clusterdata/openb_pod_list_default.csv --jobs %d "
+           "--sharing-only --gpu-mem 16G --span %d --out %s/trace.csv",
+           root, tr, jobs, jobs * 2 / 5, th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  snprintf(cmd, sizeof cmd,
+           "python3 %s/bench/sim-validate/replay.py --trace %s/trace.csv "
+           "--prog %s --out %s/replay.psv 2>&1",
+           root, th_tmpdir(), prog(), th_tmpdir());
+  int rc = sh(cmd, out, sizeof out, th_ms(jobs * 8000));
+  if (rc)
+    th_fail(__FILE__, __LINE__, "replay failed (%d):\n%s", rc, out);
+  /* Every job is there, completed, with its peak in AdminComment. */
+  const char *psv = file("replay.psv");
+  int n = 0;
+  for (const char *p = psv; (p = strstr(p, "|COMPLETED|")); p++)
+    n++;
+  ASSERT_EQ(n, jobs);
+  ASSERT_CONTAINS(psv, "{\"cogpu\":[{\"node\":");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
