@@ -125,7 +125,9 @@ static void rec_ended(void *ctx, struct cogpu_s *h, uint32_t s) {
   x->run_ms = rep.run_ms;
   x->suspensions = rep.suspensions;
   x->guard_failures = rep.guard_failures;
-  cogpu__hist_tl_add(x, rep.peak_after_ms, rep.peak);
+  cogpu__hist_tl_t tl = {0};
+  cogpu__hist_tl_add(&tl, rep.peak_after_ms, rep.peak);
+  cogpu__hist_tl_store(x, &tl);
   pthread_cond_signal(&r->cv);
   pthread_mutex_unlock(&r->mu);
 }

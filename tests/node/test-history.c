@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "history/history.h"
 #include "internal.h"
 #include "ledger-helpers.h"
 
@@ -287,4 +288,67 @@ TEST_IMPL(history_mem_auto_learns) {
   ASSERT_EQ(run_logged("fresh", fresh), 0);
   ASSERT_CONTAINS(lt_slurp("fresh"), "no earlier run of this command");
   ASSERT_CONTAINS(lt_slurp("fresh"), "used at most 2.3 GiB");
+}
+
+/* The timeline's bound, on the history component itself: a job of any
+ * length, sampled at any rate, keeps at most COGPU_HIST_TL_MAX samples
+ * (every other one dropped, keeping the higher, and the interval doubled
+ * each time it fills); samples closer than the interval keep their
+ * highest; a second the sampler skipped holds the sample before it; and
+ * the database stores and returns the timeline as it was. */
+TEST_IMPL_SINGLE(history_timeline_bounded) {
+  cogpu__hist_tl_t *t = calloc(1, sizeof *t);
+  ASSERT(t);
+  /* Fast: every 10 ms for 3 s, growing: one sample per second, each the
+   * highest of its second. */
+  for (uint64_t ms = 0; ms < 3000; ms += 10)
+    cogpu__hist_tl_add(t, ms, ms * 1000);
+  ASSERT_EQ(t->n, 3);
+  ASSERT_UEQ(t->ms, 1000);
+  ASSERT_UEQ(t->v[0], 990 * 1000);
+  ASSERT_UEQ(t->v[2], 2990 * 1000);
+  /* A skipped second: 3 s and 4 s were not sampled. */
+  cogpu__hist_tl_add(t, 5500, 7);
+  ASSERT_EQ(t->n, 6);
+  ASSERT_UEQ(t->v[3], 2990 * 1000);
+  ASSERT_UEQ(t->v[4], 2990 * 1000);
+  ASSERT_UEQ(t->v[5], 7);
+  /* Long: once a second for a day, one spike at 1 h; growing slowly. */
+  memset(t, 0, sizeof *t);
+  uint64_t day = 24 * 3600 * 1000ull;
+  for (uint64_t ms = 500; ms < day; ms += 1000) {
+    cogpu__hist_tl_add(t, ms, ms == 3600500 ? 1ull << 40 : ms / 1000);
+    ASSERT(t->n <= COGPU_HIST_TL_MAX);
+  }
+  ASSERT(t->n > COGPU_HIST_TL_MAX / 2);
+  /* 86,400 s in at most 128 slots: 1024 s each (1000 ms doubled 10 times). */
+  ASSERT_UEQ(t->ms, 1024000);
+  uint64_t top = 0;
+  for (uint32_t k = 0; k < t->n; k++)
+    top = t->v[k] > top ? t->v[k] : top;
+  ASSERT_UEQ(top, 1ull << 40); /* the spike survived every halving */
+  ASSERT_UEQ(t->v[3600500 / t->ms], 1ull << 40);
+  /* Stored and read back as it was, interval included. */
+  char path[4300];
+  snprintf(path, sizeof path, "%s/tl/history.db", getenv("COGPU_TEST_TMPDIR"));
+  cogpu__hist_t *db = NULL;
+  ASSERT_OK(cogpu__hist_open(path, true, &db));
+  cogpu__hist_rec_t *r = calloc(1, sizeof *r);
+  ASSERT(r);
+  r->gpu = 0;
+  r->end_ms = 1;
+  cogpu__hist_tl_store(r, t);
+  ASSERT_OK(cogpu__hist_add(db, r, -1, 0));
+  cogpu__hist_rec_t *out = NULL;
+  size_t n = 0;
+  cogpu__hist_filter_t f = {.has_uid = false};
+  ASSERT_OK(cogpu__hist_query(db, &f, &out, &n));
+  ASSERT_EQ(n, 1);
+  ASSERT_EQ(out[0].tl_n, t->n);
+  ASSERT_UEQ(out[0].tl_ms, t->ms);
+  ASSERT_EQ(memcmp(out[0].tl, t->v, t->n * sizeof t->v[0]), 0);
+  free(out);
+  free(r);
+  free(t);
+  cogpu__hist_close(db);
 }

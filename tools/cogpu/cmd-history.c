@@ -444,7 +444,12 @@ void cli_history_record(const cogpu__config_t *cfg, cogpu_t *h,
   r->run_ms = rep->run_ms;
   r->suspensions = rep->suspensions;
   r->guard_failures = rep->guard_failures;
-  cogpu__hist_tl_add(r, rep->peak_after_ms, rep->peak);
+  cogpu__hist_tl_t *t = calloc(1, sizeof *t);
+  if (t) {
+    cogpu__hist_tl_add(t, rep->peak_after_ms, rep->peak);
+    cogpu__hist_tl_store(r, t);
+    free(t);
+  }
   cogpu__hist_t *db = NULL;
   int rc = cogpu__hist_open(path, true, &db);
   if (rc == 0)
