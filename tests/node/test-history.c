@@ -290,6 +290,92 @@ TEST_IMPL(history_mem_auto_learns) {
   ASSERT_CONTAINS(lt_slurp("fresh"), "used at most 2.3 GiB");
 }
 
+/* The first record's "timeline_bytes" into v (at most max values); returns
+ * how many it has. */
+static size_t timeline_of(const char *json, unsigned long long *v, size_t max) {
+  const char *p = strstr(json, "\"timeline_bytes\":[");
+  if (!p)
+    th_fail(__FILE__, __LINE__, "no timeline in %s", json);
+  p += strlen("\"timeline_bytes\":[");
+  size_t n = 0;
+  while (*p && *p != ']') {
+    char *end;
+    unsigned long long x = strtoull(p, &end, 10);
+    if (end == p)
+      th_fail(__FILE__, __LINE__, "bad timeline in %s", json);
+    if (n < max)
+      v[n] = x;
+    n++;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return n;
+}
+
+/* The memory timeline follows the job's real profile, sampled about once a
+ * second: a job that holds 1 GiB (and its context) for 1.5 s, then 2 GiB
+ * more for 1.5 s. Its timeline (1 s apart) has a sample of each plateau,
+ * grows without dropping until its highest point, which is the record's
+ * exact peak, and starts below it. Single-user mode: cogpu run samples;
+ * node mode: the daemon. */
+TEST_IMPL(history_timeline_follows_profile) {
+  hist_env();
+  const char *argv[] = {"cogpu",     "run",      "--",        lt_cudaprog(),
+                        "direct",    "init",     "ctx",       "alloc:1G",
+                        "hold:1500", "alloc:2G", "hold:1500", "freeall",
+                        NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  char *h = history_json("--last", "1");
+  unsigned long long peak = field_u(h, "peak_bytes");
+  ASSERT_UEQ(peak, 300ull * MiB + 3 * GiB);
+  ASSERT_CONTAINS(h, "\"timeline_interval_seconds\":1.000,");
+  unsigned long long v[COGPU_HIST_TL_MAX];
+  size_t n = timeline_of(h, v, COGPU_HIST_TL_MAX);
+  if (n < 3 || n > 6)
+    th_fail(__FILE__, __LINE__, "%zu samples in a job of 3 s: %s", n, h);
+  size_t top = 0;
+  bool low_plateau = false;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i] > v[top])
+      top = i;
+    low_plateau |= v[i] == 300ull * MiB + GiB;
+  }
+  ASSERT_UEQ(v[top], peak);
+  ASSERT(v[0] < peak);
+  ASSERT(low_plateau);
+  for (size_t i = 1; i <= top; i++)
+    if (v[i] < v[i - 1])
+      th_fail(__FILE__, __LINE__, "the timeline drops while it grows: %s", h);
+}
+
+/* After the last job ends, the daemon no longer wakes to sample: an idle
+ * node sleeps in epoll_wait (no voluntary context switch of its loop's
+ * thread in 2.5 s), as it did before timelines were sampled. */
+TEST_IMPL(history_timeline_idle_daemon_sleeps) {
+  if (!th_node_mode())
+    SKIP("the daemon's sampling");
+  hist_env();
+  const char *argv[] = {"cogpu",     "run",     "--",  lt_cudaprog(),
+                        "direct",    "init",    "ctx", "alloc:1G",
+                        "hold:1200", "freeall", NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  char *h = history_json("--last", "1");
+  unsigned long long v[COGPU_HIST_TL_MAX];
+  ASSERT(timeline_of(h, v, COGPU_HIST_TL_MAX) >= 1);
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)th_daemon_pid());
+  unsigned long long sw[2] = {0, 0};
+  for (int k = 0; k < 2; k++) {
+    if (k)
+      th_sleep_ms(2500);
+    FILE *f = fopen(path, "r");
+    ASSERT(f);
+    while (fgets(line, sizeof line, f))
+      sscanf(line, "voluntary_ctxt_switches: %llu", &sw[k]);
+    fclose(f);
+  }
+  ASSERT_UEQ(sw[1] - sw[0], 0);
+}
+
 /* The timeline's bound, on the history component itself: a job of any
  * length, sampled at any rate, keeps at most COGPU_HIST_TL_MAX samples
  * (every other one dropped, keeping the higher, and the interval doubled
