@@ -290,6 +290,48 @@ TEST_IMPL(history_mem_auto_learns) {
   ASSERT_CONTAINS(lt_slurp("fresh"), "used at most 2.3 GiB");
 }
 
+/* mem=auto as a default (COGPU_MEM here; a site's config file alike):
+ * cogpu run without --mem learns, as --mem auto does. Its first run has
+ * nothing to learn from and runs on demand, saying where mem=auto came
+ * from; the second reserves the first's peak plus auto_margin; an explicit
+ * --mem SIZE overrides it. */
+TEST_IMPL(history_mem_auto_default) {
+  hist_env();
+  th_setenv("COGPU_AUTO_MARGIN", "10");
+  setenv("COGPU_MEM", "auto", 1);
+  const char *argv[] = {"cogpu",  "run",     "--",  lt_cudaprog(),
+                        "direct", "init",    "ctx", "alloc:1G",
+                        "hold:1", "freeall", NULL};
+  ASSERT_EQ(run_logged("first", argv), 0);
+  ASSERT_CONTAINS(lt_slurp("first"),
+                  "mem=auto (from env COGPU_MEM): no earlier run of this "
+                  "command on this node: running on demand");
+  unsigned long long peak = field_u(history_json(NULL, NULL), "peak_bytes");
+  ASSERT_UEQ(peak, 300ull * MiB + GiB);
+  unsigned long long want = peak + peak / 10;
+  want = (want + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
+  ASSERT_EQ(run_logged("second", argv), 0);
+  ASSERT_CONTAINS(lt_slurp("second"), "mem=auto (from env COGPU_MEM): "
+                                      "reserving ");
+  ASSERT_UEQ(field_u(history_json("--last", "1"), "declared_bytes"), want);
+  const char *sized[] = {"cogpu",       "run",     "--mem", "2G",  "--",
+                         lt_cudaprog(), "direct",  "init",  "ctx", "alloc:1G",
+                         "hold:1",      "freeall", NULL};
+  ASSERT_EQ(run_logged("sized", sized), 0);
+  ASSERT_NOT_CONTAINS(lt_slurp("sized"), "mem=auto");
+  ASSERT_UEQ(field_u(history_json("--last", "1"), "declared_bytes"), 2 * GiB);
+  /* A site's config file alike. */
+  unsetenv("COGPU_MEM");
+  char conf[4300], from[4400];
+  snprintf(conf, sizeof conf, "%s/cogpu.conf", getenv("COGPU_TEST_TMPDIR"));
+  th_write_file(conf, "mem = auto\n");
+  setenv("COGPU_CONFIG", conf, 1);
+  ASSERT_EQ(run_logged("file", argv), 0);
+  snprintf(from, sizeof from, "mem=auto (from %s:1): reserving ", conf);
+  ASSERT_CONTAINS(lt_slurp("file"), from);
+  setenv("COGPU_CONFIG", "", 1);
+}
+
 /* The first record's "timeline_bytes" into v (at most max values); returns
  * how many it has. */
 static size_t timeline_of(const char *json, unsigned long long *v, size_t max) {

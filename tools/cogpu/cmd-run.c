@@ -24,6 +24,7 @@
 typedef struct run_opts_s {
   uint64_t mem;
   bool mem_auto;
+  const char *mem_from; /* mem_auto from the option: where it was set */
   const char *gpu;
   long priority;
   int64_t timeout_ms;
@@ -56,7 +57,14 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
       {"no-preload", no_argument, NULL, 'n'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
+  /* mem=auto (config file or COGPU_MEM) makes learned reservations the
+   * default; --mem overrides it. A size there is the preload library's
+   * alone (a process's reservation at its first context): cogpu run
+   * reserves only what --mem says. */
+  bool mem_auto = cfg->v[COGPU_OPT_MEM].i != 0;
   *o = (run_opts_t){.gpu = "auto",
+                    .mem_auto = mem_auto,
+                    .mem_from = mem_auto ? cfg->v[COGPU_OPT_MEM].where : NULL,
                     .timeout_ms = cfg->v[COGPU_OPT_TIMEOUT].i,
                     .job_id = getenv("SLURM_JOB_ID")};
   int c;
@@ -65,6 +73,7 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
     int rc = 0;
     if (c == 'm' && strcmp(optarg, "auto") == 0) {
       o->mem_auto = true;
+      o->mem_from = NULL;
     } else if (c == 'm') {
       o->mem_auto = false;
       rc = cogpu__parse_size("--mem", optarg, &o->mem);
@@ -97,26 +106,32 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
   return 0;
 }
 
-/* --mem auto: reserve what this command needed before (docs/history.md,
- * "Learned reservations"), and grow on demand beyond it; with no history,
- * on demand. Says which, on stderr. */
+/* --mem auto, or mem=auto without --mem: reserve what this command needed
+ * before (docs/history.md, "Learned reservations"), and grow on demand
+ * beyond it; with no history, on demand. Says which, on stderr. */
 static void run_mem_auto(const cogpu__config_t *cfg, run_opts_t *o,
                          const char *cmdline) {
   uint64_t bytes = 0, peak = 0;
   unsigned runs = 0;
-  char b[32], p[32];
+  char b[32], p[32], how[400];
+  /* Which one asked: a default set by the site or the user is named with
+   * where it was set, so that nobody wonders where a reservation came
+   * from. */
+  if (o->mem_from)
+    snprintf(how, sizeof how, "mem=auto (from %s)", o->mem_from);
+  else
+    snprintf(how, sizeof how, "--mem auto");
   if (cli_history_suggest(cfg, cmdline, &bytes, &runs, &peak) != 0) {
-    cli_err("run: --mem auto: no history to learn from (%s): running on "
-            "demand",
+    cli_err("run: %s: no history to learn from (%s): running on demand", how,
             cogpu_last_error());
   } else if (!runs) {
-    cli_err("run: --mem auto: no earlier run of this command on this node: "
-            "running on demand");
+    cli_err("run: %s: no earlier run of this command on this node: "
+            "running on demand",
+            how);
   } else {
     o->mem = bytes;
-    cli_err("run: --mem auto: reserving %s (peak %s over the last %u "
-            "run%s, +%lld %%)",
-            cogpu__fmt_size(bytes, b, sizeof b),
+    cli_err("run: %s: reserving %s (peak %s over the last %u run%s, +%lld %%)",
+            how, cogpu__fmt_size(bytes, b, sizeof b),
             cogpu__fmt_size(peak, p, sizeof p), runs, runs == 1 ? "" : "s",
             (long long)cfg->v[COGPU_OPT_AUTO_MARGIN].i);
   }
