@@ -91,6 +91,7 @@ enum cogpu__opt_type {
   COGPU_OPT_TYPE_ENUM,
   COGPU_OPT_TYPE_SIZE,
   COGPU_OPT_TYPE_SIZE_OR_PCT,
+  COGPU_OPT_TYPE_SIZE_OR_AUTO,
   COGPU_OPT_TYPE_DURATION,
   COGPU_OPT_TYPE_INT,
   COGPU_OPT_TYPE_BOOL,
@@ -120,8 +121,10 @@ extern const cogpu__opt_desc_t cogpu__opt_table[COGPU_OPT__COUNT];
 
 /* A parsed value. ENUM: i = index into the '|'-separated form. SIZE: u.
  * SIZE_OR_PCT: pct = true and i = percent (0..100), or pct = false and u =
- * bytes. DURATION: i = ms (-1 = inf). INT: i. BOOL: i = 0/1. MODE: i = mode
- * bits. STRING: s. Every value also keeps its text and its source. */
+ * bytes. SIZE_OR_AUTO: u = bytes and i = 0, or "auto": i = 1 and u = 0, so
+ * that a reader that takes only sizes sees 0. DURATION: i = ms (-1 = inf). INT:
+ * i. BOOL: i = 0/1. MODE: i = mode bits. STRING: s. Every value also keeps its
+ * text and its source. */
 typedef struct cogpu__optval_s {
   int64_t i;
   uint64_t u;

@@ -184,6 +184,14 @@ static int opt_parse(int id, const char *text, cogpu__optval_t *v, char *why,
   case COGPU_OPT_TYPE_SIZE_OR_PCT:
     rc = opt_parse_size_or_pct(d->key, text, v);
     break;
+  case COGPU_OPT_TYPE_SIZE_OR_AUTO:
+    /* auto: a size learned from the job history (cogpu run's mem=auto);
+     * whoever has no history to learn from takes it as 0, on demand. */
+    if (strcasecmp(text, "auto") == 0)
+      v->i = 1;
+    else
+      rc = cogpu__parse_size(d->key, text, &v->u);
+    break;
   case COGPU_OPT_TYPE_DURATION:
     /* The bounds are options.def's min and max: the housekeeping period
      * must be finite and not 0 (a waiter would spin), foreign memory may be
@@ -243,8 +251,11 @@ static int opt_set(cogpu__config_t *cfg, int id, const char *text, int source,
                          "%s: invalid value '%.200s' (from %s)%s%s; "
                          "accepted: %s",
                          d->key, text, where, why[0] ? ": " : "", why, d->form);
-  /* An enum keeps its canonical spelling, whatever the case given. */
-  if (d->type == COGPU_OPT_TYPE_ENUM) {
+  /* An enum keeps its canonical spelling, whatever the case given; so does
+   * auto. */
+  if (d->type == COGPU_OPT_TYPE_SIZE_OR_AUTO && nv.i) {
+    snprintf(nv.s, sizeof nv.s, "auto");
+  } else if (d->type == COGPU_OPT_TYPE_ENUM) {
     const char *alt = d->form;
     for (int64_t k = 0; k < nv.i; k++)
       alt += strcspn(alt, "|") + 1;

@@ -81,12 +81,15 @@ typedef struct cogpu__daemon_s {
    * node's size: wait connections in waiter_conn, the connections to be
    * ended or freed after this batch (cogpu__daemon_end_later), whether slots
    * may be without a connection (known only after a scan: due when the state
-   * was opened or recovered and after each tick), and the timer's period now
-   * (ms, 0: disarmed). */
+   * was opened or recovered and after each tick), the timer's period now
+   * (ms, 0: disarmed), and the tick's own period (0: none due) and when it
+   * is next due (monotonic ms): the timer may fire more often than the
+   * tick, to sample the jobs' memory (record.c). */
   uint32_t nwaitconns;
   dconn_t *reap_list;
   bool orphans_dirty, orphans;
   uint64_t timer_ms;
+  uint64_t tick_ms, next_tick_ms;
   uint64_t nconns;
   dconn_t *conns;
   bool stop;
@@ -163,6 +166,14 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d);
 void cogpu__daemon_rec_stop(cogpu__daemon_t *d);
 /* Unmaps the usage page of a freed slot. */
 void cogpu__daemon_rec_drop(cogpu__daemon_t *d, uint32_t slot);
+/* Whether jobs run whose memory timelines are sampled: the loop's timer
+ * then fires at least every REC_SAMPLE_MS. */
+#define REC_SAMPLE_MS 1000u
+bool cogpu__daemon_rec_sampling(cogpu__daemon_t *d);
+/* On the timer: a sample of every running job's used bytes (at most one
+ * per REC_SAMPLE_MS; never blocks: no SQLite, no system call but the
+ * clock). */
+void cogpu__daemon_rec_sample(cogpu__daemon_t *d);
 /* Records written to the database so far. */
 uint64_t cogpu__daemon_rec_written(cogpu__daemon_t *d);
 /* USAGE on a main connection (the page is c->passed_fd). */

@@ -3,8 +3,9 @@
  * crash), the listening socket (from systemd, or made here), and the event
  * loop. The loop sleeps in epoll_wait; a timer is armed only while
  * something is due (waiters for the deadlock guard and the mmu age,
- * clients still to come back after a restart, systemd's watchdog), so an
- * idle daemon uses no CPU.
+ * clients still to come back after a restart, systemd's watchdog, jobs
+ * whose memory timelines are sampled once a second), so an idle daemon
+ * uses no CPU.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -317,7 +318,10 @@ static bool orphans_unwatched(cogpu__daemon_t *d) {
  * events, so it costs O(1): slots without a connection (orphans) appear
  * only when a state is opened or recovered (clients of a previous daemon
  * whose pidfd could not be watched) and go only at a tick, so they are
- * counted then, not at every message. */
+ * counted then, not at every message. The tick's work (on_tick: NVML,
+ * the sweep) keeps its own period; the memory timelines' samples, cheap,
+ * may make the timer fire more often than it, never the tick run more
+ * often. */
 static void arm_timer(cogpu__daemon_t *d) {
   uint64_t ms = 0;
   if (d->orphans_dirty) {
@@ -329,18 +333,41 @@ static void arm_timer(cogpu__daemon_t *d) {
                                  : d->dh->st->hdr.sweep_interval_ms;
   if (watchdog_us && (ms == 0 || ms > watchdog_us / 2000))
     ms = watchdog_us / 2000;
+  if (ms != d->tick_ms)
+    d->next_tick_ms = now_ms() + ms;
+  d->tick_ms = ms;
+  bool sampling = cogpu__daemon_rec_sampling(d);
+  if (sampling && (ms == 0 || ms > REC_SAMPLE_MS))
+    ms = REC_SAMPLE_MS;
   /* Re-arming at every batch would also restart the period, so that a
    * busy daemon never ticked: only a change is set. */
   if (ms == d->timer_ms)
     return;
+  /* Sampling that starts now takes its first sample within half a period:
+   * a job's first second then has a sample of its own. */
+  uint64_t first =
+      sampling && !d->timer_ms && ms == REC_SAMPLE_MS ? ms / 2 : ms;
   d->timer_ms = ms;
   struct itimerspec its = {0};
   if (ms) {
-    its.it_value.tv_sec = (time_t)(ms / 1000);
-    its.it_value.tv_nsec = (long)(ms % 1000) * 1000000;
-    its.it_interval = its.it_value;
+    its.it_interval.tv_sec = (time_t)(ms / 1000);
+    its.it_interval.tv_nsec = (long)(ms % 1000) * 1000000;
+    its.it_value.tv_sec = (time_t)(first / 1000);
+    its.it_value.tv_nsec = (long)(first % 1000) * 1000000;
   }
   timerfd_settime(d->tfd, 0, &its, NULL);
+}
+
+/* The timer fired: the tick when its period is up (always when the timer
+ * runs at the tick's own period), then the timelines' sample. */
+static void on_timer(cogpu__daemon_t *d) {
+  uint64_t now = now_ms();
+  if (d->tick_ms &&
+      (d->tick_ms <= d->timer_ms || now + d->timer_ms / 2 >= d->next_tick_ms)) {
+    d->next_tick_ms = now + d->tick_ms;
+    on_tick(d);
+  }
+  cogpu__daemon_rec_sample(d);
 }
 
 /* --- set-up
@@ -537,7 +564,7 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
         if (read(d->tfd, &x, sizeof x) < 0) {
           /* nothing: the tick runs anyway */
         }
-        on_tick(d);
+        on_timer(d);
       } else if (c == &mark_signal) {
         d->stop = true;
       } else if (c == &mark_susp) {

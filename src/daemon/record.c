@@ -8,9 +8,12 @@
  * the process's slot whenever the ledger looks at them (the ledger's
  * `sync` hook). The mapping outlives the process: when its connection
  * closes, however it died, the last figures it stored are still there
- * when its slot is freed. When a job's slot is freed, the ledger's `ended`
- * hook builds its record, which a writer thread puts in the database: the
- * loop never waits for SQLite or for a user-name lookup.
+ * when its slot is freed. While jobs run, the loop's timer samples what
+ * each job's processes use, once a second, into the job's memory timeline
+ * (per GPU: the record is of the GPU where the job peaked, known only at
+ * its end). When a job's slot is freed, the ledger's `ended` hook builds
+ * its record, which a writer thread puts in the database: the loop never
+ * waits for SQLite or for a user-name lookup.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,10 +32,23 @@
 
 #define REC_QUEUE_MAX 256u
 
+/* A running job's memory timeline, by job slot: the slot's generation and
+ * start name the job (a slot is used again, and a reset starts the
+ * generations anew); one timeline per GPU the job has used. */
+typedef struct rec_job_s {
+  uint32_t gen;
+  uint64_t attached_ns;
+  uint64_t sum[LEDGER_MAX_GPUS]; /* this sample's, being added up */
+  cogpu__hist_tl_t *tl[LEDGER_MAX_GPUS];
+} rec_job_t;
+
 struct cogpu__drec_s {
   cogpu__daemon_t *d;
   cogpu__usage_t **page; /* LEDGER_MAX_SLOTS: mapped pages, by slot */
   uint32_t *page_gen;    /* the slot's generation the page belongs to */
+  rec_job_t **job;       /* LEDGER_MAX_SLOTS: timelines, by job slot */
+  uint32_t npages, njobs;
+  uint64_t sampled_ns; /* the last sample (monotonic) */
   ledger_usage_hooks_t hooks;
   /* The writer thread and its queue. */
   pthread_t thread;
@@ -71,9 +87,45 @@ static void rec_sync(void *ctx, struct cogpu_s *h, uint32_t s) {
 }
 
 static void page_drop(struct cogpu__drec_s *r, uint32_t s) {
-  if (r->page[s])
+  if (r->page[s]) {
     munmap(r->page[s], sizeof(cogpu__usage_t));
+    r->npages--;
+  }
   r->page[s] = NULL;
+}
+
+static void job_drop(struct cogpu__drec_s *r, uint32_t j) {
+  rec_job_t *x = r->job[j];
+  if (!x)
+    return;
+  for (uint32_t g = 0; g < LEDGER_MAX_GPUS; g++)
+    free(x->tl[g]);
+  free(x);
+  r->job[j] = NULL;
+  r->njobs--;
+}
+
+/* The timeline of the job in slot j, if it is that job's (create: made
+ * when there is none, NULL if out of memory). */
+static rec_job_t *job_get(struct cogpu__drec_s *r, struct cogpu_s *h,
+                          uint32_t j, bool create) {
+  const ledger_slot_t *js = &h->st->slots[j];
+  uint32_t gen = atomic_load(&js->gen);
+  rec_job_t *x = r->job[j];
+  if (x && (x->gen != gen || x->attached_ns != js->attached_ns)) {
+    job_drop(r, j); /* an earlier job's, that ended without a record */
+    x = NULL;
+  }
+  if (x || !create)
+    return x;
+  x = calloc(1, sizeof *x);
+  if (!x)
+    return NULL;
+  x->gen = gen;
+  x->attached_ns = js->attached_ns;
+  r->job[j] = x;
+  r->njobs++;
+  return x;
 }
 
 static int64_t ns_to_ms(uint64_t ns) {
@@ -86,23 +138,86 @@ static int64_t realtime_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+bool cogpu__daemon_rec_sampling(cogpu__daemon_t *d) {
+  const struct cogpu__drec_s *r = d->rec;
+  return r && r->history_on && (r->npages || r->njobs);
+}
+
+void cogpu__daemon_rec_sample(cogpu__daemon_t *d) {
+  struct cogpu__drec_s *r = d->rec;
+  struct cogpu_s *h = d->dh;
+  uint64_t now = cogpu__now_ns();
+  /* The timer may run faster (the deadlock guard's delay while requests
+   * wait): one sample a second at most. */
+  if (!r || !r->history_on || !h ||
+      (r->sampled_ns &&
+       now - r->sampled_ns < REC_SAMPLE_MS * 1000000u * 9 / 10))
+    return;
+  r->sampled_ns = now;
+  ledger_state_t *st = h->st;
+  uint32_t ng = st->hdr.ngpus;
+  uint64_t rt = (uint64_t)realtime_ms() * 1000000u;
+  cogpu__ledger_lock(h);
+  /* What each job's live processes use: the sum of their pages. */
+  for (uint32_t s = 0; r->npages && s < LEDGER_MAX_SLOTS; s++) {
+    const cogpu__usage_t *p = r->page[s];
+    const ledger_slot_t *sl = &st->slots[s];
+    if (!p || sl->state != SLOT_ACTIVE ||
+        r->page_gen[s] != atomic_load(&sl->gen))
+      continue;
+    uint32_t j = cogpu__ledger_job_of(h, s);
+    if (j == h->slot)
+      continue;
+    rec_job_t *x = job_get(r, h, j, true);
+    for (uint32_t g = 0; x && g < ng; g++)
+      x->sum[g] += rd(&p->used[g]);
+  }
+  /* Every job with a timeline gets this sample, 0 when none of its
+   * processes is alive now (a script between two programs). */
+  for (uint32_t j = 0; r->njobs && j < LEDGER_MAX_SLOTS; j++) {
+    if (!r->job[j])
+      continue;
+    rec_job_t *x = job_get(r, h, j, false);
+    if (!x || st->slots[j].state != SLOT_ACTIVE) {
+      job_drop(r, j);
+      continue;
+    }
+    uint64_t at_ms = rt > x->attached_ns ? (rt - x->attached_ns) / 1000000u : 0;
+    for (uint32_t g = 0; g < ng; g++) {
+      /* A GPU's timeline starts when the job first uses it. */
+      if (!x->tl[g] && x->sum[g])
+        x->tl[g] = calloc(1, sizeof *x->tl[g]);
+      if (x->tl[g])
+        cogpu__hist_tl_add(x->tl[g], at_ms, x->sum[g]);
+      x->sum[g] = 0;
+    }
+  }
+  cogpu__ledger_unlock(h);
+}
+
 /* Lock held, in the loop: the job of slot s ends. Its record is queued for
  * the writer; a full queue (the disk is that slow) drops it, said once. */
 static void rec_ended(void *ctx, struct cogpu_s *h, uint32_t s) {
   struct cogpu__drec_s *r = ctx;
   ledger_slot_t *sl = &h->st->slots[s];
   page_drop(r, s);
+  rec_job_t *job = job_get(r, h, s, false);
   /* The daemon's own slot is no job (h is the proxy of a client). */
-  if (!r->history_on || (r->d->dh && s == r->d->dh->slot))
+  if (!r->history_on || (r->d->dh && s == r->d->dh->slot)) {
+    job_drop(r, s);
     return;
+  }
   cogpu__job_report_t rep;
   cogpu__ledger_job_report(h, s, &rep);
-  if (rep.gpu < 0)
+  if (rep.gpu < 0) {
+    job_drop(r, s);
     return; /* never used or reserved GPU memory: not a GPU job */
+  }
   pthread_mutex_lock(&r->mu);
   if (r->nqueue == REC_QUEUE_MAX) {
     r->dropped++;
     pthread_mutex_unlock(&r->mu);
+    job_drop(r, s);
     return;
   }
   cogpu__hist_rec_t *x = &r->queue[r->nqueue++];
@@ -125,9 +240,15 @@ static void rec_ended(void *ctx, struct cogpu_s *h, uint32_t s) {
   x->run_ms = rep.run_ms;
   x->suspensions = rep.suspensions;
   x->guard_failures = rep.guard_failures;
-  cogpu__hist_tl_add(x, rep.peak_after_ms, rep.peak);
+  /* The peak goes in at its time: samples a second apart can miss it, and
+   * the timeline's highest point is the job's peak. */
+  cogpu__hist_tl_t none = {0},
+                   *tl = job && job->tl[rep.gpu] ? job->tl[rep.gpu] : &none;
+  cogpu__hist_tl_add(tl, rep.peak_after_ms, rep.peak);
+  cogpu__hist_tl_store(x, tl);
   pthread_cond_signal(&r->cv);
   pthread_mutex_unlock(&r->mu);
+  job_drop(r, s);
 }
 
 /* History off, or failing: said once per cause, then tried again at the
@@ -189,10 +310,12 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
     return -ENOMEM;
   r->page = calloc(LEDGER_MAX_SLOTS, sizeof *r->page);
   r->page_gen = calloc(LEDGER_MAX_SLOTS, sizeof *r->page_gen);
+  r->job = calloc(LEDGER_MAX_SLOTS, sizeof *r->job);
   r->queue = calloc(REC_QUEUE_MAX, sizeof *r->queue);
-  if (!r->page || !r->page_gen || !r->queue) {
+  if (!r->page || !r->page_gen || !r->job || !r->queue) {
     free(r->page);
     free(r->page_gen);
+    free(r->job);
     free(r->queue);
     free(r);
     return -ENOMEM;
@@ -245,10 +368,13 @@ void cogpu__daemon_rec_stop(cogpu__daemon_t *d) {
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->thread, NULL);
   }
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     page_drop(r, s);
+    job_drop(r, s);
+  }
   free(r->page);
   free(r->page_gen);
+  free(r->job);
   free(r->queue);
   free(r);
   d->rec = NULL;
@@ -278,6 +404,7 @@ int cogpu__daemon_on_usage(cogpu__daemon_t *d, dconn_t *c,
   page_drop(x, c->slot);
   x->page[c->slot] = p;
   x->page_gen[c->slot] = c->gen;
+  x->npages++;
   return 0;
 }
 

@@ -24,27 +24,47 @@ struct cogpu__hist_s {
   char path[512];
 };
 
-void cogpu__hist_tl_add(cogpu__hist_rec_t *r, uint64_t at_ms, uint64_t bytes) {
-  if (r->tl_ms == 0)
-    r->tl_ms = 1000;
-  uint64_t i = at_ms / r->tl_ms;
+void cogpu__hist_tl_add(cogpu__hist_tl_t *t, uint64_t at_ms, uint64_t bytes) {
+  if (t->ms == 0)
+    t->ms = 1000;
+  uint64_t i = at_ms / t->ms;
   while (i >= COGPU_HIST_TL_MAX) {
     /* Full: keep every other sample (the higher of each pair, so that no
      * peak is lost), at twice the interval. */
     for (uint32_t k = 0; k < COGPU_HIST_TL_MAX / 2; k++) {
-      uint64_t a = r->tl[2 * k], b = r->tl[2 * k + 1];
-      r->tl[k] = a > b ? a : b;
+      uint64_t a = t->v[2 * k], b = t->v[2 * k + 1];
+      t->v[k] = a > b ? a : b;
     }
-    memset(r->tl + COGPU_HIST_TL_MAX / 2, 0,
-           COGPU_HIST_TL_MAX / 2 * sizeof r->tl[0]);
-    r->tl_n = (r->tl_n + 1) / 2;
-    r->tl_ms *= 2;
-    i = at_ms / r->tl_ms;
+    memset(t->v + COGPU_HIST_TL_MAX / 2, 0,
+           COGPU_HIST_TL_MAX / 2 * sizeof t->v[0]);
+    t->n = (t->n + 1) / 2;
+    t->ms *= 2;
+    i = at_ms / t->ms;
   }
-  if (bytes > r->tl[i] || i >= r->tl_n)
-    r->tl[i] = bytes > r->tl[i] ? bytes : r->tl[i];
-  if (i + 1 > r->tl_n)
-    r->tl_n = (uint32_t)i + 1;
+  /* Slots the sampler skipped hold what it saw last. */
+  for (; t->n < i; t->n++)
+    t->v[t->n] = t->last;
+  if (i >= t->n) {
+    t->v[i] = bytes;
+    t->n = (uint32_t)i + 1;
+  } else if (bytes > t->v[i]) {
+    t->v[i] = bytes;
+  }
+  if (at_ms >= t->last_at_ms) {
+    t->last = bytes;
+    t->last_at_ms = at_ms;
+  }
+}
+
+void cogpu__hist_tl_store(cogpu__hist_rec_t *r, const cogpu__hist_tl_t *t) {
+  r->tl_n = 0;
+  r->tl_ms = 0;
+  memset(r->tl, 0, sizeof r->tl);
+  if (!t)
+    return;
+  r->tl_n = t->n <= COGPU_HIST_TL_MAX ? t->n : COGPU_HIST_TL_MAX;
+  r->tl_ms = t->ms;
+  memcpy(r->tl, t->v, r->tl_n * sizeof r->tl[0]);
 }
 
 int cogpu__hist_path(const cogpu__config_t *cfg, bool for_daemon, char *buf,

@@ -46,9 +46,26 @@ typedef struct cogpu__hist_rec_s {
   uint64_t tl[COGPU_HIST_TL_MAX];
 } cogpu__hist_rec_t;
 
-/* Adds a sample to a record's timeline at `at_ms` from its start,
- * halving the resolution when full. */
-void cogpu__hist_tl_add(cogpu__hist_rec_t *r, uint64_t at_ms, uint64_t bytes);
+/* A timeline being sampled while its job runs (the daemon's loop, or
+ * cogpu run in single-user mode). v[k] is the most of the samples taken in
+ * [k * ms, (k + 1) * ms) from the job's start. A slot no sample fell in
+ * (the sampler was late past a boundary) holds the sample before it, 0
+ * before the first: memory held between two samples is assumed to stay as
+ * it was last seen. */
+typedef struct cogpu__hist_tl_s {
+  uint32_t n;          /* slots in use */
+  uint64_t ms;         /* the interval; 0 before the first sample (1 s) */
+  uint64_t last;       /* the latest sample in time, */
+  uint64_t last_at_ms; /* and when it was taken */
+  uint64_t v[COGPU_HIST_TL_MAX];
+} cogpu__hist_tl_t;
+
+/* Adds a sample taken `at_ms` from the job's start; when it falls past the
+ * last slot, every other sample is dropped (the higher of each pair kept,
+ * so no peak is lost) and the interval doubled, as often as needed. */
+void cogpu__hist_tl_add(cogpu__hist_tl_t *t, uint64_t at_ms, uint64_t bytes);
+/* Copies t (NULL: none) into r's timeline. */
+void cogpu__hist_tl_store(cogpu__hist_rec_t *r, const cogpu__hist_tl_t *t);
 
 typedef struct cogpu__hist_s cogpu__hist_t;
 

@@ -539,6 +539,9 @@ extern const ledger_usage_hooks_t *cogpu__ledger_usage_hooks;
  * peaks with the job; a job takes its live processes' peaks and is told to
  * `ended`. */
 void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s);
+/* Lock held: the job slot slot s belongs to (itself, or the live job it
+ * joined). */
+uint32_t cogpu__ledger_job_of(struct cogpu_s *h, uint32_t s);
 /* Lock held: the job of slot s on GPU g: bytes its live processes use now
  * and its peak. */
 void cogpu__ledger_job_usage(struct cogpu_s *h, uint32_t s, uint32_t g,

@@ -100,6 +100,14 @@ typedef struct cogpu__job_report_s {
  * history record and fills *out. Called by the job's own slot (cogpu run)
  * before it detaches. */
 int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out);
+/* Single-user mode: what the handle's job uses now on each GPU (its live
+ * processes' used bytes, summed; used[COGPU_USAGE_GPUS], *ngpus filled),
+ * and *at_ms, how long since the job started: a sample of its memory
+ * timeline, which cogpu run keeps for the job's record. One pass over the
+ * slots under the ledger's lock. -ENOTSUP in node mode, where the daemon
+ * samples. */
+int cogpu__job_sample(cogpu_t *h, uint64_t *used, unsigned *ngpus,
+                      uint64_t *at_ms);
 /* The end-of-job line(s), like seff's, into buf (each ending in a newline;
  * truncated to len): the job's exact peak against what it reserved, the
  * wait, suspensions, and a hint when the declaration was far off, written

@@ -49,6 +49,10 @@ static uint32_t job_of(struct cogpu_s *h, uint32_t s) {
   return j;
 }
 
+uint32_t cogpu__ledger_job_of(struct cogpu_s *h, uint32_t s) {
+  return job_of(h, s);
+}
+
 static void raise_job_peak(ledger_slot_t *js, uint32_t g, uint64_t v,
                            uint64_t at_ns) {
   if (v > js->job_peak[g]) {
@@ -187,6 +191,33 @@ int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out) {
   js->exit_status = exit_status >= 0 ? (uint64_t)exit_status + 1 : 0;
   cogpu__ledger_job_report(h, h->res_slot, out);
   cogpu__ledger_unlock(h);
+  return 0;
+}
+
+int cogpu__job_sample(cogpu_t *h, uint64_t *used, unsigned *ngpus,
+                      uint64_t *at_ms) {
+  cogpu__clearerr();
+  if (!h || !used || !ngpus || !at_ms)
+    return cogpu__seterr(-EINVAL, "cogpu__job_sample: bad argument");
+  if (h->node)
+    return cogpu__seterr(-ENOTSUP, "the node daemon samples its jobs");
+  int rc = cogpu__ledger_lock_live(h);
+  if (rc)
+    return rc;
+  uint32_t s = h->res_slot, ng = h->st->hdr.ngpus;
+  memset(used, 0, COGPU_USAGE_GPUS * sizeof *used);
+  /* One pass for every GPU: the lock is the user's other processes' too. */
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    const ledger_slot_t *ms = &h->st->slots[m];
+    if (ms->state != SLOT_ACTIVE || job_of(h, m) != s)
+      continue;
+    for (uint32_t g = 0; g < ng; g++)
+      used[g] += rd(&ms->usage.used[g]);
+  }
+  uint64_t now = realtime_ns(), start = h->st->slots[s].attached_ns;
+  cogpu__ledger_unlock(h);
+  *ngpus = ng;
+  *at_ms = now > start ? (now - start) / 1000000u : 0;
   return 0;
 }
 

@@ -636,7 +636,9 @@ void cogpu__pl_context_gone(CUcontext ctx) {
 }
 
 /* Before the first context on dev: attach, map it, and in reserve mode take
- * the reservation, waiting for it. */
+ * the reservation, waiting for it. mem=auto is read as 0 here (on demand):
+ * learning a size from the job history is cogpu run's, and this library
+ * reads no history. */
 CUresult cogpu__pl_context_prepare(CUdevice dev) {
   pl_dev_t *d = dev_get(dev);
   uint64_t mem = d && !pl_member ? cfg_u(COGPU_OPT_MEM) : 0;

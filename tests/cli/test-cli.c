@@ -1494,6 +1494,8 @@ static const struct {
     {"TIMEOUT", "-1"},
     {"MEM", "lots"},
     {"MEM", "1.5G"},
+    {"MEM", "automatic"},
+    {"MEM", "auto,4G"},
     {"LIMIT", "-1G"},
     {"PRIORITY", "1001"},
     {"PRIORITY", "high"},

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "history/history.h"
 #include "internal.h"
 #include "ledger-helpers.h"
 
@@ -287,4 +288,195 @@ TEST_IMPL(history_mem_auto_learns) {
   ASSERT_EQ(run_logged("fresh", fresh), 0);
   ASSERT_CONTAINS(lt_slurp("fresh"), "no earlier run of this command");
   ASSERT_CONTAINS(lt_slurp("fresh"), "used at most 2.3 GiB");
+}
+
+/* mem=auto as a default (COGPU_MEM here; a site's config file alike):
+ * cogpu run without --mem learns, as --mem auto does. Its first run has
+ * nothing to learn from and runs on demand, saying where mem=auto came
+ * from; the second reserves the first's peak plus auto_margin; an explicit
+ * --mem SIZE overrides it. */
+TEST_IMPL(history_mem_auto_default) {
+  hist_env();
+  th_setenv("COGPU_AUTO_MARGIN", "10");
+  setenv("COGPU_MEM", "auto", 1);
+  const char *argv[] = {"cogpu",  "run",     "--",  lt_cudaprog(),
+                        "direct", "init",    "ctx", "alloc:1G",
+                        "hold:1", "freeall", NULL};
+  ASSERT_EQ(run_logged("first", argv), 0);
+  ASSERT_CONTAINS(lt_slurp("first"),
+                  "mem=auto (from env COGPU_MEM): no earlier run of this "
+                  "command on this node: running on demand");
+  unsigned long long peak = field_u(history_json(NULL, NULL), "peak_bytes");
+  ASSERT_UEQ(peak, 300ull * MiB + GiB);
+  unsigned long long want = peak + peak / 10;
+  want = (want + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
+  ASSERT_EQ(run_logged("second", argv), 0);
+  ASSERT_CONTAINS(lt_slurp("second"), "mem=auto (from env COGPU_MEM): "
+                                      "reserving ");
+  ASSERT_UEQ(field_u(history_json("--last", "1"), "declared_bytes"), want);
+  const char *sized[] = {"cogpu",       "run",     "--mem", "2G",  "--",
+                         lt_cudaprog(), "direct",  "init",  "ctx", "alloc:1G",
+                         "hold:1",      "freeall", NULL};
+  ASSERT_EQ(run_logged("sized", sized), 0);
+  ASSERT_NOT_CONTAINS(lt_slurp("sized"), "mem=auto");
+  ASSERT_UEQ(field_u(history_json("--last", "1"), "declared_bytes"), 2 * GiB);
+  /* A site's config file alike. */
+  unsetenv("COGPU_MEM");
+  char conf[4300], from[4400];
+  snprintf(conf, sizeof conf, "%s/cogpu.conf", getenv("COGPU_TEST_TMPDIR"));
+  th_write_file(conf, "mem = auto\n");
+  setenv("COGPU_CONFIG", conf, 1);
+  ASSERT_EQ(run_logged("file", argv), 0);
+  snprintf(from, sizeof from, "mem=auto (from %s:1): reserving ", conf);
+  ASSERT_CONTAINS(lt_slurp("file"), from);
+  setenv("COGPU_CONFIG", "", 1);
+}
+
+/* The first record's "timeline_bytes" into v (at most max values); returns
+ * how many it has. */
+static size_t timeline_of(const char *json, unsigned long long *v, size_t max) {
+  const char *p = strstr(json, "\"timeline_bytes\":[");
+  if (!p)
+    th_fail(__FILE__, __LINE__, "no timeline in %s", json);
+  p += strlen("\"timeline_bytes\":[");
+  size_t n = 0;
+  while (*p && *p != ']') {
+    char *end;
+    unsigned long long x = strtoull(p, &end, 10);
+    if (end == p)
+      th_fail(__FILE__, __LINE__, "bad timeline in %s", json);
+    if (n < max)
+      v[n] = x;
+    n++;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return n;
+}
+
+/* The memory timeline follows the job's real profile, sampled about once a
+ * second: a job that holds 1 GiB (and its context) for 1.5 s, then 2 GiB
+ * more for 1.5 s. Its timeline (1 s apart) has a sample of each plateau,
+ * grows without dropping until its highest point, which is the record's
+ * exact peak, and starts below it. Single-user mode: cogpu run samples;
+ * node mode: the daemon. */
+TEST_IMPL(history_timeline_follows_profile) {
+  hist_env();
+  const char *argv[] = {"cogpu",     "run",      "--",        lt_cudaprog(),
+                        "direct",    "init",     "ctx",       "alloc:1G",
+                        "hold:1500", "alloc:2G", "hold:1500", "freeall",
+                        NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  char *h = history_json("--last", "1");
+  unsigned long long peak = field_u(h, "peak_bytes");
+  ASSERT_UEQ(peak, 300ull * MiB + 3 * GiB);
+  ASSERT_CONTAINS(h, "\"timeline_interval_seconds\":1.000,");
+  unsigned long long v[COGPU_HIST_TL_MAX];
+  size_t n = timeline_of(h, v, COGPU_HIST_TL_MAX);
+  if (n < 3 || n > 6)
+    th_fail(__FILE__, __LINE__, "%zu samples in a job of 3 s: %s", n, h);
+  size_t top = 0;
+  bool low_plateau = false;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i] > v[top])
+      top = i;
+    low_plateau |= v[i] == 300ull * MiB + GiB;
+  }
+  ASSERT_UEQ(v[top], peak);
+  ASSERT(v[0] < peak);
+  ASSERT(low_plateau);
+  for (size_t i = 1; i <= top; i++)
+    if (v[i] < v[i - 1])
+      th_fail(__FILE__, __LINE__, "the timeline drops while it grows: %s", h);
+}
+
+/* After the last job ends, the daemon no longer wakes to sample: an idle
+ * node sleeps in epoll_wait (no voluntary context switch of its loop's
+ * thread in 2.5 s), as it did before timelines were sampled. */
+TEST_IMPL(history_timeline_idle_daemon_sleeps) {
+  if (!th_node_mode())
+    SKIP("the daemon's sampling");
+  hist_env();
+  const char *argv[] = {"cogpu",     "run",     "--",  lt_cudaprog(),
+                        "direct",    "init",    "ctx", "alloc:1G",
+                        "hold:1200", "freeall", NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  char *h = history_json("--last", "1");
+  unsigned long long v[COGPU_HIST_TL_MAX];
+  ASSERT(timeline_of(h, v, COGPU_HIST_TL_MAX) >= 1);
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)th_daemon_pid());
+  unsigned long long sw[2] = {0, 0};
+  for (int k = 0; k < 2; k++) {
+    if (k)
+      th_sleep_ms(2500);
+    FILE *f = fopen(path, "r");
+    ASSERT(f);
+    while (fgets(line, sizeof line, f))
+      sscanf(line, "voluntary_ctxt_switches: %llu", &sw[k]);
+    fclose(f);
+  }
+  ASSERT_UEQ(sw[1] - sw[0], 0);
+}
+
+/* The timeline's bound, on the history component itself: a job of any
+ * length, sampled at any rate, keeps at most COGPU_HIST_TL_MAX samples
+ * (every other one dropped, keeping the higher, and the interval doubled
+ * each time it fills); samples closer than the interval keep their
+ * highest; a second the sampler skipped holds the sample before it; and
+ * the database stores and returns the timeline as it was. */
+TEST_IMPL_SINGLE(history_timeline_bounded) {
+  cogpu__hist_tl_t *t = calloc(1, sizeof *t);
+  ASSERT(t);
+  /* Fast: every 10 ms for 3 s, growing: one sample per second, each the
+   * highest of its second. */
+  for (uint64_t ms = 0; ms < 3000; ms += 10)
+    cogpu__hist_tl_add(t, ms, ms * 1000);
+  ASSERT_EQ(t->n, 3);
+  ASSERT_UEQ(t->ms, 1000);
+  ASSERT_UEQ(t->v[0], 990 * 1000);
+  ASSERT_UEQ(t->v[2], 2990 * 1000);
+  /* A skipped second: 3 s and 4 s were not sampled. */
+  cogpu__hist_tl_add(t, 5500, 7);
+  ASSERT_EQ(t->n, 6);
+  ASSERT_UEQ(t->v[3], 2990 * 1000);
+  ASSERT_UEQ(t->v[4], 2990 * 1000);
+  ASSERT_UEQ(t->v[5], 7);
+  /* Long: once a second for a day, one spike at 1 h; growing slowly. */
+  memset(t, 0, sizeof *t);
+  uint64_t day = 24 * 3600 * 1000ull;
+  for (uint64_t ms = 500; ms < day; ms += 1000) {
+    cogpu__hist_tl_add(t, ms, ms == 3600500 ? 1ull << 40 : ms / 1000);
+    ASSERT(t->n <= COGPU_HIST_TL_MAX);
+  }
+  ASSERT(t->n > COGPU_HIST_TL_MAX / 2);
+  /* 86,400 s in at most 128 slots: 1024 s each (1000 ms doubled 10 times). */
+  ASSERT_UEQ(t->ms, 1024000);
+  uint64_t top = 0;
+  for (uint32_t k = 0; k < t->n; k++)
+    top = t->v[k] > top ? t->v[k] : top;
+  ASSERT_UEQ(top, 1ull << 40); /* the spike survived every halving */
+  ASSERT_UEQ(t->v[3600500 / t->ms], 1ull << 40);
+  /* Stored and read back as it was, interval included. */
+  char path[4300];
+  snprintf(path, sizeof path, "%s/tl/history.db", getenv("COGPU_TEST_TMPDIR"));
+  cogpu__hist_t *db = NULL;
+  ASSERT_OK(cogpu__hist_open(path, true, &db));
+  cogpu__hist_rec_t *r = calloc(1, sizeof *r);
+  ASSERT(r);
+  r->gpu = 0;
+  r->end_ms = 1;
+  cogpu__hist_tl_store(r, t);
+  ASSERT_OK(cogpu__hist_add(db, r, -1, 0));
+  cogpu__hist_rec_t *out = NULL;
+  size_t n = 0;
+  cogpu__hist_filter_t f = {.has_uid = false};
+  ASSERT_OK(cogpu__hist_query(db, &f, &out, &n));
+  ASSERT_EQ(n, 1);
+  ASSERT_EQ(out[0].tl_n, t->n);
+  ASSERT_UEQ(out[0].tl_ms, t->ms);
+  ASSERT_EQ(memcmp(out[0].tl, t->v, t->n * sizeof t->v[0]), 0);
+  free(out);
+  free(r);
+  free(t);
+  cogpu__hist_close(db);
 }

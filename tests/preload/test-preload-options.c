@@ -84,3 +84,32 @@ TEST_IMPL(preload_limit_below_context_bytes_says_so) {
   ASSERT_CONTAINS(out, "over its limit (1.0 GiB)");
   lt_check_invariants();
 }
+
+/* mem=auto under the preload library without cogpu run: there is no
+ * history to learn from, so it is on demand, as mem=0 (not a size, nor a
+ * bad value): cuMemGetInfo shows the GPU's capacity, where mem=4G shows
+ * the 4 GiB reservation taken at the first context. */
+TEST_IMPL(preload_mem_auto_is_on_demand) {
+  options_env();
+  char pre[8400];
+  const char *rt = getenv("LD_PRELOAD");
+  snprintf(pre, sizeof pre, "LD_PRELOAD=%s%s%s/libcogpu-preload.so",
+           rt ? rt : "", rt ? " " : "", th_build_dir());
+  const char *argv[] = {lt_cudaprog(), "direct", "init", "ctx",
+                        "alloc:1G",    "info",   NULL};
+  const char *sizes[] = {"COGPU_MEM=auto", "COGPU_MEM=4G"};
+  const unsigned long long total[] = {16 * GiB, 4 * GiB};
+  for (int i = 0; i < 2; i++) {
+    const char *env[] = {pre, sizes[i], NULL};
+    char out[4096], err[4096], want[128];
+    int code =
+        th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(20000));
+    if (code != 0)
+      th_fail(__FILE__, __LINE__, "%s: exit %d: %s%s", sizes[i], code, out,
+              err);
+    snprintf(want, sizeof want, "free=%llu total=%llu",
+             total[i] - 300 * MiB - GiB, total[i]);
+    ASSERT_CONTAINS(out, want);
+  }
+  lt_check_invariants();
+}

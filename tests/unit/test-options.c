@@ -50,6 +50,7 @@ TEST_IMPL(options_table_consistent) {
             COGPU_OPT_TYPE_SIZE_OR_PCT);
   ASSERT_EQ(cogpu__opt_table[COGPU_OPT_TIMEOUT].type, COGPU_OPT_TYPE_DURATION);
   ASSERT_EQ(cogpu__opt_table[COGPU_OPT_STATE_MODE].type, COGPU_OPT_TYPE_MODE);
+  ASSERT_EQ(cogpu__opt_table[COGPU_OPT_MEM].type, COGPU_OPT_TYPE_SIZE_OR_AUTO);
   /* The policy enum follows the form's order. */
   const char *policies[] = {"fifo", "mmu", "priority-fifo", "priority-mmu"};
   cogpu__config_t cfg;
@@ -180,6 +181,41 @@ TEST_IMPL(options_set_size_or_pct) {
                        "1.5G", "",    "5 %G", "x%",   NULL};
   for (int i = 0; bad[i]; i++)
     opt_bad(&cfg, COGPU_OPT_MARGIN, bad[i]);
+}
+
+/* mem takes a size or auto (learned reservations, docs/history.md): auto
+ * reads as 0 bytes to whoever takes only sizes (on demand), and is told
+ * apart by i. */
+TEST_IMPL(options_set_size_or_auto) {
+  cogpu__config_t cfg;
+  ASSERT_OK(cogpu__config_load(&cfg));
+  const char *autos[] = {"auto", "AUTO", " Auto ", NULL};
+  for (int i = 0; autos[i]; i++) {
+    cogpu__optval_t *v = opt_ok(&cfg, COGPU_OPT_MEM, autos[i]);
+    ASSERT_EQ(v->i, 1);
+    ASSERT_UEQ(v->u, 0);
+    ASSERT_STREQ(v->s, "auto");
+  }
+  cogpu__optval_t *v = opt_ok(&cfg, COGPU_OPT_MEM, "12G");
+  ASSERT_EQ(v->i, 0);
+  ASSERT_UEQ(v->u, 12ull << 30);
+  v = opt_ok(&cfg, COGPU_OPT_MEM, "0");
+  ASSERT(v->i == 0 && v->u == 0);
+  const char *bad[] = {"automatic", "auto1G", "auto,4G", "",
+                       "-1G",       "1.5G",   "on",      NULL};
+  for (int i = 0; bad[i]; i++)
+    opt_bad(&cfg, COGPU_OPT_MEM, bad[i]);
+  ASSERT_CONTAINS(cogpu_last_error(), "or auto");
+  /* From the environment and from a file, as any option. */
+  opt_clear_env();
+  setenv("COGPU_MEM", "auto", 1);
+  ASSERT_OK(cogpu__config_load(&cfg));
+  ASSERT_EQ(cfg.v[COGPU_OPT_MEM].i, 1);
+  ASSERT_STREQ(cfg.v[COGPU_OPT_MEM].where, "env COGPU_MEM");
+  unsetenv("COGPU_MEM");
+  ASSERT_OK(opt_load_file(&cfg, "mem = auto\n"));
+  ASSERT_EQ(cfg.v[COGPU_OPT_MEM].i, 1);
+  ASSERT_EQ(cfg.v[COGPU_OPT_MEM].source, COGPU_SRC_FILE);
 }
 
 TEST_IMPL(options_set_int_range) {

@@ -37,11 +37,14 @@ int cli_history_suggest(const cogpu__config_t *cfg, const char *cmdline,
                         uint64_t *bytes, unsigned *runs, uint64_t *peak);
 
 /* Single-user mode: cogpu run records its own job in the user's history
- * (cmd-history.c); says once why not if it cannot. */
+ * (cmd-history.c), with the memory timeline it sampled on the job's GPU
+ * (tl; NULL: none); says once why not if it cannot. */
 struct cogpu__job_report_s;
+struct cogpu__hist_tl_s;
 void cli_history_record(const cogpu__config_t *cfg, cogpu_t *h,
                         const char *command, const char *job_id,
-                        int exit_status, const struct cogpu__job_report_s *rep);
+                        int exit_status, const struct cogpu__job_report_s *rep,
+                        const struct cogpu__hist_tl_s *tl);
 
 /* "cogpu: <message>" on stderr. */
 void cli_err(const char *fmt, ...) COGPU_PRINTF(1, 2);

@@ -405,7 +405,8 @@ int cli_history(int argc, char **argv) {
 
 void cli_history_record(const cogpu__config_t *cfg, cogpu_t *h,
                         const char *command, const char *job_id,
-                        int exit_status, const cogpu__job_report_t *rep) {
+                        int exit_status, const cogpu__job_report_t *rep,
+                        const cogpu__hist_tl_t *tl) {
   char path[512];
   int on = cogpu__hist_path(cfg, false, path, sizeof path);
   if (on <= 0 || rep->gpu < 0) {
@@ -444,7 +445,18 @@ void cli_history_record(const cogpu__config_t *cfg, cogpu_t *h,
   r->run_ms = rep->run_ms;
   r->suspensions = rep->suspensions;
   r->guard_failures = rep->guard_failures;
-  cogpu__hist_tl_add(r, rep->peak_after_ms, rep->peak);
+  /* The peak goes in at its time: samples a second apart can miss it,
+   * and the timeline's highest point is the job's peak. */
+  cogpu__hist_tl_t *t = malloc(sizeof *t);
+  if (t) {
+    if (tl)
+      *t = *tl;
+    else
+      memset(t, 0, sizeof *t);
+    cogpu__hist_tl_add(t, rep->peak_after_ms, rep->peak);
+    cogpu__hist_tl_store(r, t);
+    free(t);
+  }
   cogpu__hist_t *db = NULL;
   int rc = cogpu__hist_open(path, true, &db);
   if (rc == 0)

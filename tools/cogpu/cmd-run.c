@@ -17,12 +17,14 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "history/history.h"
 #include "ledger/ledger.h"
 #include "node/node.h"
 
 typedef struct run_opts_s {
   uint64_t mem;
   bool mem_auto;
+  const char *mem_from; /* mem_auto from the option: where it was set */
   const char *gpu;
   long priority;
   int64_t timeout_ms;
@@ -55,7 +57,14 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
       {"no-preload", no_argument, NULL, 'n'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
+  /* mem=auto (config file or COGPU_MEM) makes learned reservations the
+   * default; --mem overrides it. A size there is the preload library's
+   * alone (a process's reservation at its first context): cogpu run
+   * reserves only what --mem says. */
+  bool mem_auto = cfg->v[COGPU_OPT_MEM].i != 0;
   *o = (run_opts_t){.gpu = "auto",
+                    .mem_auto = mem_auto,
+                    .mem_from = mem_auto ? cfg->v[COGPU_OPT_MEM].where : NULL,
                     .timeout_ms = cfg->v[COGPU_OPT_TIMEOUT].i,
                     .job_id = getenv("SLURM_JOB_ID")};
   int c;
@@ -64,6 +73,7 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
     int rc = 0;
     if (c == 'm' && strcmp(optarg, "auto") == 0) {
       o->mem_auto = true;
+      o->mem_from = NULL;
     } else if (c == 'm') {
       o->mem_auto = false;
       rc = cogpu__parse_size("--mem", optarg, &o->mem);
@@ -96,26 +106,32 @@ static int run_parse(int argc, char **argv, const cogpu__config_t *cfg,
   return 0;
 }
 
-/* --mem auto: reserve what this command needed before (docs/history.md,
- * "Learned reservations"), and grow on demand beyond it; with no history,
- * on demand. Says which, on stderr. */
+/* --mem auto, or mem=auto without --mem: reserve what this command needed
+ * before (docs/history.md, "Learned reservations"), and grow on demand
+ * beyond it; with no history, on demand. Says which, on stderr. */
 static void run_mem_auto(const cogpu__config_t *cfg, run_opts_t *o,
                          const char *cmdline) {
   uint64_t bytes = 0, peak = 0;
   unsigned runs = 0;
-  char b[32], p[32];
+  char b[32], p[32], how[400];
+  /* Which one asked: a default set by the site or the user is named with
+   * where it was set, so that nobody wonders where a reservation came
+   * from. */
+  if (o->mem_from)
+    snprintf(how, sizeof how, "mem=auto (from %s)", o->mem_from);
+  else
+    snprintf(how, sizeof how, "--mem auto");
   if (cli_history_suggest(cfg, cmdline, &bytes, &runs, &peak) != 0) {
-    cli_err("run: --mem auto: no history to learn from (%s): running on "
-            "demand",
+    cli_err("run: %s: no history to learn from (%s): running on demand", how,
             cogpu_last_error());
   } else if (!runs) {
-    cli_err("run: --mem auto: no earlier run of this command on this node: "
-            "running on demand");
+    cli_err("run: %s: no earlier run of this command on this node: "
+            "running on demand",
+            how);
   } else {
     o->mem = bytes;
-    cli_err("run: --mem auto: reserving %s (peak %s over the last %u "
-            "run%s, +%lld %%)",
-            cogpu__fmt_size(bytes, b, sizeof b),
+    cli_err("run: %s: reserving %s (peak %s over the last %u run%s, +%lld %%)",
+            how, cogpu__fmt_size(bytes, b, sizeof b),
             cogpu__fmt_size(peak, p, sizeof p), runs, runs == 1 ? "" : "s",
             (long long)cfg->v[COGPU_OPT_AUTO_MARGIN].i);
   }
@@ -308,7 +324,63 @@ static void run_env(cogpu_t *h, int gpu, const run_opts_t *o) {
   setenv("COGPU_RESERVED_BYTES", buf, 1);
 }
 
-static int run_exec(char **cmd) {
+/* Single-user mode: the job's memory timeline for its record
+ * (docs/history.md), sampled once a second while the command runs, in the
+ * middle of each second of the job's life so that a late wake-up still
+ * falls in its own second. Kept for every GPU: the record is of the GPU
+ * where the job peaked, known only at the end. */
+typedef struct run_sampler_s {
+  cogpu_t *h;
+  cogpu__hist_tl_t tl[COGPU_USAGE_GPUS];
+  uint64_t next_ns; /* the next sample (monotonic) */
+  bool failed;
+} run_sampler_t;
+
+static void run_sample(run_sampler_t *smp, uint64_t now) {
+  uint64_t used[COGPU_USAGE_GPUS], at_ms = 0;
+  unsigned ng = 0;
+  if (cogpu__job_sample(smp->h, used, &ng, &at_ms) != 0) {
+    /* The ledger's lock held by a stopped process, say: this second's
+     * sample is missed (the timeline holds the one before), the job runs
+     * on. Said once. */
+    if (!smp->failed)
+      cogpu__log(COGPU_LOG_INFO,
+                 "run: a sample of the job's memory was missed: %s",
+                 cogpu_last_error());
+    smp->failed = true;
+    smp->next_ns = now + 1000000000u;
+    return;
+  }
+  for (unsigned g = 0; g < ng && g < COGPU_USAGE_GPUS; g++)
+    cogpu__hist_tl_add(&smp->tl[g], at_ms, used[g]);
+  uint64_t delay = 1000 - (at_ms + 500) % 1000;
+  if (delay < 500)
+    delay += 1000; /* this second has its sample */
+  smp->next_ns = now + delay * 1000000u;
+}
+
+/* Waits for the command's end or a signal to forward (sigwaitinfo), or,
+ * with a sampler, until its next sample is due. */
+static int run_wait_signal(const sigset_t *set, siginfo_t *si,
+                           run_sampler_t *smp) {
+  if (!smp)
+    return sigwaitinfo(set, si);
+  for (;;) {
+    uint64_t now = cogpu__now_ns();
+    if (now >= smp->next_ns) {
+      run_sample(smp, now);
+      continue;
+    }
+    uint64_t left = smp->next_ns - now;
+    struct timespec ts = {.tv_sec = (time_t)(left / 1000000000u),
+                          .tv_nsec = (long)(left % 1000000000u)};
+    int sig = sigtimedwait(set, si, &ts);
+    if (sig >= 0 || errno != EAGAIN)
+      return sig;
+  }
+}
+
+static int run_exec(char **cmd, run_sampler_t *smp) {
   sigset_t set, old;
   /* An inherited SIGCHLD=SIG_IGN would reap the child behind our back. */
   signal(SIGCHLD, SIG_DFL);
@@ -334,9 +406,11 @@ static int run_exec(char **cmd) {
     _exit(e == ENOENT ? CLI_EXIT_NOTFOUND : CLI_EXIT_NOEXEC);
   }
   int st = 0;
+  if (smp)
+    smp->next_ns = cogpu__now_ns() + 500000000u;
   while (waitpid(pid, &st, WNOHANG) != pid) {
     siginfo_t si;
-    int sig = sigwaitinfo(&set, &si);
+    int sig = run_wait_signal(&set, &si, smp);
     /* Signals from the terminal reach the command directly (it shares our
      * process group): forwarding them would deliver them twice. */
     if (sig > 0 && sig != SIGCHLD && si.si_code != SI_KERNEL)
@@ -397,16 +471,26 @@ int cli_run(int argc, char **argv) {
     return rc;
   }
   run_env(h, gpu, &o);
-  int st = run_exec(o.cmd);
-  /* The job's figures and exit status for its record (node mode: the
-   * daemon writes it when this slot is freed; single-user: here). */
+  /* Node mode: the daemon samples the job and writes its record when this
+   * slot is freed; single-user mode: here. */
+  char path[512];
+  bool record = cogpu__node_mode(&cfg) == 0 &&
+                cogpu__hist_path(&cfg, false, path, sizeof path) == 1;
+  run_sampler_t *smp = record ? calloc(1, sizeof *smp) : NULL;
+  if (smp)
+    smp->h = h;
+  int st = run_exec(o.cmd, smp);
   cogpu__job_report_t rep;
   if (cogpu__job_end(h, st, &rep) == 0) {
     if (cfg.v[COGPU_OPT_JOB_REPORT].i)
       run_report(&o, &rep);
     if (cogpu__node_mode(&cfg) == 0)
-      cli_history_record(&cfg, h, cmdline, o.job_id, st, &rep);
+      cli_history_record(&cfg, h, cmdline, o.job_id, st, &rep,
+                         smp && rep.gpu >= 0 && rep.gpu < COGPU_USAGE_GPUS
+                             ? &smp->tl[rep.gpu]
+                             : NULL);
   }
+  free(smp);
   cogpu_detach(h);
   if (st == -1)
     return CLI_EXIT_FAIL;
