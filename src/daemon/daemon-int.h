@@ -51,6 +51,11 @@ typedef struct dconn_s {
   bool susp_pending;
   uint32_t susp_slot, susp_gen;
   int susp_op;
+  /* QUERY: a `cogpu history` answered when the history writer has run it
+   * (record.c); `id` names the connection to that answer, which may come
+   * after the connection has gone. */
+  bool hist_pending;
+  uint64_t id;
   int passed_fd;    /* a descriptor that came with the message (-1: none) */
   bool closing;     /* to be ended after this batch of events */
   bool dead;        /* ended: its record is freed after this batch */
@@ -69,7 +74,8 @@ typedef struct cogpu__daemon_s {
   struct cogpu_s *dh;        /* the daemon's own attachment to its state */
   struct cogpu_s proxy;      /* acts for one client at a time */
   int epfd, lfd, tfd;
-  bool lfd_owned; /* created here (unlink at exit), not from systemd */
+  uint64_t next_conn_id; /* dconn_t.id */
+  bool lfd_owned;        /* created here (unlink at exit), not from systemd */
   gid_t admin_gid;
   bool have_admin_group;
   dconn_t **slot_conn;   /* LEDGER_MAX_SLOTS: MAIN connection per slot */
@@ -179,10 +185,19 @@ uint64_t cogpu__daemon_rec_written(cogpu__daemon_t *d);
 /* USAGE on a main connection (the page is c->passed_fd). */
 int cogpu__daemon_on_usage(cogpu__daemon_t *d, dconn_t *c,
                            const cogpu__msg_t *m, cogpu__msg_t *r);
-/* HISTORY: the records the asker may see, in a sealed memfd (*mfd_out). */
+/* HISTORY: checks who may see what, and hands the query to the history
+ * writer thread; 1 when it will be answered (cogpu__daemon_rec_answer),
+ * else an error for r. The loop never waits for SQLite. */
 int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
-                             const cogpu__msg_t *m, cogpu__msg_t *r,
-                             int *mfd_out);
+                             const cogpu__msg_t *m, cogpu__msg_t *r);
+/* The descriptor the loop polls for answered queries (-1: none), and the
+ * answering: each pending connection gets its records (a sealed memfd)
+ * or the error. */
+int cogpu__daemon_rec_fd(cogpu__daemon_t *d);
+void cogpu__daemon_rec_answer(cogpu__daemon_t *d);
+/* A reply to req's sequence number on c, passing fd (-1: none). */
+int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
+                           cogpu__msg_t *r, int fd);
 
 /* Checks the ledger's invariants; returns 0 or a description's length. */
 int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len);

@@ -34,7 +34,7 @@
 uint64_t cogpu__daemon_starttime(pid_t pid);
 int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
 
-static dconn_t mark_listen, mark_timer, mark_signal, mark_susp;
+static dconn_t mark_listen, mark_timer, mark_signal, mark_susp, mark_hist;
 static int sigfd = -1;
 static uint64_t watchdog_us;
 
@@ -53,6 +53,7 @@ static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
   c->kind = kind;
   c->waiter = -1;
   c->passed_fd = -1;
+  c->id = ++d->next_conn_id;
   c->next = d->conns;
   if (d->conns)
     d->conns->prev = c;
@@ -536,6 +537,10 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
   rc = cogpu__daemon_rec_start(d);
   if (rc)
     return cogpu__seterr(rc, "out of memory");
+  if (cogpu__daemon_rec_fd(d) >= 0) {
+    ev.data.ptr = &mark_hist;
+    epoll_ctl(d->epfd, EPOLL_CTL_ADD, cogpu__daemon_rec_fd(d), &ev);
+  }
   recover(d);
   cogpu__susp_recover(d);
   if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
@@ -569,6 +574,8 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
         d->stop = true;
       } else if (c == &mark_susp) {
         cogpu__susp_completed(d);
+      } else if (c == &mark_hist) {
+        cogpu__daemon_rec_answer(d);
       } else {
         on_readable(d, c, evs[i].events);
       }

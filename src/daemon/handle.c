@@ -65,6 +65,16 @@ int cogpu__daemon_reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
   return reply(d, c, req, rc, r);
 }
 
+int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
+                           cogpu__msg_t *r, int fd) {
+  r->magic = COGPU_PROTO_MAGIC;
+  r->version = COGPU_PROTO_VERSION;
+  r->type = COGPU_M_REPLY;
+  r->seq = seq;
+  r->rc = rc;
+  return send_msg(d, c, r, rc ? -1 : fd);
+}
+
 static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
                 const char *fmt, ...) COGPU_PRINTF(5, 6);
 static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
@@ -943,18 +953,12 @@ static int on_job_end(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
 static int on_history(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
-  int mfd = -1;
-  int rc = cogpu__daemon_on_history(d, c, m, &r, &mfd);
-  if (rc) {
-    reply(d, c, m, rc, &r);
-    return -1;
+  int rc = cogpu__daemon_on_history(d, c, m, &r);
+  if (rc == 1) {
+    c->hist_pending = true; /* answered by cogpu__daemon_rec_answer */
+    return 0;
   }
-  r.magic = COGPU_PROTO_MAGIC;
-  r.version = COGPU_PROTO_VERSION;
-  r.type = COGPU_M_REPLY;
-  r.seq = m->seq;
-  send_msg(d, c, &r, mfd);
-  close(mfd);
+  reply(d, c, m, rc, &r);
   return -1;
 }
 

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -42,6 +43,26 @@ typedef struct rec_job_s {
   cogpu__hist_tl_t *tl[LEDGER_MAX_GPUS];
 } rec_job_t;
 
+/* A `cogpu history` query, run by the writer thread after the records
+ * queued before it (so a job that ended before the request is in its
+ * answer, with no waiting in the loop), then answered by the loop. */
+typedef struct hq_s {
+  struct hq_s *next;
+  uint64_t conn_id; /* dconn_t.id: the connection may be gone by then */
+  uint32_t seq;
+  uid_t uid;
+  cogpu__hist_filter_t f;
+  int rc;
+  int mfd;
+  char msg[sizeof(((cogpu__msg_t *)0)->u.reply.msg)];
+} hq_t;
+/* Queries under way: on the node, and of one user. A query is quick (a
+ * few ms) unless the database is locked (SQLite's bounded busy wait): the
+ * bounds keep one user's stream of requests from delaying others' for
+ * long, and memory bounded. */
+#define HQ_MAX 64u
+#define HQ_USER_MAX 4u
+
 struct cogpu__drec_s {
   cogpu__daemon_t *d;
   cogpu__usage_t **page; /* LEDGER_MAX_SLOTS: mapped pages, by slot */
@@ -60,6 +81,10 @@ struct cogpu__drec_s {
   size_t nqueue;
   uint64_t queued, handled;  /* records given to the writer, and done by it */
   uint64_t written, dropped; /* for tests and the log */
+  hq_t *hq, **hq_tail;       /* queries for the writer */
+  hq_t *hq_done;             /* answered, for the loop */
+  unsigned nhq;              /* both */
+  int efd;                   /* the loop's: queries answered */
   bool off_said;
   bool history_on;
   char path[512];
@@ -262,20 +287,61 @@ static void say_off(struct cogpu__drec_s *r, int rc) {
   cogpu__log(COGPU_LOG_WARN, "job history is off: %s", cogpu_last_error());
 }
 
+/* In the writer thread: the records q may see, in a sealed memfd. */
+static void run_query(struct cogpu__drec_s *r, hq_t *q) {
+  cogpu__hist_t *db = NULL;
+  cogpu__hist_rec_t *v = NULL;
+  size_t n = 0;
+  q->mfd = -1;
+  int rc = cogpu__hist_open(r->path, false, &db);
+  if (rc == 0)
+    rc = cogpu__hist_query(db, &q->f, &v, &n);
+  cogpu__hist_close(db);
+  if (rc) {
+    q->rc = rc;
+    snprintf(q->msg, sizeof q->msg, "%s", cogpu_last_error());
+    return;
+  }
+  cogpu__hist_hdr_t hh = {.magic = COGPU_HIST_MAGIC,
+                          .version = COGPU_HIST_VERSION,
+                          .n = (uint32_t)n,
+                          .rec_size = sizeof *v};
+  int mfd = memfd_create("cogpu-history", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  size_t bytes = n * sizeof *v;
+  if (mfd < 0 || write(mfd, &hh, sizeof hh) != (ssize_t)sizeof hh ||
+      (bytes && write(mfd, v, bytes) != (ssize_t)bytes) ||
+      fcntl(mfd, F_ADD_SEALS,
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    q->rc = errno ? -errno : -EIO;
+    snprintf(q->msg, sizeof q->msg, "cannot pass the history: %s",
+             strerror(-q->rc));
+    if (mfd >= 0)
+      close(mfd);
+    mfd = -1;
+  }
+  free(v);
+  q->mfd = mfd;
+}
+
 static void *writer(void *arg) {
   struct cogpu__drec_s *r = arg;
   cogpu__hist_t *db = NULL;
   cogpu__hist_rec_t *batch = malloc(REC_QUEUE_MAX * sizeof *batch);
   pthread_mutex_lock(&r->mu);
   for (;;) {
-    while (!r->nqueue && !r->stop)
+    while (!r->nqueue && !r->hq && !r->stop)
       pthread_cond_wait(&r->cv, &r->mu);
-    if (!r->nqueue && r->stop)
+    if (!r->nqueue && !r->hq && r->stop)
       break;
     size_t n = r->nqueue;
     if (batch)
       memcpy(batch, r->queue, n * sizeof *batch);
     r->nqueue = 0;
+    /* The queries asked so far, taken with the records queued before
+     * them: answered once those are written. */
+    hq_t *qs = r->hq;
+    r->hq = NULL;
+    r->hq_tail = &r->hq;
     pthread_mutex_unlock(&r->mu);
     for (size_t i = 0; batch && i < n; i++) {
       cogpu__user_name(batch[i].uid, batch[i].user, sizeof batch[i].user);
@@ -294,9 +360,22 @@ static void *writer(void *arg) {
       }
       __atomic_add_fetch(&r->written, 1, __ATOMIC_RELAXED);
     }
+    for (hq_t *q = qs; q; q = q->next)
+      run_query(r, q);
     pthread_mutex_lock(&r->mu);
     r->handled += n;
     pthread_cond_broadcast(&r->done_cv);
+    if (qs) {
+      hq_t *last = qs;
+      while (last->next)
+        last = last->next;
+      last->next = r->hq_done;
+      r->hq_done = qs;
+      uint64_t one = 1;
+      if (write(r->efd, &one, sizeof one) < 0) {
+        /* the counter is full: the loop is woken already */
+      }
+    }
   }
   pthread_mutex_unlock(&r->mu);
   cogpu__hist_close(db);
@@ -321,6 +400,8 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
     return -ENOMEM;
   }
   r->d = d;
+  r->hq_tail = &r->hq;
+  r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   pthread_mutex_init(&r->mu, NULL);
   pthread_cond_init(&r->cv, NULL);
   pthread_condattr_t ca;
@@ -336,6 +417,11 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
     cogpu__log(COGPU_LOG_INFO, "job history is off (history_dir=none)");
   else if (on < 0)
     cogpu__log(COGPU_LOG_WARN, "job history is off: %s", cogpu_last_error());
+  if (r->efd < 0) {
+    r->history_on = false;
+    cogpu__log(COGPU_LOG_WARN, "job history is off: eventfd: %s",
+               strerror(errno));
+  }
   if (r->history_on) {
     /* Open it now, so that a database that cannot be used is said at
      * start, not at the first job's end. */
@@ -368,6 +454,18 @@ void cogpu__daemon_rec_stop(cogpu__daemon_t *d) {
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->thread, NULL);
   }
+  for (hq_t *q = r->hq_done, *next; q; q = next) {
+    next = q->next;
+    if (q->mfd >= 0)
+      close(q->mfd);
+    free(q);
+  }
+  for (hq_t *q = r->hq, *next; q; q = next) {
+    next = q->next;
+    free(q);
+  }
+  if (r->efd >= 0)
+    close(r->efd);
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     page_drop(r, s);
     job_drop(r, s);
@@ -417,12 +515,11 @@ uint64_t cogpu__daemon_rec_written(cogpu__daemon_t *d) {
   return d->rec ? __atomic_load_n(&d->rec->written, __ATOMIC_RELAXED) : 0;
 }
 
-/* HISTORY: read in the loop with a connection of its own (WAL: the writer
- * never blocks it; SQLite's busy wait is bounded), filtered by who asks:
- * root and the admin group see every user's jobs, others their own. */
+/* HISTORY: who may see what is decided here, from the connection's
+ * credentials: root and the admin group see every user's jobs, others
+ * their own. The query itself goes to the writer thread. */
 int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
-                             const cogpu__msg_t *m, cogpu__msg_t *r,
-                             int *mfd_out) {
+                             const cogpu__msg_t *m, cogpu__msg_t *r) {
   struct cogpu__drec_s *x = d->rec;
   const cogpu__m_history_t *q = &m->u.history;
   cogpu__hist_filter_t f = {.has_uid = q->has_uid,
@@ -438,53 +535,74 @@ int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
     f.has_uid = true;
     f.uid = c->uid;
   }
-  if (!x || !x->history_on) {
+  if (!x || !x->history_on || !x->started) {
     snprintf(r->u.reply.msg, sizeof r->u.reply.msg,
              "the node keeps no job history (history_dir=none)");
     return -ENOENT;
   }
-  /* Jobs that ended before this request are in its answer: a user who
-   * runs `cogpu history` right after `cogpu run` returned sees that job
-   * (its slot was freed before its detach was answered). The writer is
-   * waited for up to a second (a disk that slow answers without them). */
-  if (x->started) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += 1;
-    pthread_mutex_lock(&x->mu);
-    uint64_t want = x->queued;
-    while (x->handled < want &&
-           pthread_cond_timedwait(&x->done_cv, &x->mu, &ts) == 0) {
+  pthread_mutex_lock(&x->mu);
+  unsigned mine = 0;
+  for (hq_t *o = x->hq; o; o = o->next)
+    mine += o->uid == c->uid;
+  for (hq_t *o = x->hq_done; o; o = o->next)
+    mine += o->uid == c->uid;
+  bool full = x->nhq >= HQ_MAX || mine >= HQ_USER_MAX;
+  hq_t *n = full ? NULL : calloc(1, sizeof *n);
+  if (n) {
+    n->conn_id = c->id;
+    n->seq = m->seq;
+    n->uid = c->uid;
+    n->f = f;
+    n->mfd = -1;
+    *x->hq_tail = n;
+    x->hq_tail = &n->next;
+    x->nhq++;
+    pthread_cond_signal(&x->cv);
+  }
+  pthread_mutex_unlock(&x->mu);
+  if (!n) {
+    snprintf(r->u.reply.msg, sizeof r->u.reply.msg, "%s: try again in a moment",
+             full ? "too many history requests under way" : "out of memory");
+    return full ? -EBUSY : -ENOMEM;
+  }
+  return 1;
+}
+
+int cogpu__daemon_rec_fd(cogpu__daemon_t *d) {
+  return d->rec && d->rec->history_on ? d->rec->efd : -1;
+}
+
+/* In the loop: the writer answered; each answer goes to its connection if
+ * that is still there (a client that gave up is not waited for). */
+void cogpu__daemon_rec_answer(cogpu__daemon_t *d) {
+  struct cogpu__drec_s *x = d->rec;
+  uint64_t cnt;
+  if (!x || read(x->efd, &cnt, sizeof cnt) < 0) {
+    /* spurious: nothing to take */
+  }
+  if (!x)
+    return;
+  pthread_mutex_lock(&x->mu);
+  hq_t *done = x->hq_done;
+  x->hq_done = NULL;
+  for (hq_t *q = done; q; q = q->next)
+    x->nhq--;
+  pthread_mutex_unlock(&x->mu);
+  for (hq_t *q = done, *next; q; q = next) {
+    next = q->next;
+    dconn_t *c = d->conns;
+    while (c && (c->id != q->conn_id || !c->hist_pending || c->dead))
+      c = c->next;
+    if (c) {
+      cogpu__msg_t r;
+      memset(&r, 0, sizeof r);
+      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", q->msg);
+      c->hist_pending = false;
+      cogpu__daemon_reply_fd(d, c, q->seq, q->rc, &r, q->mfd);
+      cogpu__daemon_end_later(d, c);
     }
-    pthread_mutex_unlock(&x->mu);
+    if (q->mfd >= 0)
+      close(q->mfd);
+    free(q);
   }
-  cogpu__hist_t *db = NULL;
-  cogpu__hist_rec_t *v = NULL;
-  size_t n = 0;
-  int rc = cogpu__hist_open(x->path, false, &db);
-  if (rc == 0)
-    rc = cogpu__hist_query(db, &f, &v, &n);
-  cogpu__hist_close(db);
-  if (rc) {
-    snprintf(r->u.reply.msg, sizeof r->u.reply.msg, "%s", cogpu_last_error());
-    return rc;
-  }
-  cogpu__hist_hdr_t hh = {.magic = COGPU_HIST_MAGIC,
-                          .version = COGPU_HIST_VERSION,
-                          .n = (uint32_t)n,
-                          .rec_size = sizeof *v};
-  int mfd = memfd_create("cogpu-history", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  size_t bytes = n * sizeof *v;
-  if (mfd < 0 || write(mfd, &hh, sizeof hh) != (ssize_t)sizeof hh ||
-      (bytes && write(mfd, v, bytes) != (ssize_t)bytes) ||
-      fcntl(mfd, F_ADD_SEALS,
-            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
-    rc = errno ? -errno : -EIO;
-    if (mfd >= 0)
-      close(mfd);
-    mfd = -1;
-  }
-  free(v);
-  *mfd_out = mfd;
-  return rc;
 }

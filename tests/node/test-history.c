@@ -480,3 +480,85 @@ TEST_IMPL_SINGLE(history_timeline_bounded) {
   free(t);
   cogpu__hist_close(db);
 }
+
+/* A history query never holds up the node: the daemon hands it to its
+ * history thread, behind the records queued before it. With the database
+ * locked for writing by another program (BEGIN EXCLUSIVE), the thread is
+ * stuck in SQLite's bounded busy wait on a job's record; a `cogpu history`
+ * then waits in that thread, while other clients' requests are answered
+ * at once (before, the loop waited up to 1 s for the writer); one user
+ * cannot queue more than a few history queries; and history works again
+ * once the lock is gone. */
+#include <sqlite3.h>
+
+TEST_IMPL(history_query_does_not_block_the_daemon) {
+  if (!th_node_mode())
+    SKIP("the daemon's history thread");
+  hist_env();
+  const char *job[] = {"cogpu",  "run",     "--",  lt_cudaprog(),
+                       "direct", "init",    "ctx", "alloc:64M",
+                       "hold:1", "freeall", NULL};
+  ASSERT_EQ(run_logged("job", job), 0);
+  history_json("--last", "1"); /* the database exists, with a record */
+  char db[600];
+  snprintf(db, sizeof db, "%s/history.db", getenv("COGPU_HISTORY_DIR"));
+  int pfd[2];
+  ASSERT_EQ(pipe(pfd), 0);
+  pid_t locker = fork();
+  if (locker == 0) {
+    close(pfd[0]);
+    sqlite3 *s = NULL;
+    if (sqlite3_open(db, &s) != SQLITE_OK ||
+        sqlite3_exec(s, "BEGIN EXCLUSIVE", NULL, NULL, NULL) != SQLITE_OK)
+      _exit(2);
+    if (write(pfd[1], "L", 1) != 1)
+      _exit(3);
+    sleep(6);
+    sqlite3_exec(s, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(s);
+    _exit(0);
+  }
+  close(pfd[1]);
+  char ch;
+  ASSERT_EQ(read(pfd[0], &ch, 1), 1);
+  close(pfd[0]);
+  /* Its record keeps the history thread in SQLite's busy wait. */
+  ASSERT_EQ(run_logged("job2", job), 0);
+  const char *hist[] = {"cogpu", "history", NULL};
+  pid_t hp = lt_spawn_logged("hist-locked", hist);
+  th_sleep_ms(100); /* it is in the daemon's hands */
+  /* Meanwhile other clients are served without delay. */
+  for (int i = 0; i < 5; i++) {
+    uint64_t t0 = cogpu__now_ns();
+    const char *st[] = {"cogpu", "status", NULL};
+    ASSERT_EQ(run_logged("status", st), 0);
+    uint64_t ms = (cogpu__now_ns() - t0) / 1000000;
+    if (ms > (uint64_t)th_ms(500))
+      th_fail(__FILE__, __LINE__,
+              "cogpu status took %llu ms while a history query waited for "
+              "the history thread",
+              (unsigned long long)ms);
+  }
+  /* More queries of the same user while the first waits: beyond the
+   * per-user bound they are refused at once, with the reason. */
+  pid_t more[6];
+  char tag[6][16];
+  for (int i = 0; i < 6; i++) {
+    snprintf(tag[i], sizeof tag[i], "more%d", i);
+    more[i] = lt_spawn_logged(tag[i], hist);
+  }
+  int busy = 0;
+  for (int i = 0; i < 6; i++) {
+    th_wait(more[i], th_ms(30000));
+    busy += strstr(lt_slurp(tag[i]), "too many history requests") != NULL;
+  }
+  ASSERT_GE(busy, 1);
+  /* The first is answered once the thread is free (readers are not
+   * blocked in WAL mode). */
+  ASSERT_EQ(th_exit_code(th_wait(hp, th_ms(30000))), 0);
+  th_wait(locker, th_ms(30000));
+  /* Once the lock is gone, a new job is recorded again. */
+  ASSERT_EQ(run_logged("job3", job), 0);
+  char *h = history_json("--last", "1");
+  ASSERT_CONTAINS(h, "\"peak_bytes\":");
+}
