@@ -199,6 +199,10 @@ void cogpu__daemon_rec_answer(cogpu__daemon_t *d);
 int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
                            cogpu__msg_t *r, int fd);
 
+/* A process's start time (clock ticks since boot; 0 if it is gone): with
+ * its PID, it names the process without ambiguity. */
+uint64_t cogpu__daemon_starttime(pid_t pid);
+
 /* Checks the ledger's invariants; returns 0 or a description's length. */
 int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len);
 

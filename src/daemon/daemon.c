@@ -31,7 +31,6 @@
 #define SYS_pidfd_open 434
 #endif
 
-uint64_t cogpu__daemon_starttime(pid_t pid);
 int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
 
 static dconn_t mark_listen, mark_timer, mark_signal, mark_susp, mark_hist;

@@ -139,7 +139,6 @@ static size_t user_waiters(cogpu__daemon_t *d, uid_t uid) {
 }
 
 /* The start time of a process (field 22 of /proc/PID/stat), 0 if gone. */
-uint64_t cogpu__daemon_starttime(pid_t pid);
 uint64_t cogpu__daemon_starttime(pid_t pid) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);

@@ -19,12 +19,17 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "cuda/cuda-abi.h"
@@ -35,6 +40,9 @@
 #define OP_UNDO                                                                \
   3 /* recovery: a suspension a previous daemon left half done                 \
      */
+
+/* Restores tried before a job is given up (the last failure ends it). */
+#define SUSP_RESTORE_TRIES 3u
 
 typedef struct sjob_s {
   uint32_t slot, gen;
@@ -50,6 +58,7 @@ typedef struct sjob_s {
   uint64_t need;
   uint64_t not_before_ns, waiting_since_ns, warned_ns;
   unsigned tries;
+  unsigned restore_tries; /* restores that failed (the driver's error) */
   /* Result. */
   int rc;
   bool broken;
@@ -645,6 +654,81 @@ static void answer_manual(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
   }
 }
 
+/* --- A job the driver cannot give back ------------------------------------
+ * A process whose restore failed (or whose failed suspension could not be
+ * undone) stays locked in the driver: its CUDA calls never return, and it
+ * holds its memory, for good. Left alone it hangs its job forever, so it
+ * is ended: each of its processes is told why on its stderr, then killed.
+ * Its slot is freed as its connection closes, like any job that dies. */
+
+/* Its stderr, if it is something one may append a line to: a file, a
+ * pipe or a terminal; never another device, whose open may act. */
+static void tell_stderr(pid_t pid, const char *line) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/2", (int)pid);
+  struct stat sb;
+  if (stat(path, &sb) != 0)
+    return;
+  bool tty = S_ISCHR(sb.st_mode) &&
+             (major(sb.st_rdev) == 4 || major(sb.st_rdev) == 5 ||
+              (major(sb.st_rdev) >= 136 && major(sb.st_rdev) <= 143));
+  if (!S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode) && !tty)
+    return;
+  int fd = open(path, O_WRONLY | O_APPEND | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  if (write(fd, line, strlen(line)) < 0) {
+    /* a full pipe or a closed terminal: the daemon's log says it too */
+  }
+  close(fd);
+}
+
+/* SIGKILL to the process of slot sl, if it is still the one the slot
+ * names (PID and start time): through a pidfd where the kernel has them,
+ * so that a PID reused in between is never hit. */
+static void kill_slot_process(const ledger_slot_t *sl) {
+  pid_t pid = sl->pid;
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
+  int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (pfd >= 0) {
+    if (cogpu__daemon_starttime(pid) == sl->starttime)
+      syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
+    close(pfd);
+    return;
+  }
+#endif
+  if (cogpu__daemon_starttime(pid) == sl->starttime)
+    kill(pid, SIGKILL);
+}
+
+static void end_stuck_job(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
+                          const char *why) {
+  ledger_state_t *st = d->dh->st;
+  const ledger_slot_t *job = &st->slots[slot];
+  if (job->state != SLOT_ACTIVE || atomic_load(&job->gen) != gen)
+    return;
+  char line[512];
+  snprintf(line, sizeof line,
+           "cogpu[%d]: error: the GPU driver could not give this job its "
+           "memory back after a suspension (%s); it cannot continue and is "
+           "ended (cogpud)\n",
+           (int)getpid(), why);
+  cogpu__log(COGPU_LOG_ERROR,
+             "the driver could not give the job of pid %d its memory back "
+             "(%s): its processes would wait for good; ending them",
+             job->pid, why);
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    bool mine = s == slot ||
+                (sl->job == (uint64_t)slot + 1 && sl->job_gen == (uint64_t)gen);
+    if (!mine || sl->state != SLOT_ACTIVE || !(sl->flags & COGPU_MARK_CUDA) ||
+        sl->pid <= 0)
+      continue;
+    tell_stderr(sl->pid, line);
+    kill_slot_process(sl);
+  }
+}
+
 void cogpu__susp_completed(cogpu__daemon_t *d) {
   cogpu__susp_t *s = d->susp;
   uint64_t x;
@@ -701,6 +785,8 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
         note_waiters(d, j->slot);
       answer_manual(d, j->slot, j->gen, LEDGER_OP_SUSPEND, j->rc, j->msg,
                     j->bytes, j->took_ns / 1000000u, j->took_ns / 1000000u);
+      if (j->rc && j->broken && same)
+        end_stuck_job(d, j->slot, j->gen, j->msg);
     } else if (j->op == LEDGER_OP_RESUME && j->rc == -EAGAIN) {
       if (!same || sl->susp != SUSP_RESUMING) {
         free(j); /* the job ended while it waited */
@@ -726,6 +812,21 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
       j->msg[0] = 0;
       enqueue(s, j);
       continue;
+    } else if (j->op == LEDGER_OP_RESUME && j->rc && j->broken && same &&
+               sl->susp == SUSP_RESUMING &&
+               j->restore_tries + 1 < SUSP_RESTORE_TRIES) {
+      /* The driver refused a restore: it may be passing (an error that
+       * leaves the process checkpointed); tried again at 100 ms, 400 ms. */
+      cogpu__log(COGPU_LOG_WARN, "resuming the job of pid %d: %s; trying again",
+                 sl->pid, j->msg);
+      j->not_before_ns =
+          cogpu__now_ns() + cogpu__ms_to_ns(100u << (2 * j->restore_tries));
+      j->restore_tries++;
+      j->rc = 0;
+      j->broken = false;
+      j->msg[0] = 0;
+      enqueue(s, j);
+      continue;
     } else if (j->op == LEDGER_OP_RESUME) {
       uint64_t away = same ? (cogpu__now_ns() - sl->susp_since_ns) : 0;
       if (j->rc == 0)
@@ -741,6 +842,8 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
       cogpu__ledger_unlock(h);
       answer_manual(d, j->slot, j->gen, LEDGER_OP_RESUME, j->rc, j->msg,
                     j->bytes, away / 1000000u, j->took_ns / 1000000u);
+      if (j->rc && j->broken && same)
+        end_stuck_job(d, j->slot, j->gen, j->msg);
     } else {
       cogpu__ledger_lock(h);
       if (same && sl->susp == SUSP_SUSPENDING)

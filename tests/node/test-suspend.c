@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "ledger-helpers.h"
 
 /* The node for these tests: a 16 GiB fake GPU, no margin, a fast tick,
@@ -725,5 +726,65 @@ TEST_IMPL_T(susp_lock_timeout_next_victim, 90) {
   /* The busy one was tried first (it is the lowest priority). */
   ASSERT_CONTAINS(lt_slurp("cogpud.log"), "lock timeout");
   ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* The driver refuses a restore once (an error that leaves the process
+ * checkpointed): the daemon tries again and the job resumes, data intact. */
+TEST_IMPL_T(susp_restore_refused_once_is_retried, 60) {
+  setenv("FAKE_CUDA_FAIL", "cuCheckpointProcessRestore:1", 1);
+  su_begin(); /* the daemon's: the only caller of Restore */
+  unsetenv("FAKE_CUDA_FAIL");
+  const char *argv[] = {"cogpu",     "run",    "--",      lt_cudaprog(),
+                        "direct",    "init",   "ctx",     "alloc:2G",
+                        "hold:1500", "verify", "freeall", NULL};
+  pid_t job = lt_spawn_logged("job", argv);
+  int cpid = su_holder(2 * GiB);
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  ASSERT_EQ(su_cmd("resume", cpid, out, sizeof out), 0);
+  ASSERT_EQ(su_finish(job, "job", 20000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT_CONTAINS(lt_slurp("cogpud.log"), "trying again");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
+/* The driver refuses every restore: the job could never run again (its
+ * processes would wait in the driver for good, holding their memory). It
+ * is ended: `cogpu resume` says why, the job's stderr says why, its
+ * cogpu run ends by SIGKILL, and the node is left empty. */
+TEST_IMPL_T(susp_restore_refused_ends_the_job, 60) {
+  setenv("FAKE_CUDA_FAIL", "cuCheckpointProcessRestore:1+", 1);
+  su_begin();
+  unsetenv("FAKE_CUDA_FAIL");
+  const char *argv[] = {"cogpu",     "run",    "--",      lt_cudaprog(),
+                        "direct",    "init",   "ctx",     "alloc:2G",
+                        "hold:1500", "verify", "freeall", NULL};
+  pid_t job = lt_spawn_logged("job", argv);
+  int cpid = su_holder(2 * GiB);
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  uint64_t t0 = cogpu__now_ns();
+  ASSERT_NE(su_cmd("resume", cpid, out, sizeof out), 0);
+  ASSERT_CONTAINS(out, "restoring pid");
+  int code = th_exit_code(th_wait(job, th_ms(20000)));
+  ASSERT_EQ(code, 128 + SIGKILL);
+  ASSERT_LT((int64_t)((cogpu__now_ns() - t0) / 1000000), th_ms(10000));
+  /* (The line is appended; cogpu run, writing at its own offset of the
+   * log, may overwrite its start: the end is what is checked.) */
+  ASSERT_CONTAINS(lt_slurp("job"), "it cannot continue and is ended (cogpud)");
+  ASSERT_CONTAINS(lt_slurp("cogpud.log"), "ending them");
+  /* Its slot and memory are the node's again. */
+  for (int t = 0;; t += 50) {
+    cogpu_status_t *st = lt_status();
+    bool empty = st->gpus[0].nclients == 0 && st->gpus[0].reserved_bytes == 0;
+    cogpu_status_free(st);
+    if (empty)
+      break;
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the ended job's reservation stayed");
+    th_sleep_ms(50);
+  }
   lt_check_invariants();
 }
