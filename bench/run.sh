@@ -243,7 +243,7 @@ for bin in "$bdir"/bench/bench-*; do
 			status=1
 		fi
 		;;
-	bench-reserve | bench-wakeup) run_modes "$name" "$bin" ;;
+	bench-reserve | bench-wakeup | bench-scrape) run_modes "$name" "$bin" ;;
 	bench-suspend-job) run_suspend_job "$bin" ;;
 	bench-daemon)
 		if start_daemon; then
