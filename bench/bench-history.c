@@ -250,7 +250,9 @@ int main(void) {
   const char *d = getenv("BENCH_HIST_DIR");
   const char *tmp = getenv("TMPDIR");
   snprintf(disk, sizeof disk, "%s/cogpu-bench-hist.XXXXXX",
-           d && *d ? d : tmp && *tmp ? tmp : "/tmp");
+           d && *d       ? d
+           : tmp && *tmp ? tmp
+                         : "/tmp");
   snprintf(mem, sizeof mem, "/dev/shm/cogpu-bench-hist.XXXXXX");
   if (!mkdtemp(disk) || !mkdtemp(mem))
     bench_die("mkdtemp", -errno);

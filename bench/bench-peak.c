@@ -263,8 +263,7 @@ static int run_child(const char *lib, int fd, long index, bool tracking) {
   if (waitpid(pid, &ws, 0) < 0)
     bench_die("waitpid", -errno);
   if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
-    fprintf(stderr, "bench-peak: child with %s failed (status %#x)\n", lib,
-            ws);
+    fprintf(stderr, "bench-peak: child with %s failed (status %#x)\n", lib, ws);
     return 1;
   }
   return 0;
@@ -300,8 +299,8 @@ int main(int argc, char **argv) {
       if (run_child(lib[v], fd, 2 * k + v, v == 1))
         return 1;
     }
-  uint64_t *all = mmap(NULL, child_bytes * (size_t)nchild, PROT_READ,
-                       MAP_SHARED, fd, 0);
+  uint64_t *all =
+      mmap(NULL, child_bytes * (size_t)nchild, PROT_READ, MAP_SHARED, fd, 0);
   if (all == MAP_FAILED)
     bench_die("mmap", -errno);
   uint64_t clock_ns = bench_clock_overhead_ns();
