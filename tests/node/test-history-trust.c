@@ -338,10 +338,10 @@ TEST_IMPL(history_trust_two_users) {
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), 0);
 }
 
-/* B's process (nobody), as a client of the daemon may behave: it names its
- * job and command like A's, claims a 15 GiB peak in its usage page and an
- * exit status of 99, and sends JOB_END and USAGE on a connection that never
- * attached. */
+/* B's process (nobody), as a client of the daemon may behave: it sends
+ * JOB_END and USAGE on a connection that never attached, asks to attach
+ * in A's name, then names its own job and command like A's, claims a
+ * 15 GiB peak in its usage page and an exit status of 99. */
 HELPER_IMPL(ht_forger) {
   if (argc < 2)
     return 2;
@@ -372,6 +372,32 @@ HELPER_IMPL(ht_forger) {
       fprintf(stderr, "message %d without ATTACH: recv %zd\n", type, got);
       return 6;
     }
+  }
+  /* An ATTACH booking the job for A (what the Slurm plug-in does as root):
+   * refused. */
+  {
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", getenv("COGPU_SOCKET"));
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+      return 4;
+    cogpu__msg_t m;
+    cogpu__msg_init(&m, COGPU_M_ATTACH, 1);
+    m.u.attach.flags = COGPU_ATTACH_FOR_UID;
+    m.u.attach.for_uid = UID_A;
+    snprintf(m.u.attach.command, sizeof m.u.attach.command, "%s", argv[1]);
+    snprintf(m.u.attach.job_id, sizeof m.u.attach.job_id, "%s", argv[0]);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (send(fd, &m, sizeof m, 0) != (ssize_t)sizeof m ||
+        recv(fd, &m, sizeof m, 0) != (ssize_t)sizeof m ||
+        m.type != COGPU_M_REPLY || m.rc != -EPERM ||
+        !strstr(m.u.reply.msg, "only root may book")) {
+      fprintf(stderr, "ATTACH for uid %u was not refused (rc %d)\n", UID_A,
+              m.rc);
+      return 10;
+    }
+    close(fd);
   }
   cogpu_attach_opts_t o = {.job_id = argv[0], .command = argv[1]};
   cogpu_t *h = NULL;
