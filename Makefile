@@ -215,6 +215,26 @@ $(B)/bench/bench-scrape: bench/bench-scrape.c bench/bench.h \
 	    -Wl,--wrap=cogpu__ledger_lock -Wl,--wrap=cogpu__ledger_lock_bounded \
 	    -Wl,--wrap=cogpu__ledger_unlock $(B)/libcogpu.a $(LDLIBS)
 
+# The history benchmark drives src/history directly, and reads the
+# daemon's database with SQLite.
+$(B)/bench/bench-history: bench/bench-history.c bench/bench.h $(HIST_OBJS) $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(HIST_OBJS) $(B)/libcogpu.a $(HIST_LIBS) $(LDLIBS)
+
+# bench-peak's baseline: the preload library without peak tracking (its
+# usage page update compiled out, -DCOGPU_BENCH_NO_USAGE), for the
+# benchmark only: tracking has no run-time switch. Never installed.
+PRELOAD_NOUSAGE_OBJS := $(filter-out $(B)/objp/src/preload/account.o,$(PRELOAD_OBJS)) \
+                        $(B)/objpn/src/preload/account.o
+$(B)/objpn/src/preload/account.o: src/preload/account.c
+	@mkdir -p $(dir $@)
+	@echo "CC $< (preload, no usage)"
+	@$(CC) $(ALLCFLAGS) -DCOGPU_SMALL_TLS -DCOGPU_BENCH_NO_USAGE -MMD -MP -c $< -o $@
+$(B)/bench/libcogpu-preload-nousage.so: $(PRELOAD_NOUSAGE_OBJS) src/preload/preload.map
+	$(CC) $(ALLCFLAGS) -shared -Wl,-Bsymbolic-functions -Wl,-z,nodelete \
+	    -Wl,--version-script=src/preload/preload.map \
+	    -o $@ $(PRELOAD_NOUSAGE_OBJS) $(LDLIBS)
+
 # Fuzzing cogpud's message handler with afl++ (Debian afl++; optional).
 # `make fuzz` builds the driver twice: instrumented by afl-cc for afl-fuzz
 # (persistent mode), and plain, which writes the seed corpus and replays
@@ -285,7 +305,8 @@ check-all:
 	$(MAKE) SAN=tsan check-node T="$(TSAN_NODE_TESTS)"
 
 bench: lib cli preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
-       $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog
+       $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog \
+       $(B)/bench/libcogpu-preload-nousage.so
 	B=$(B) bench/run.sh
 
 # The workload-mix experiment on a GPU node (docs/experiment.md).
@@ -347,4 +368,4 @@ clean:
 	rm -rf build build-asan build-tsan build-debug
 
 -include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(DAEMON_OBJS:.o=.d) $(TEST_OBJS:.o=.d) \
-         $(PRELOAD_OBJS:.o=.d) $(SPANK_OBJS:.o=.d)
+         $(PRELOAD_OBJS:.o=.d) $(SPANK_OBJS:.o=.d) $(B)/objpn/src/preload/account.d

@@ -12,9 +12,11 @@
  *     was held during each (the sum over the call: taken once), measured by
  *     wrapping the ledger's lock and unlock at link time (-Wl,--wrap), so
  *     the library under test is the one that ships.
- * Single-user mode (the in-process ledger): in node mode the daemon takes
- * the same snapshot under the same lock, and the scrape adds a round trip
- * (bench-daemon's status_snapshot).
+ * Both ledgers (run.sh's BENCH_MODES): single-user (the in-process
+ * ledger, where the snapshot first probes every client's liveness), and
+ * node mode, where the daemon takes the snapshot under its lock and sends
+ * it as a sealed memfd; there the lock is the daemon's, and the lock_hold
+ * lines are left out (bench-daemon times the daemon's side).
  *
  * Clients and waiters are handles of this process (one slot and one OFD
  * liveness lock each), the waiters a thread each, asleep on their futex:
@@ -73,7 +75,9 @@ int main(void) {
   int nwaiters = (int)bench_env_long("BENCH_WAITERS", 1000);
   int iters = (int)bench_env_long("BENCH_ITERS", 200);
   setenv("COGPU_SWEEP_INTERVAL", "1h", 1);
-  setenv("COGPU_NODE_MODE", "single", 1);
+  setenv("COGPU_NODE_MODE", "single", 0); /* run.sh says which */
+  const char *ledger = bench_ledger_mode();
+  bool node = strcmp(ledger, "node") == 0;
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
@@ -86,6 +90,7 @@ int main(void) {
   int rc = cogpu_attach(&o, &obs);
   if (rc)
     bench_die("cogpu_attach", rc);
+  bench_check_mode(obs);
   for (int i = 0; i < nclients; i++) {
     char cmd[96], job[32];
     snprintf(cmd, sizeof cmd, "python train.py --config run-%04d.yaml", i);
@@ -173,18 +178,26 @@ int main(void) {
     free(buf);
     cogpu_status_free(st);
   }
+/* "mode" as bench-reserve's lines, for compare.py's node/single table. */
 #define FMT                                                                    \
-  "\"clients\":%d,\"waiters\":%d,\"text_bytes\":%zu,\"ledger\":\"single\""
+  "\"clients\":%d,\"waiters\":%d,\"text_bytes\":%zu,\"ledger\":\"%s\","        \
+  "\"mode\":\"%s\""
   bench_stats_t s = bench_stats(scrape, (size_t)iters);
-  bench_emit("scrape", 1, &s, FMT, nclients, nwaiters, bytes);
+  bench_emit("scrape", 1, &s, FMT, nclients, nwaiters, bytes, ledger, ledger);
   s = bench_stats(render, (size_t)iters);
-  bench_emit("scrape_render", 1, &s, FMT, nclients, nwaiters, bytes);
+  bench_emit("scrape_render", 1, &s, FMT, nclients, nwaiters, bytes, ledger,
+             ledger);
   s = bench_stats(status, (size_t)iters);
-  bench_emit("status_snapshot_plain", 1, &s, FMT, nclients, nwaiters, bytes);
-  s = bench_stats(hold_scrape, (size_t)iters);
-  bench_emit("lock_hold_scrape", 1, &s, FMT, nclients, nwaiters, bytes);
-  s = bench_stats(hold_status, (size_t)iters);
-  bench_emit("lock_hold_status", 1, &s, FMT, nclients, nwaiters, bytes);
+  bench_emit("status_snapshot_plain", 1, &s, FMT, nclients, nwaiters, bytes,
+             ledger, ledger);
+  if (!node) {
+    s = bench_stats(hold_scrape, (size_t)iters);
+    bench_emit("lock_hold_scrape", 1, &s, FMT, nclients, nwaiters, bytes,
+               ledger, ledger);
+    s = bench_stats(hold_status, (size_t)iters);
+    bench_emit("lock_hold_status", 1, &s, FMT, nclients, nwaiters, bytes,
+               ledger, ledger);
+  }
   /* The waiters sleep for ever: leave without detaching 2,000 handles. */
   fflush(stdout);
   _exit(0);

@@ -175,6 +175,22 @@ run_preload() {
 		LD_PRELOAD="$pl" COGPU_GROW_STEP=64M "$pbin"
 }
 
+# bench-peak: what peak tracking adds to an allocation, against the
+# preload library built without it (bench/libcogpu-preload-nousage.so),
+# daemonless, every allocation inside an 8 GiB reservation.
+run_peak() {
+	pl=$bdir/libcogpu-preload.so
+	plx=$bdir/bench/libcogpu-preload-nousage.so
+	if [ ! -e "$pl" ] || [ ! -e "$plx" ] || [ ! -e "$fake/libcuda.so.1" ]; then
+		echo "run.sh: bench-peak skipped: $bdir lacks libcogpu-preload.so," \
+			"bench/libcogpu-preload-nousage.so or tests/fakes/libcuda.so.1" \
+			"(make B=$B bench)" >&2
+		return
+	fi
+	run_one bench-peak COGPU_NODE_MODE=single COGPU_CONTEXT_BYTES=300M \
+		BENCH_PRELOAD="$pl" BENCH_PRELOAD_NOUSAGE="$plx" "$1"
+}
+
 # bench-suspend-job: `cogpu suspend` and `cogpu resume` of a job under
 # `cogpu run`, end to end, on the fake driver with a modelled copy
 # bandwidth. The fake reads FAKE_CUDA_CKPT_GBPS in the caller of the
@@ -216,7 +232,18 @@ for bin in "$bdir"/bench/bench-*; do
 	esac
 	case $name in
 	bench-preload) run_preload "$bin" ;;
-	bench-reserve | bench-wakeup) run_modes "$name" "$bin" ;;
+	bench-peak) run_peak "$bin" ;;
+	bench-history)
+		# The daemon's history in $tmp: the bench reads it back.
+		if start_daemon COGPU_HISTORY_DIR="$tmp/history"; then
+			run_one "$name" COGPU_NODE_MODE=daemon \
+				BENCH_HISTORY_DB="$tmp/history/history.db" "$bin"
+			stop_daemon
+		else
+			status=1
+		fi
+		;;
+	bench-reserve | bench-wakeup | bench-scrape) run_modes "$name" "$bin" ;;
 	bench-suspend-job) run_suspend_job "$bin" ;;
 	bench-daemon)
 		if start_daemon; then

@@ -6,6 +6,10 @@
 #   cogpu-POLICY        all at once under `cogpu run`, on demand (no --mem),
 #                       daemonless (single-user mode)
 #   cogpu-POLICY-mem    the same with --mem set to each job's expected peak
+#   cogpu-POLICY-auto   the same with --mem auto: what the job's same command
+#                       peaked at in the history, plus auto_margin (a second
+#                       run into the same DIR learns from the first's records;
+#                       bench/history-predict.sh measures the prediction)
 #   cogpu-...-suspend   a cogpu scenario against a private node daemon
 #                       (cogpud) that suspends jobs to break hold-and-wait
 #                       deadlocks (suspend=yes, docs/suspension.md)
@@ -40,11 +44,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 all_scenarios="one-at-a-time,naive,cogpu-fifo,cogpu-mmu,cogpu-priority-fifo,cogpu-priority-mmu,cogpu-fifo-mem,cogpu-mmu-mem,cogpu-priority-fifo-mem,cogpu-priority-mmu-mem"
 # Every scenario run.sh knows, in the order results list them: the ten,
-# then each cogpu scenario against a daemon without and with suspension.
+# then each cogpu scenario against a daemon without and with suspension,
+# then the learned reservations (--mem auto).
 known_scenarios=$all_scenarios
 for s in ${all_scenarios//,/ }; do
 	case $s in cogpu-*) known_scenarios+=",$s-nosuspend,$s-suspend" ;; esac
 done
+known_scenarios+=",cogpu-fifo-auto,cogpu-mmu-auto,cogpu-priority-fifo-auto,cogpu-priority-mmu-auto"
 
 usage() {
 	sed -n '2,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//' >&2
@@ -112,6 +118,10 @@ if $fake; then
 	daemon_env=(COGPU_SUSPEND_HOST_MARGIN=0 COGPU_SUSPEND_MAX=1T)
 	sampler_mode=fake
 	: "${out:=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-experiment-fake.XXXXXX")}"
+	# The fake jobs' records stay with the results (never in the user's
+	# own history), and later runs into the same DIR learn from them.
+	mkdir -p "$out" || exit 2
+	export COGPU_HISTORY_DIR=${COGPU_HISTORY_DIR:-$(cd "$out" && pwd)/history}
 else
 	: "${job_timeout:=1800}"
 	if [ -z "${COGPU:-}" ]; then
@@ -235,6 +245,7 @@ run_job() { # id type peak_mib priority scenario command...
 	case $scen in
 	one-at-a-time | naive) cmd=("$@") ;;
 	cogpu-*-mem | cogpu-*-mem-*suspend) cmd=("$COGPU" run --mem "${peak}M" --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
+	cogpu-*-auto) cmd=("$COGPU" run --mem auto --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
 	cogpu-*) cmd=("$COGPU" run --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
 	esac
 	local t0 t1 rc
@@ -299,6 +310,7 @@ for scen in ${scenarios//,/ }; do
 		*-suspend) suspend=yes pol=${pol%-suspend} ;;
 		esac
 		pol=${pol%-mem}
+		pol=${pol%-auto}
 		export COGPU_STATE_DIR=$sdir/state COGPU_POLICY=$pol
 		;;
 	*) unset COGPU_POLICY ;;

@@ -426,8 +426,9 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
     /* Open it now, so that a database that cannot be used is said at
      * start, not at the first job's end. */
     cogpu__hist_t *db = NULL;
-    if (cogpu__hist_open(r->path, true, &db) != 0)
-      say_off(r, -1);
+    int rc = cogpu__hist_open(r->path, true, &db);
+    if (rc != 0)
+      say_off(r, rc); /* its cause: the first record's failure is not news */
     cogpu__hist_close(db);
     r->started = pthread_create(&r->thread, NULL, writer, r) == 0;
     if (!r->started) {

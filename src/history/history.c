@@ -7,6 +7,7 @@
  * without history.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pwd.h>
 #include <sqlite3.h>
@@ -121,6 +122,19 @@ static int make_dirs(const char *path) {
 }
 
 static int db_err(cogpu__hist_t *h, int src, const char *what) {
+  /* A full disk is "disk I/O error" when the write that failed was to the
+   * shared-memory file, "database or disk is full" otherwise: both say
+   * which. SQLite keeps the system's errno of I/O and open errors only;
+   * SQLITE_FULL comes from ENOSPC (cogpu sets no page-count limit). */
+  int sys = src == SQLITE_FULL ? ENOSPC
+            : h->db && (src == SQLITE_IOERR || src == SQLITE_CANTOPEN)
+                ? sqlite3_system_errno(h->db)
+                : 0;
+  char why[96] = "";
+  if (sys > 0)
+    snprintf(why, sizeof why, " (%s)", strerror(sys));
+  if (sys == ENOSPC)
+    src = SQLITE_FULL;
   int rc =
       src == SQLITE_BUSY || src == SQLITE_LOCKED      ? -EBUSY
       : src == SQLITE_FULL                            ? -ENOSPC
@@ -128,11 +142,76 @@ static int db_err(cogpu__hist_t *h, int src, const char *what) {
       : src == SQLITE_READONLY || src == SQLITE_PERM || src == SQLITE_CANTOPEN
           ? -EACCES
           : -EIO;
-  return cogpu__seterr(rc, "job history %s: %s: %s%s", h->path, what,
-                       h->db ? sqlite3_errmsg(h->db) : sqlite3_errstr(src),
+  return cogpu__seterr(rc, "job history %s: %s: %s%s%s", h->path, what,
+                       h->db ? sqlite3_errmsg(h->db) : sqlite3_errstr(src), why,
                        rc == -EILSEQ ? " (move the file away to start a new "
                                        "history)"
                                      : "");
+}
+
+/* The database's directory must be the caller's and writable by it
+ * alone: whoever else can write there could put a database (or a link) in
+ * the file's place, and have the writer write, and readers believe, what
+ * they like. */
+static int dir_safe(const char *path) {
+  char d[512];
+  snprintf(d, sizeof d, "%s", path);
+  char *slash = strrchr(d, '/');
+  if (!slash)
+    snprintf(d, sizeof d, ".");
+  else if (slash == d)
+    d[1] = 0; /* "/" */
+  else
+    *slash = 0;
+  struct stat sb;
+  if (stat(d, &sb) != 0)
+    return cogpu__seterr(-errno, "job history: %s: %s", d, strerror(errno));
+  uid_t me = geteuid();
+  if (!S_ISDIR(sb.st_mode))
+    return cogpu__seterr(-ENOTDIR, "job history: %s is not a directory", d);
+  if (sb.st_uid != me)
+    return cogpu__seterr(-EPERM,
+                         "job history: %s is not owned by uid %u but by uid "
+                         "%u: not used (set history_dir to a directory of "
+                         "its own)",
+                         d, (unsigned)me, (unsigned)sb.st_uid);
+  if (sb.st_mode & 022)
+    return cogpu__seterr(-EPERM,
+                         "job history: %s is writable by others (mode %04o): "
+                         "not used (make it mode 0700)",
+                         d, (unsigned)(sb.st_mode & 07777));
+  return 0;
+}
+
+/* A job history says what its users ran and when: the database and its
+ * WAL files are their owner's alone (SQLite makes the WAL files with the
+ * database's mode). It is made 0600 whatever the umask, and a file an
+ * older cogpu left readable by others is made private. */
+static void make_private(const char *path, const char *suffix) {
+  char p[600];
+  snprintf(p, sizeof p, "%s%s", path, suffix);
+  struct stat sb;
+  if (stat(p, &sb) == 0 && sb.st_uid == geteuid() && (sb.st_mode & 077))
+    chmod(p, sb.st_mode & 0700);
+}
+
+static int file_private(const char *path) {
+  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return cogpu__seterr(-errno, "job history %s: cannot open it: %s", path,
+                         strerror(errno));
+  struct stat sb;
+  int rc = fstat(fd, &sb) != 0 ? -errno : 0;
+  close(fd);
+  if (rc == 0 && sb.st_uid != geteuid())
+    rc = cogpu__seterr(-EPERM, "job history %s is owned by uid %u: not used",
+                       path, (unsigned)sb.st_uid);
+  if (rc == 0) {
+    make_private(path, "");
+    make_private(path, "-wal");
+    make_private(path, "-shm");
+  }
+  return rc;
 }
 
 static const char schema[] =
@@ -154,6 +233,10 @@ int cogpu__hist_open(const char *path, bool create, cogpu__hist_t **out) {
   int rc = create ? make_dirs(path) : 0;
   if (rc == 0 && !create && access(path, F_OK) != 0)
     rc = cogpu__seterr(-ENOENT, "no job history at %s yet", path);
+  if (rc == 0)
+    rc = dir_safe(path);
+  if (rc == 0 && create)
+    rc = file_private(path);
   int src = SQLITE_OK;
   if (rc == 0) {
     src = sqlite3_open_v2(path, &h->db,
@@ -255,10 +338,15 @@ int cogpu__hist_add(cogpu__hist_t *h, const cogpu__hist_rec_t *r,
              (long long)(now_ms() - max_age_ms));
     src = sqlite3_exec(h->db, sql, NULL, NULL, NULL);
   }
+  /* The newest max_rows by id (ids only grow: AUTOINCREMENT). Not "the
+   * row max_rows from the newest" (ORDER BY id DESC LIMIT 1 OFFSET n):
+   * SQLite steps through n rows for an OFFSET, and at the default 100,000
+   * every record took 16 ms (bench-history). max(id) is one index lookup;
+   * the ids of the newest rows have no gaps unless some of them were older
+   * than history_max_age, whose deletion comes first anyway. */
   if (src == SQLITE_OK && max_rows > 0) {
     snprintf(sql, sizeof sql,
-             "DELETE FROM jobs WHERE id <= (SELECT id FROM jobs ORDER BY id "
-             "DESC LIMIT 1 OFFSET %lld)",
+             "DELETE FROM jobs WHERE id <= (SELECT max(id) FROM jobs) - %lld",
              (long long)max_rows);
     src = sqlite3_exec(h->db, sql, NULL, NULL, NULL);
   }

@@ -11,7 +11,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "ledger-int.h"
@@ -592,15 +595,112 @@ static bool lock_mine(struct cogpu_s *h) {
   return (w & ~LOCKW_CONTENDED) == lockw_make(h->slot, h->gen);
 }
 
+/* --- liveness in bulk -------------------------------------------------------
+ * F_OFD_GETLK walks the file's list of locks until it meets one that
+ * conflicts, so probing each of n clients costs O(n²) in the kernel: with
+ * 2,000 clients, 11 ms of every status snapshot (bench-scrape). From
+ * PROBE_BULK_MIN clients on, the held liveness bytes are read from
+ * /proc/locks in one pass, and only the slots not listed there are probed
+ * one by one. A byte listed as locked is held, as surely as a probe that
+ * met its lock (both read the kernel's lock list at one moment, and only
+ * clients lock those bytes); a slot is found dead only by a probe of its
+ * own, so nothing is reclaimed on /proc/locks' word. Without /proc/locks
+ * every slot is probed, as below the threshold. */
+#define PROBE_BULK_MIN 64
+#define PROC_LOCKS_BUF 65536
+
+/* One line of /proc/locks: "1: OFDLCK ADVISORY WRITE -1 00:1a:1234 START
+ * END" (END may be EOF). Marks in `held` the slots of the state file
+ * (`dev`: " MAJ:MIN:INO ") whose byte it locks; a request still blocked
+ * ("1: -> ...") holds nothing. */
+static void locks_line(const char *line, const char *dev, uint64_t *held) {
+  const char *p = strstr(line, dev);
+  if (!p || strstr(line, "->"))
+    return;
+  p += strlen(dev);
+  char *end;
+  unsigned long long a = strtoull(p, &end, 10), b;
+  if (end == p)
+    return;
+  while (*end == ' ')
+    end++;
+  if (strncmp(end, "EOF", 3) == 0) {
+    b = ~0ull;
+  } else {
+    p = end;
+    b = strtoull(p, &end, 10);
+    if (end == p)
+      return;
+  }
+  unsigned long long lo = (unsigned long long)LEDGER_LOCK_BASE;
+  unsigned long long hi = lo + LEDGER_MAX_SLOTS - 1;
+  if (b < lo || a > hi)
+    return;
+  for (unsigned long long x = a > lo ? a : lo; x <= b && x <= hi; x++)
+    held[(x - lo) / 64] |= 1ull << ((x - lo) % 64);
+}
+
+/* The slots whose liveness byte /proc/locks lists as locked, a bit each,
+ * or NULL (no /proc/locks, or out of memory). */
+static uint64_t *locks_listed(struct cogpu_s *h) {
+  struct stat sb;
+  if (fstat(h->fd, &sb) != 0)
+    return NULL;
+  char dev[64];
+  snprintf(dev, sizeof dev, " %02x:%02x:%llu ", major(sb.st_dev),
+           minor(sb.st_dev), (unsigned long long)sb.st_ino);
+  int fd = open("/proc/locks", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  uint64_t *held = calloc(LEDGER_MAX_SLOTS / 64, sizeof *held);
+  char *buf = malloc(PROC_LOCKS_BUF);
+  size_t have = 0;
+  bool ok = held && buf;
+  while (ok) {
+    ssize_t n = read(fd, buf + have, PROC_LOCKS_BUF - 1 - have);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      ok = n == 0;
+      break;
+    }
+    have += (size_t)n;
+    buf[have] = 0;
+    char *line = buf, *nl;
+    while ((nl = strchr(line, '\n'))) {
+      *nl = 0;
+      locks_line(line, dev, held);
+      line = nl + 1;
+    }
+    have = (size_t)(buf + have - line);
+    ok = have < PROC_LOCKS_BUF - 1; /* a line that long is not /proc/locks' */
+    memmove(buf, line, have);
+  }
+  close(fd);
+  free(buf);
+  if (!ok) {
+    free(held);
+    return NULL;
+  }
+  return held;
+}
+
 void cogpu__ledger_sweep_probe(struct cogpu_s *h, ledger_sweep_t *sw) {
   sw->n = 0;
   sw->more = false;
   if (cogpu__ledger_trusted)
     return; /* the daemon frees a client when its connection closes */
+  uint32_t active = 0;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS && active < PROBE_BULK_MIN; s++)
+    active += __atomic_load_n(&h->st->slots[s].state, __ATOMIC_RELAXED) ==
+              SLOT_ACTIVE;
+  uint64_t *held = active >= PROBE_BULK_MIN ? locks_listed(h) : NULL;
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
     if (s == h->slot ||
         __atomic_load_n(&sl->state, __ATOMIC_RELAXED) != SLOT_ACTIVE)
+      continue;
+    if (held && (held[s / 64] >> (s % 64) & 1))
       continue;
     uint32_t gen = atomic_load_explicit(&sl->gen, memory_order_acquire);
     if (cogpu__ledger_slot_alive(h, s, gen))
@@ -613,6 +713,7 @@ void cogpu__ledger_sweep_probe(struct cogpu_s *h, ledger_sweep_t *sw) {
     sw->gen[sw->n] = gen;
     sw->n++;
   }
+  free(held);
 }
 
 int cogpu__ledger_sweep_apply(struct cogpu_s *h, const ledger_sweep_t *sw) {

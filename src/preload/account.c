@@ -427,8 +427,15 @@ static void limit_refused(const pl_dev_t *d, uint64_t bytes, int64_t used) {
 }
 
 /* Publishes d's used bytes (exact: every allocation and free passes
- * here), raising the peak when `grew`. */
+ * here), raising the peak when `grew`. bench-peak's baseline library is
+ * built with COGPU_BENCH_NO_USAGE, without it (its cost, measured). */
 static void usage_put(const pl_dev_t *d, int64_t used, bool grew) {
+#ifdef COGPU_BENCH_NO_USAGE
+  (void)d;
+  (void)used;
+  (void)grew;
+  return;
+#endif
   cogpu__usage_t *u = atomic_load_explicit(&pl_usage, memory_order_acquire);
   if (!u)
     return;

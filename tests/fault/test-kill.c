@@ -298,3 +298,58 @@ TEST_IMPL_SINGLE(fault_job_member_dies_anywhere) {
   ASSERT_GT(killed, 3);
   cogpu_detach(job);
 }
+
+/* N handles of one process (each its own liveness lock), 1 MiB each, held
+ * until killed (at most 60 s). */
+HELPER_IMPL(many_handles) {
+  int n = argc > 0 ? atoi(argv[0]) : 0;
+  for (int i = 0; i < n; i++) {
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "many-%d", i);
+    cogpu_attach_opts_t o = {.command = cmd};
+    cogpu_t *h;
+    cogpu_request_t r = req(0, MiB, COGPU_NOWAIT);
+    if (cogpu_attach(&o, &h) != 0 || cogpu_reserve(h, &r, NULL) != 0) {
+      fprintf(stderr, "handle %d: %s\n", i, cogpu_last_error());
+      return 1;
+    }
+  }
+  th_sleep_ms(60000);
+  return 0;
+}
+
+/* Liveness with many clients (from 64 on, status reads the held liveness
+ * locks from /proc/locks in one pass, and probes alone only the slots not
+ * listed there): a client killed among 100 live ones is reclaimed by the
+ * next status, and none of the live ones is; when they all die, the next
+ * sweeps reclaim them all (64 a sweep). */
+TEST_IMPL_SINGLE(fault_liveness_many_clients) {
+  pid_t many =
+      th_spawn_helper("many_handles", (const char *const[]){"100", NULL});
+  lt_wait_nclients(0, 100, th_ms(20000));
+  pid_t dead = lt_hold("victim", 0, 64 * MiB, 0, COGPU_NOWAIT, -1);
+  lt_wait_nclients(0, 101, th_ms(10000));
+  kill(dead, SIGKILL);
+  expect_killed(dead);
+  cogpu_status_t *st = lt_status();
+  ASSERT_EQ(st->gpus[0].nclients, 100);
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 100 * MiB);
+  for (size_t i = 0; i < st->gpus[0].nclients; i++)
+    ASSERT(strncmp(st->gpus[0].clients[i].command, "many-", 5) == 0);
+  cogpu_status_free(st);
+  lt_check_invariants();
+  kill(many, SIGKILL);
+  expect_killed(many);
+  size_t left = 100;
+  for (int i = 0; i < 3 && left; i++) {
+    st = lt_status();
+    left = st->gpus[0].nclients;
+    cogpu_status_free(st);
+  }
+  ASSERT_EQ(left, 0);
+  st = lt_status();
+  ASSERT_EQ(st->gpus[0].nclients, 0);
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+  expect_all_free();
+}
