@@ -204,6 +204,11 @@ $(B)/bench/%: bench/%.c bench/bench.h $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/libcogpu.a $(LDLIBS)
 
+# The simulator's benchmark links the simulator.
+$(B)/bench/bench-sim: bench/bench-sim.c bench/bench.h $(SIM_OBJS) $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(SIM_OBJS) $(B)/libcogpu.a -lm $(LDLIBS)
+
 # The allocation table's benchmark drives the preload library's table.
 $(B)/bench/bench-pl-table: bench/bench-pl-table.c bench/bench.h \
     $(B)/obj/src/preload/table.o $(B)/libcogpu.a
@@ -292,6 +297,12 @@ check-all:
 bench: lib cli preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog
 	B=$(B) bench/run.sh
+
+# FGD's Fig. 9a with the simulator, 10 seeds, against the published
+# figures (docs/simulation.md); needs ../shared/traces or COGPU_TRACES.
+.PHONY: sim-fgd
+sim-fgd: $(B)/cogpu
+	B=$(B) scripts/sim-fgd.sh
 
 # The workload-mix experiment on a GPU node (docs/experiment.md).
 .PHONY: experiment

@@ -282,3 +282,364 @@ bool cogpu__sim_fgd_find(sim_run_t *r, uint32_t j, sim_slot_t *s) {
   }
   return found;
 }
+
+/* --- the arrivals-only experiment (FGD's Fig. 9a) ------------------------
+ * Pods arrive one by one and never leave; a pod that cannot be placed
+ * fails and is gone. The order is a random permutation of the whole
+ * trace, then copies drawn uniformly (with replacement) from it are
+ * appended until the arrived GPU request would pass `upto` % of the
+ * cluster (the artifact's rule, per-GPU share compared, GPUs x share
+ * added). Nodes are ranked by a random permutation fixed for the run: a
+ * tie between nodes goes to the lower rank. Every node is a filter on
+ * CPU, host memory and GPU; each placement scores the feasible nodes
+ * (docs/simulation.md has the scores). */
+
+enum { FP_RANDOM, FP_DOTPROD, FP_CLUSTERING, FP_PACKING, FP_BESTFIT, FP_FGD };
+
+typedef struct fnode_s {
+  int64_t cpu, mem; /* left: milli-CPU, MiB */
+  uint32_t gpu0, ng, rank;
+  uint32_t tags[17]; /* GPU pods by tag: 0 share, k: k whole GPUs */
+  uint32_t gpods;
+} fnode_t;
+
+static uint64_t frng(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Uniform in [0, n) without modulo bias. */
+static uint64_t frng_below(uint64_t *s, uint64_t n) {
+  uint64_t lim = UINT64_MAX - UINT64_MAX % n, x;
+  do
+    x = frng(s);
+  while (x >= lim);
+  return x % n;
+}
+
+static int fgd_place_id(const char *p) {
+  static const char *const names[] = {"random",  "dotprod", "clustering",
+                                      "packing", "bestfit", "fgd"};
+  for (int i = 0; i < 6; i++)
+    if (!strcmp(p, names[i]))
+      return i;
+  return -1;
+}
+
+static uint32_t tag_of(const sim_job_t *j) {
+  return j->ngpus == 1 && j->milli < 1000 ? 0 : j->ngpus > 16 ? 16 : j->ngpus;
+}
+
+/* Can pod j go on node n; if so, which GPUs (best: the least free that
+ * fits; whole GPUs: the lowest free ones). */
+static bool ffit(const fnode_t *n, const uint32_t *left, const sim_job_t *j,
+                 uint32_t *gpus) {
+  if (n->cpu < (int64_t)j->cpu_milli || n->mem < (int64_t)j->host_mib)
+    return false;
+  if (j->ngpus == 0)
+    return true;
+  if (j->ngpus > n->ng)
+    return false;
+  if (j->ngpus == 1 && j->milli < 1000) {
+    uint32_t best = SIM_NONE;
+    for (uint32_t g = 0; g < n->ng; g++)
+      if (left[n->gpu0 + g] >= j->milli &&
+          (best == SIM_NONE || left[n->gpu0 + g] < left[n->gpu0 + best]))
+        best = g;
+    if (best == SIM_NONE)
+      return false;
+    gpus[0] = best;
+    return true;
+  }
+  uint32_t got = 0;
+  for (uint32_t g = 0; g < n->ng && got < j->ngpus; g++)
+    if (left[n->gpu0 + g] >= 1000)
+      gpus[got++] = g;
+  return got == j->ngpus;
+}
+
+static uint64_t gleft(const fnode_t *n, const uint32_t *left) {
+  uint64_t s = 0;
+  for (uint32_t g = 0; g < n->ng; g++)
+    s += left[n->gpu0 + g];
+  return s;
+}
+
+/* FGD's score of putting j on GPU set `after` (left after) of node n. */
+static int64_t fgd_score(const typs_t *ty, const fnode_t *n,
+                         const uint32_t *before, const uint32_t *after,
+                         const sim_job_t *j) {
+  double fb = node_frag(ty, before, n->ng, (uint64_t)n->cpu, 0);
+  int64_t cpu_after = n->cpu - (int64_t)j->cpu_milli;
+  double fa =
+      node_frag(ty, after, n->ng, cpu_after < 0 ? 0 : (uint64_t)cpu_after, 0);
+  double d = (fb - fa) / 1000.0;
+  return (int64_t)(100.0 / (1.0 + exp(-d)));
+}
+
+/* Node n's score for pod j under the placement; *gpu gets the GPU (sharing
+ * pods) the placement would use. */
+static int64_t fscore(int place, const typs_t *ty, const fnode_t *n,
+                      const uint32_t *left, const sim_job_t *j,
+                      const uint32_t *fit, uint32_t *gpu) {
+  uint64_t gl = gleft(n, left), req = (uint64_t)j->ngpus * j->milli;
+  *gpu = fit[0];
+  switch (place) {
+  case FP_DOTPROD: {
+    double dot = (double)n->cpu / 128000.0 * (double)j->cpu_milli / 128000.0 +
+                 (double)gl / 8000.0 * (double)req / 8000.0;
+    return (int64_t)(100.0 * (1.0 - dot / 2.0));
+  }
+  case FP_CLUSTERING: {
+    if (!j->ngpus)
+      return 0;
+    int64_t s = 25 * (8000 - (int64_t)gl) / 8000;
+    uint32_t t = tag_of(j);
+    if (n->gpods == 0)
+      s += 25;
+    else if (n->tags[t] == n->gpods)
+      s += 75;
+    else if (n->tags[t] > 0)
+      s += 50;
+    return s;
+  }
+  case FP_PACKING: {
+    if (!j->ngpus)
+      return 0;
+    uint32_t freeg = 0;
+    for (uint32_t g = 0; g < n->ng; g++)
+      freeg += left[n->gpu0 + g] >= 1000;
+    if (freeg == n->ng) {
+      int64_t a = 33 - (int64_t)freeg, b = freeg;
+      return a > b ? a : b;
+    }
+    uint32_t k = j->ngpus, chosen_free = 0;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < k; i++) {
+      uint32_t l = left[n->gpu0 + fit[i]];
+      chosen_free += l >= 1000;
+      sum += l * 100 / 1000;
+    }
+    if (chosen_free) {
+      int64_t a = 50 - (int64_t)chosen_free;
+      return a > 33 ? a : 33;
+    }
+    int64_t a = 100 - (int64_t)sum / 10;
+    return a > 50 ? a : 50;
+  }
+  case FP_BESTFIT: {
+    double x = 0.5 * (double)(n->cpu - (int64_t)j->cpu_milli) / 128000.0 +
+               0.5 * ((double)gl - (double)req) / 8000.0;
+    return (int64_t)(100.0 * (1.0 - x));
+  }
+  case FP_FGD: {
+    uint32_t before[SIM_MAX_NODE_GPUS], after[SIM_MAX_NODE_GPUS];
+    memcpy(before, left + n->gpu0, n->ng * sizeof *before);
+    if (j->ngpus == 1 && j->milli < 1000) {
+      int64_t best = -1;
+      for (uint32_t g = 0; g < n->ng; g++) {
+        if (before[g] < j->milli)
+          continue;
+        bool dup = false;
+        for (uint32_t q = 0; q < g && !dup; q++)
+          dup = before[q] == before[g] && before[q] >= j->milli;
+        if (dup)
+          continue; /* same free part: same score, lower index kept */
+        memcpy(after, before, n->ng * sizeof *after);
+        after[g] -= j->milli;
+        int64_t s = fgd_score(ty, n, before, after, j);
+        if (s > best) {
+          best = s;
+          *gpu = g;
+        }
+      }
+      return best;
+    }
+    memcpy(after, before, n->ng * sizeof *after);
+    for (uint32_t i = 0; i < j->ngpus; i++)
+      after[fit[i]] -= j->milli;
+    return fgd_score(ty, n, before, after, j);
+  }
+  default:
+    return 0;
+  }
+}
+
+int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
+                   const char *place, const sim_opts_t *o, double upto,
+                   sim_fgd_point_t **pts, size_t *npts, size_t *failed) {
+  int pl = fgd_place_id(place);
+  if (pl < 0)
+    return cogpu__seterr(-EINVAL,
+                         "unknown FGD placement '%s' (random, dotprod, "
+                         "clustering, packing, bestfit, fgd)",
+                         place);
+  if (!t->frac)
+    return cogpu__seterr(-EINVAL, "the FGD experiment needs a trace of GPU "
+                                  "shares (--format alibaba)");
+  uint64_t s = o->seed;
+  uint64_t cap = (uint64_t)c->ngpus * 1000, total = 0;
+  for (size_t i = 0; i < t->n; i++)
+    total += (uint64_t)t->jobs[i].ngpus * t->jobs[i].milli;
+  /* The order: a permutation of the trace, then the drawn copies. */
+  size_t n = t->n, capo = t->n * 2 + 16;
+  uint32_t *order = malloc(capo * sizeof *order);
+  fnode_t *nodes = calloc(c->nnodes, sizeof *nodes);
+  uint32_t *left = malloc((c->ngpus ? c->ngpus : 1) * sizeof *left);
+  uint32_t *perm = malloc(c->nnodes * sizeof *perm);
+  typs_t ty = {0};
+  size_t nbins = (size_t)upto + 3;
+  double *sum = calloc(nbins, sizeof *sum);
+  size_t *cnt = calloc(nbins, sizeof *cnt);
+  int rc = typical(t, true, &ty);
+  if (!order || !nodes || !left || !perm || !sum || !cnt || rc) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++)
+    order[i] = (uint32_t)i;
+  for (size_t i = n; i > 1; i--) {
+    size_t k = frng_below(&s, i);
+    uint32_t x = order[i - 1];
+    order[i - 1] = order[k];
+    order[k] = x;
+  }
+  double limit = upto / 100.0 * (double)cap;
+  for (;;) {
+    uint32_t k = (uint32_t)frng_below(&s, t->n);
+    const sim_job_t *j = &t->jobs[k];
+    if ((double)(total + j->milli) > limit)
+      break;
+    total += (uint64_t)j->ngpus * j->milli;
+    if (n == capo) {
+      capo *= 2;
+      uint32_t *no = realloc(order, capo * sizeof *no);
+      if (!no) {
+        rc = -ENOMEM;
+        goto out;
+      }
+      order = no;
+    }
+    order[n++] = k;
+  }
+  for (uint32_t i = 0; i < c->nnodes; i++)
+    perm[i] = i;
+  for (uint32_t i = c->nnodes; i > 1; i--) {
+    uint32_t k = (uint32_t)frng_below(&s, i), x = perm[i - 1];
+    perm[i - 1] = perm[k];
+    perm[k] = x;
+  }
+  for (uint32_t i = 0; i < c->nnodes; i++) {
+    const sim_node_t *nd = &c->nodes[i];
+    nodes[i] = (fnode_t){.cpu = nd->cpu_milli,
+                         .mem = (int64_t)nd->host_mib,
+                         .gpu0 = nd->gpu0,
+                         .ng = nd->ngpus,
+                         .rank = perm[i]};
+    for (uint32_t g = 0; g < nd->ngpus; g++)
+      left[nd->gpu0 + g] = 1000;
+  }
+  uint64_t arrived = 0, used = 0;
+  *failed = 0;
+  uint32_t *feas = malloc(c->nnodes * sizeof *feas);
+  if (!feas) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const sim_job_t *j = &t->jobs[order[i]];
+    uint32_t fit[SIM_MAX_NODE_GPUS], bfit[SIM_MAX_NODE_GPUS];
+    uint32_t best = SIM_NONE, bgpu = 0, nf = 0;
+    int64_t bscore = INT64_MIN;
+    for (uint32_t x = 0; x < c->nnodes; x++) {
+      const fnode_t *nd = &nodes[x];
+      if (!ffit(nd, left, j, fit))
+        continue;
+      feas[nf++] = x;
+      if (pl == FP_RANDOM)
+        continue;
+      uint32_t gpu;
+      int64_t sc = fscore(pl, &ty, nd, left, j, fit, &gpu);
+      if (sc > bscore || (sc == bscore && nd->rank < nodes[best].rank)) {
+        bscore = sc;
+        best = x;
+        bgpu = gpu;
+        memcpy(bfit, fit, sizeof fit);
+      }
+    }
+    if (pl == FP_RANDOM && nf) {
+      best = feas[frng_below(&s, nf)];
+      ffit(&nodes[best], left, j, bfit);
+      if (j->ngpus == 1 && j->milli < 1000) {
+        /* A uniform pick among the GPUs it fits on. */
+        uint32_t seen = 0;
+        for (uint32_t g = 0; g < nodes[best].ng; g++)
+          if (left[nodes[best].gpu0 + g] >= j->milli &&
+              frng_below(&s, ++seen) == 0)
+            bgpu = g;
+      } else {
+        bgpu = bfit[0];
+      }
+    }
+    arrived += (uint64_t)j->ngpus * j->milli;
+    if (best == SIM_NONE) {
+      (*failed)++;
+    } else {
+      fnode_t *nd = &nodes[best];
+      nd->cpu -= j->cpu_milli;
+      nd->mem -= (int64_t)j->host_mib;
+      if (j->ngpus == 1 && j->milli < 1000) {
+        left[nd->gpu0 + bgpu] -= j->milli;
+      } else {
+        for (uint32_t g = 0; g < j->ngpus; g++)
+          left[nd->gpu0 + bfit[g]] -= j->milli;
+      }
+      used += (uint64_t)j->ngpus * j->milli;
+      if (j->ngpus) {
+        nd->tags[tag_of(j)]++;
+        nd->gpods++;
+      }
+    }
+    /* The artifact's merge: the arrived share rounded half to even, the
+     * allocation rounded to 0.01 %. */
+    double a = nearbyint((double)arrived / c->ngpus / 10.0);
+    double u = nearbyint((double)used / c->ngpus / 10.0 * 100.0) / 100.0;
+    if (a >= 0 && a < (double)nbins) {
+      sum[(size_t)a] += u;
+      cnt[(size_t)a]++;
+    }
+  }
+  free(feas);
+  *npts = 0;
+  *pts = malloc(nbins * sizeof **pts);
+  if (!*pts) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  for (size_t k = 0; k + 2 < nbins; k++) {
+    double su = sum[k];
+    size_t cn = cnt[k];
+    if (!cn) {
+      /* None rounded to k: those within one point of it. */
+      for (size_t q = k ? k - 1 : 0; q <= k + 1 && q < nbins; q++) {
+        su += sum[q];
+        cn += cnt[q];
+      }
+    }
+    if (!cn)
+      continue;
+    (*pts)[(*npts)++] = (sim_fgd_point_t){
+        .arrived = (double)k, .alloc = su / (double)cn, .frag = 0};
+  }
+out:
+  free(order);
+  free(nodes);
+  free(left);
+  free(perm);
+  free(ty.v);
+  free(sum);
+  free(cnt);
+  return rc == -ENOMEM ? cogpu__seterr(rc, "out of memory") : rc;
+}

@@ -31,7 +31,13 @@ static const char sim_usage[] =
     "         [--jobs] [--quiet]\n"
     "\n"
     "Policies: exclusive, shares, cogpu[:firstfit|bestfit|fgd],\n"
-    "cogpu+suspend[:...], rqueue. See docs/simulation.md.\n";
+    "cogpu+suspend[:...], rqueue.\n"
+    "\n"
+    "       cogpu sim --fgd PLACEMENT[,...]|all --trace FILE --format alibaba\n"
+    "         --cluster NODES.csv --out DIR [--seed S] [--seeds N] [--upto "
+    "PCT]\n"
+    "FGD's arrivals-only experiment (its Fig. 9a): placements random,\n"
+    "dotprod, clustering, packing, bestfit, fgd. See docs/simulation.md.\n";
 
 enum {
   O_TRACE = 1000,
@@ -59,6 +65,9 @@ enum {
   O_JOBS,
   O_QUIET,
   O_MAXCRASH,
+  O_FGD,
+  O_SEEDS,
+  O_UPTO,
   O_TSCALE,
   O_HELP
 };
@@ -135,6 +144,87 @@ static int mkdir_p_out(const char *dir) {
   return 0;
 }
 
+/* FGD's experiment: each placement, each seed (seed, seed + 1, ...);
+ * DIR/fgd.csv has every point, DIR/fgd.md the means at 100 % and at the
+ * last point. */
+static int run_fgd(const char *list, const sim_trace_t *t,
+                   const sim_cluster_t *c, const sim_opts_t *o, const char *out,
+                   uint64_t seeds, double upto) {
+  static const char *const all[] = {"random",  "dotprod", "clustering",
+                                    "packing", "bestfit", "fgd"};
+  const char *names[6];
+  char buf[256];
+  size_t n = 0;
+  if (!strcmp(list, "all")) {
+    for (size_t i = 0; i < 6; i++)
+      names[n++] = all[i];
+  } else {
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok && n < 6;
+         tok = strtok_r(NULL, ",", &sv))
+      names[n++] = tok;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/fgd.csv", out);
+  FILE *csv = fopen(path, "we");
+  snprintf(path, sizeof path, "%s/fgd.md", out);
+  FILE *md = fopen(path, "we");
+  if (!csv || !md) {
+    cli_err("sim: %s: %s", out, strerror(errno));
+    if (csv)
+      fclose(csv);
+    if (md)
+      fclose(md);
+    return CLI_EXIT_FAIL;
+  }
+  fprintf(csv, "placement,seed,arrived_pct,alloc_pct\n");
+  fprintf(md,
+          "# FGD's experiment (arrivals only, up to %.0f %%)\n\n"
+          "GPU allocation ratio (%%) at arrived workload, mean over %llu "
+          "seed(s) from %llu.\n\n| placement | at 100 %% | at %.0f %% | "
+          "failed pods (mean) |\n|---|---:|---:|---:|\n",
+          upto, (unsigned long long)seeds, (unsigned long long)o->seed, upto);
+  int ret = 0;
+  for (size_t p = 0; p < n && !ret; p++) {
+    double a100 = 0, aend = 0, fails = 0;
+    for (uint64_t k = 0; k < seeds; k++) {
+      sim_opts_t so = *o;
+      so.seed = o->seed + k;
+      sim_fgd_point_t *pts = NULL;
+      size_t np = 0, failed = 0;
+      int rc = cogpu__sim_fgd(t, c, names[p], &so, upto, &pts, &np, &failed);
+      if (rc) {
+        ret = cli_fail("sim --fgd", rc);
+        break;
+      }
+      for (size_t i = 0; i < np; i++) {
+        fprintf(csv, "%s,%llu,%.0f,%.4f\n", names[p],
+                (unsigned long long)so.seed, pts[i].arrived, pts[i].alloc);
+        if (pts[i].arrived == 100)
+          a100 += pts[i].alloc;
+        if (i + 1 == np)
+          aend += pts[i].alloc;
+      }
+      fails += (double)failed;
+      free(pts);
+    }
+    if (!ret)
+      fprintf(md, "| %s | %.2f | %.2f | %.0f |\n", names[p],
+              a100 / (double)seeds, aend / (double)seeds,
+              fails / (double)seeds);
+    if (!o->quiet)
+      fprintf(stderr,
+              "cogpu: sim: fgd %s: %.2f %% at 100 %%, %.2f %% at "
+              "%.0f %%\n",
+              names[p], a100 / (double)seeds, aend / (double)seeds, upto);
+  }
+  if (fclose(csv) != 0 || fclose(md) != 0) {
+    cli_err("sim: %s: write failed", out);
+    ret = CLI_EXIT_FAIL;
+  }
+  return ret;
+}
+
 int cli_sim(int argc, char **argv) {
   static const struct option longopts[] = {
       {"trace", required_argument, NULL, O_TRACE},
@@ -162,12 +252,17 @@ int cli_sim(int argc, char **argv) {
       {"jobs", no_argument, NULL, O_JOBS},
       {"quiet", no_argument, NULL, O_QUIET},
       {"max-crashes", required_argument, NULL, O_MAXCRASH},
+      {"fgd", required_argument, NULL, O_FGD},
+      {"seeds", required_argument, NULL, O_SEEDS},
+      {"upto", required_argument, NULL, O_UPTO},
       {"time-scale", required_argument, NULL, O_TSCALE},
       {"help", no_argument, NULL, O_HELP},
       {NULL, 0, NULL, 0}};
   sim_opts_t o;
   cogpu__sim_opts_default(&o);
-  const char *trace = NULL, *cluster = NULL, *out = NULL;
+  const char *trace = NULL, *cluster = NULL, *out = NULL, *fgd = NULL;
+  uint64_t seeds = 1;
+  double upto = 130;
   int format = -1;
   uint64_t nodes = 0, gpn = 0, gpumem = 0, hostmem = 512 * SIM_GIB;
   const char *pols[32];
@@ -293,6 +388,17 @@ int cli_sim(int argc, char **argv) {
     case O_QUIET:
       o.quiet = true;
       break;
+    case O_FGD:
+      fgd = optarg;
+      break;
+    case O_SEEDS:
+      if (!num_u64(optarg, 1000, &seeds) || seeds == 0)
+        return bad("--seeds '%s' is not 1..1000", optarg);
+      break;
+    case O_UPTO:
+      if (!num_pos(optarg, &upto) || upto > 1000)
+        return bad("--upto '%s' is not a percentage", optarg);
+      break;
     case O_MAXCRASH:
       if (!num_u64(optarg, 1000000, &v))
         return bad("--max-crashes '%s' is not a number", optarg);
@@ -314,7 +420,7 @@ int cli_sim(int argc, char **argv) {
     return bad("unexpected argument '%s'", argv[optind]);
   if (!trace || format < 0 || !out)
     return bad("%s", "--trace, --format and --out are required");
-  if (npol == 0)
+  if (npol == 0 && !fgd)
     return bad("%s", "give at least one --policy");
   if (!!cluster == !!(nodes || gpn || gpumem))
     return bad("%s", "give either --cluster or --nodes, --gpus-per-node and "
@@ -355,6 +461,13 @@ int cli_sim(int argc, char **argv) {
     fputc('\n', stderr);
   }
   int ret = 0;
+  if (fgd) {
+    ret = mkdir_p_out(out) ? CLI_EXIT_FAIL
+                           : run_fgd(fgd, &t, &cl, &o, out, seeds, upto);
+    cogpu__sim_trace_free(&t);
+    cogpu__sim_cluster_free(&cl);
+    return ret;
+  }
   sim_result_t *res = calloc(npol, sizeof *res);
   sim_series_t *ser = calloc(npol, sizeof *ser);
   sim_outcome_t *oc = jobs ? calloc(t.n ? t.n : 1, sizeof *oc) : NULL;
