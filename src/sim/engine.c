@@ -1078,7 +1078,13 @@ static void failed_at(sim_run_t *r, uint32_t j, double need) {
 static int try_start(sim_run_t *r, uint32_t j) {
   sim_slot_t sl = {.gpus = r->jg + r->goff[j]};
   double need = (double)cogpu__sim_need_key(r, j);
-  if (dominated(r, j, need))
+  /* A job that wants whole GPUs of any size (bytes, no figure) has a need
+   * of 1 in the index but fits only idle GPUs: its failure says nothing
+   * of smaller jobs, and a smaller job's failure nothing of it. */
+  bool whole = r->p->kind == SIM_COGPU && !r->t->frac && wants_whole(r, j);
+  if (whole)
+    need = INFINITY;
+  if (!whole && dominated(r, j, need))
     return 0;
   bool found = r->p->find(r, j, &sl);
   if (!found && r->p->fallback) {
@@ -1091,7 +1097,8 @@ static int try_start(sim_run_t *r, uint32_t j) {
     found = fb == 1;
   }
   if (!found) {
-    failed_at(r, j, need);
+    if (!whole)
+      failed_at(r, j, need);
     return 0;
   }
   q_remove(r, j);

@@ -548,3 +548,27 @@ TEST_IMPL_T(sim_fgd_matches_published, 120) {
   cogpu__sim_trace_free(&t);
   cogpu__sim_cluster_free(&c);
 }
+
+/* whole.sacct on one 16 GiB GPU under cogpu: A (4 GiB) 0-100, C (4 GiB)
+ * 0-30, W (no memory figure: the whole GPU) at 10 for 10 s, B (10 GiB)
+ * at 20 for 10 s. At 30 C ends and the whole queue is scanned: W still
+ * cannot start (A holds 4 GiB) but B, behind it, can (4 + 10 <= 16): the
+ * greedy backfill starts B at 30 (30-40); W runs when A ends: 100-110. */
+TEST_IMPL(sim_backfill_past_whole_gpu_job) {
+  sim_opts_t o = opts_1s();
+  sim_trace_t t;
+  load(&t, "whole.sacct", SIM_FMT_SACCT, &o);
+  ASSERT_EQ(t.n, 4);
+  ASSERT_UEQ(t.jobs[2].mem, 0);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[4];
+  run(&t, &c, "cogpu", &o, &r, out);
+  ASSERT_EQ(out[3].start, 30000);
+  ASSERT_EQ(out[3].end, 40000);
+  ASSERT_EQ(out[2].start, 100000);
+  ASSERT_EQ(out[2].end, 110000);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
