@@ -59,9 +59,14 @@ HIST_LIBS := -lsqlite3
 DAEMON_SRCS := $(sort $(wildcard src/daemon/*.c tools/cogpud/*.c))
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 CLI_SRCS := $(sort $(wildcard tools/cogpu/*.c))
+# The cluster simulator (src/sim): common and the ledger's decision core
+# only; linked into the CLI, the tests and bench-sim, never into libcogpu.
+SIM_SRCS := $(sort $(wildcard src/sim/*.c))
+SIM_OBJS := $(SIM_SRCS:%.c=$(B)/obj/%.o)
 TEST_SRCS := $(sort $(wildcard tests/harness/*.c tests/unit/*.c tests/preload/test-*.c \
                tests/multiproc/*.c tests/fault/*.c tests/cli/*.c tests/experiment/test-*.c \
-               tests/slurm/test-*.c tests/node/*.c tests/fuzz/fuzz-harness.c))
+               tests/slurm/test-*.c tests/node/*.c tests/fuzz/fuzz-harness.c \
+               tests/sim/test-*.c))
 BENCH_SRCS := $(sort $(wildcard bench/bench-*.c))
 FAKE_NVML_SRCS := $(sort $(wildcard tests/fakes/nvml/*.c))
 
@@ -83,7 +88,7 @@ TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o \
 # random-message test of tests/node): its objects, not tools/cogpud's main.
 TEST_OBJS += $(B)/obj/src/daemon/handle.o $(B)/obj/src/daemon/daemon.o \
              $(B)/obj/src/daemon/suspend.o $(B)/obj/src/daemon/record.o \
-             $(HIST_OBJS)
+             $(HIST_OBJS) $(SIM_OBJS)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 
 # The Slurm SPANK plug-in is built when Slurm's headers are installed
@@ -152,8 +157,8 @@ $(B)/libcogpu.so: $(LIB_OBJS)
 $(B)/libcogpu.so.0: $(B)/libcogpu.so
 	ln -sf libcogpu.so $@
 
-$(B)/cogpu: $(CLI_OBJS) $(HIST_OBJS) $(B)/libcogpu.a
-	$(CC) $(ALLCFLAGS) -o $@ $(CLI_OBJS) $(HIST_OBJS) $(B)/libcogpu.a $(HIST_LIBS) $(LDLIBS)
+$(B)/cogpu: $(CLI_OBJS) $(HIST_OBJS) $(SIM_OBJS) $(B)/libcogpu.a
+	$(CC) $(ALLCFLAGS) -o $@ $(CLI_OBJS) $(HIST_OBJS) $(SIM_OBJS) $(B)/libcogpu.a $(HIST_LIBS) -lm $(LDLIBS)
 
 # cogpud: the node daemon. libsystemd for socket activation, readiness and
 # the watchdog (Debian libsystemd-dev).
@@ -182,7 +187,7 @@ $(B)/tests/fakes/libinterposer.so: $(sort $(wildcard tests/fakes/interposer/*.c)
 
 $(B)/tests/run-tests: $(TEST_OBJS) $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a -lsystemd $(HIST_LIBS) $(LDLIBS)
+	$(CC) $(ALLCFLAGS) -Itests/harness -o $@ $(TEST_OBJS) $(B)/libcogpu.a -lsystemd $(HIST_LIBS) -lm $(LDLIBS)
 
 $(TEST_OBJS): ALLCFLAGS += -Itests/harness -Itests/fuzz
 
@@ -198,6 +203,11 @@ tests: $(B)/tests/cudaprog $(B)/libcogpu-preload.so \
 $(B)/bench/%: bench/%.c bench/bench.h $(B)/libcogpu.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(B)/libcogpu.a $(LDLIBS)
+
+# The simulator's benchmark links the simulator.
+$(B)/bench/bench-sim: bench/bench-sim.c bench/bench.h $(SIM_OBJS) $(B)/libcogpu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(SIM_OBJS) $(B)/libcogpu.a -lm $(LDLIBS)
 
 # The allocation table's benchmark drives the preload library's table.
 $(B)/bench/bench-pl-table: bench/bench-pl-table.c bench/bench.h \
@@ -309,6 +319,12 @@ bench: lib cli preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/bench/libcogpu-preload-nousage.so
 	B=$(B) bench/run.sh
 
+# FGD's Fig. 9a with the simulator, 10 seeds, against the published
+# figures (docs/simulation.md); needs ../shared/traces or COGPU_TRACES.
+.PHONY: sim-fgd
+sim-fgd: $(B)/cogpu
+	B=$(B) scripts/sim-fgd.sh
+
 # The workload-mix experiment on a GPU node (docs/experiment.md).
 .PHONY: experiment
 experiment: all
@@ -367,5 +383,5 @@ format-check:
 clean:
 	rm -rf build build-asan build-tsan build-debug
 
--include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(DAEMON_OBJS:.o=.d) $(TEST_OBJS:.o=.d) \
+-include $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(SIM_OBJS:.o=.d) $(DAEMON_OBJS:.o=.d) $(TEST_OBJS:.o=.d) \
          $(PRELOAD_OBJS:.o=.d) $(SPANK_OBJS:.o=.d) $(B)/objpn/src/preload/account.d

@@ -27,6 +27,7 @@ int cli_resume(int argc, char **argv);
 int cli_metrics(int argc, char **argv);
 int cli_exporter(int argc, char **argv);
 int cli_history(int argc, char **argv);
+int cli_sim(int argc, char **argv);
 /* A command's argv joined by spaces into buf, as `cogpu run` records it
  * (truncated to len): the command line of a history record. */
 void cli_cmdline(char **cmd, char *buf, size_t len);

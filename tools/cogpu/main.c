@@ -41,6 +41,12 @@ static const char usage[] =
     "  slurm-conf [--node NAME]\n"
     "                 slurm.conf and gres.conf lines declaring this node's\n"
     "                 GPU memory as the GRES cogpumem (see docs/slurm.md)\n"
+    "  sim --trace FILE --format FMT (--cluster CSV | --nodes N\n"
+    "      --gpus-per-node G --gpu-mem SIZE) --policy P [--policy Q ...]\n"
+    "      --out DIR [--seed S] [--strict]\n"
+    "                 replay a cluster's job trace under scheduling policies\n"
+    "                 (exclusive, shares, cogpu, cogpu+suspend, rqueue) and\n"
+    "                 write results (docs/simulation.md)\n"
     "  version        print the version\n"
     "\n"
     "SIZE: bytes or K/M/G/T (binary): 512M, 12G, 12GiB.\n"
@@ -163,7 +169,7 @@ int main(int argc, char **argv) {
               {"config", cli_config},   {"slurm-conf", cli_slurm_conf},
               {"suspend", cli_suspend}, {"resume", cli_resume},
               {"metrics", cli_metrics}, {"exporter", cli_exporter},
-              {"history", cli_history}};
+              {"history", cli_history}, {"sim", cli_sim}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
     if (strcmp(cmd, cmds[i].name) == 0)
       return cmds[i].fn(argc - 1, argv + 1);

@@ -1,0 +1,574 @@
+/*
+ * test-sim.c: the cluster simulator (src/sim, `cogpu sim`).
+ *
+ * The tiny traces under tests/sim/fixtures/ have answers worked out by
+ * hand (each test's comment shows the working); the simulator must
+ * reproduce them exactly, to the millisecond. Then: the same run twice
+ * gives the same bytes; malformed rows are reported with file:line,
+ * counted and skipped, or fatal with --strict; and, when the public traces
+ * are there (COGPU_TRACES, default ../shared/traces from the repository),
+ * they load with their documented row counts.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "sim/sim-int.h"
+#include "task.h"
+
+#define GIB (1024ull * 1024 * 1024)
+
+/* The repository root: the parent of the build directory. */
+static const char *repo(void) {
+  static char root[PATH_MAX];
+  snprintf(root, sizeof root, "%s", th_build_dir());
+  char *slash = strrchr(root, '/');
+  if (slash)
+    *slash = 0;
+  char probe[PATH_MAX + 64];
+  snprintf(probe, sizeof probe, "%s/tests/sim/fixtures", root);
+  if (access(probe, R_OK) != 0 && getcwd(root, sizeof root) == NULL)
+    root[0] = 0;
+  return root;
+}
+
+static const char *fixture(const char *name) {
+  static char bufs[4][PATH_MAX + 64];
+  static int next;
+  char *b = bufs[next++ % 4];
+  snprintf(b, sizeof bufs[0], "%s/tests/sim/fixtures/%s", repo(), name);
+  return b;
+}
+
+static void load(sim_trace_t *t, const char *name, int format,
+                 const sim_opts_t *o) {
+  memset(t, 0, sizeof *t);
+  FILE *err = fopen("/dev/null", "w");
+  ASSERT_OK(cogpu__sim_read_trace(t, fixture(name), format, o, err));
+  fclose(err);
+}
+
+/* One run; out gets the outcome of each job (trace order = by submit). */
+static void run(const sim_trace_t *t, const sim_cluster_t *c,
+                const char *policy, const sim_opts_t *o, sim_result_t *res,
+                sim_outcome_t *out) {
+  sim_policy_t p;
+  ASSERT_OK(cogpu__sim_policy(policy, &p));
+  ASSERT_OK(cogpu__sim_run(t, c, &p, o, res, NULL, out));
+}
+
+static sim_opts_t opts_1s(void) {
+  sim_opts_t o;
+  cogpu__sim_opts_default(&o);
+  o.time_unit = 1000; /* the fixtures count philly ticks in seconds */
+  o.quiet = true;
+  return o;
+}
+
+/* three.csv on one 16 GiB GPU: A (10 GiB) at 0 for 100 s, B (4 GiB) at 10
+ * for 50 s, C (6 GiB) at 20 for 30 s.
+ *  exclusive: A 0-100, B 100-150, C 150-180; waits 0, 90, 130.
+ *  cogpu: A 0-100 (6 free); B fits at 10: 10-60 (2 free); C waits until
+ *    B ends: 60-90. Waits 0, 0, 40; makespan 100. */
+TEST_IMPL(sim_exclusive_and_cogpu_by_hand) {
+  sim_opts_t o = opts_1s();
+  sim_trace_t t;
+  load(&t, "three.csv", SIM_FMT_PHILLY, &o);
+  ASSERT_EQ(t.n, 3);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[3];
+  run(&t, &c, "exclusive", &o, &r, out);
+  ASSERT_EQ(out[0].start, 0);
+  ASSERT_EQ(out[0].end, 100000);
+  ASSERT_EQ(out[1].start, 100000);
+  ASSERT_EQ(out[1].end, 150000);
+  ASSERT_EQ(out[2].start, 150000);
+  ASSERT_EQ(out[2].end, 180000);
+  ASSERT_EQ((int64_t)(r.makespan * 1000), 180000);
+  ASSERT_EQ((int64_t)(r.wait_mean * 1000), (0 + 90000 + 130000) / 3);
+  ASSERT_EQ(r.done, 3);
+  ASSERT_EQ(r.crashes, 0);
+  for (int pl = 0; pl < 3; pl++) {
+    static const char *const names[] = {"cogpu", "cogpu:firstfit", "cogpu:fgd"};
+    run(&t, &c, names[pl], &o, &r, out);
+    ASSERT_EQ(out[0].start, 0);
+    ASSERT_EQ(out[0].end, 100000);
+    ASSERT_EQ(out[1].start, 10000);
+    ASSERT_EQ(out[1].end, 60000);
+    ASSERT_EQ(out[2].start, 60000);
+    ASSERT_EQ(out[2].end, 90000);
+    ASSERT_EQ((int64_t)(r.makespan * 1000), 100000);
+    ASSERT_EQ((int64_t)(r.wait_p50 * 1000), 0);
+    ASSERT_EQ((int64_t)(r.wait_p99 * 1000), 40000);
+  }
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* shares (4 per GPU, crash after 5 s): C joins A and B at 20 with
+ * 10 + 4 + 6 = 20 GiB > 16: it dies at 25, is resubmitted, placed again,
+ * dies at 30, ... 55, 60 (8 crashes). At 60 B's end comes first (its event
+ * is older), so C's ninth start fits (10 + 6 = 16): 60-90. With
+ * --max-crashes 3 it is given up after its fourth crash, at 40. */
+TEST_IMPL(sim_shares_crash_by_hand) {
+  sim_opts_t o = opts_1s();
+  o.crash_after = 5000;
+  o.max_crashes = 10;
+  sim_trace_t t;
+  load(&t, "three.csv", SIM_FMT_PHILLY, &o);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[3];
+  run(&t, &c, "shares", &o, &r, out);
+  ASSERT_EQ(out[0].end, 100000);
+  ASSERT_EQ(out[1].start, 10000);
+  ASSERT_EQ(out[1].end, 60000);
+  ASSERT_EQ(out[2].start, 20000); /* its first start */
+  ASSERT_EQ(out[2].end, 90000);
+  ASSERT_EQ(out[2].crashes, 8);
+  ASSERT_EQ(r.crashes, 8);
+  ASSERT_EQ(r.abandoned, 0);
+  o.max_crashes = 3;
+  run(&t, &c, "shares", &o, &r, out);
+  ASSERT_EQ(out[2].crashes, 4);
+  ASSERT_EQ(out[2].end, 40000);
+  ASSERT_EQ(r.abandoned, 1);
+  ASSERT_EQ(r.done, 2);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* remote.csv on 2 nodes x 2 GPUs: four 1-GPU jobs fill them at 0 (first
+ * fit: n0g0, n0g1, n1g0, n1g1); the second and third end at 10, leaving
+ * one idle GPU on each node. E (2 GPUs) arrived at 5.
+ *  exclusive: E waits for a node with 2 idle GPUs: 100-200.
+ *  rqueue: at 10, E runs on n0g1 and, remotely, n1g0, at the default
+ *    slowdown 1.09: 10 + 109 = 119. With no links it cannot. */
+TEST_IMPL(sim_rqueue_remote_by_hand) {
+  sim_opts_t o = opts_1s();
+  sim_trace_t t;
+  load(&t, "remote.csv", SIM_FMT_PHILLY, &o);
+  ASSERT_EQ(t.n, 5);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 2, 2, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[5];
+  run(&t, &c, "exclusive", &o, &r, out);
+  ASSERT_EQ(out[4].start, 100000);
+  ASSERT_EQ(out[4].end, 200000);
+  ASSERT_EQ(out[4].remote, 0);
+  run(&t, &c, "rqueue", &o, &r, out);
+  ASSERT_EQ(out[4].start, 10000);
+  ASSERT_EQ(out[4].end, 119000);
+  ASSERT_EQ(out[4].remote, 1);
+  ASSERT_EQ(r.remote_jobs, 1);
+  o.remote_links = 0;
+  run(&t, &c, "rqueue", &o, &r, out);
+  ASSERT_EQ(out[4].start, 100000);
+  ASSERT_EQ(r.remote_jobs, 0);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* preempt.csv on one 16 GiB GPU: A (best effort, 10 GiB) at 0 for 100 s;
+ * B (SLO, priority 1, 10 GiB) at 10 for 50 s. Copies at 10 GiB/s out and
+ * 5 GiB/s back.
+ *  cogpu: B waits for A: 100-150.
+ *  cogpu+suspend: B suspends A (1 s to copy 10 GiB): B's reservation is
+ *    queued first, granted at 11: B 11-61. A's resume is served at 61,
+ *    takes 2 s, and A has 90 s of work left: A ends at 153. */
+TEST_IMPL(sim_suspend_by_hand) {
+  sim_opts_t o = opts_1s();
+  o.susp_gibps = 10;
+  o.resume_gibps = 5;
+  sim_trace_t t;
+  load(&t, "preempt.csv", SIM_FMT_PHILLY, &o);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[2];
+  run(&t, &c, "cogpu", &o, &r, out);
+  ASSERT_EQ(out[1].start, 100000);
+  ASSERT_EQ(out[1].end, 150000);
+  ASSERT_EQ(r.suspensions, 0);
+  run(&t, &c, "cogpu+suspend", &o, &r, out);
+  ASSERT_EQ(out[1].start, 11000);
+  ASSERT_EQ(out[1].end, 61000);
+  ASSERT_EQ(out[0].end, 153000);
+  ASSERT_EQ(out[0].suspensions, 1);
+  ASSERT_EQ(r.suspensions, 1);
+  ASSERT_UEQ(r.suspended_bytes, 10 * GIB);
+  ASSERT_UEQ(r.suspended_peak_bytes, 10 * GIB);
+  /* No host memory to park it in: no suspension. */
+  sim_cluster_t small;
+  ASSERT_OK(cogpu__sim_make_cluster(&small, 1, 1, 16 * GIB, 8 * GIB));
+  run(&t, &small, "cogpu+suspend", &o, &r, out);
+  ASSERT_EQ(r.suspensions, 0);
+  ASSERT_EQ(out[1].start, 100000);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+  cogpu__sim_cluster_free(&small);
+}
+
+/* grow.json (cogpu history) on one 16 GiB GPU: X and Y start at 0 with
+ * 6 GiB each, and after 10 s of work both want 12 GiB: both wait, each
+ * holding 6, and neither fits (4 free). The deadlock guard (200 ms)
+ * acts at 10.2 on the newer request, Y's.
+ *  cogpu: Y's request fails: Y dies (a guard failure) and is resubmitted;
+ *    X's growth is served at 10.2: X ends at 100.2; Y starts again when X
+ *    ends: 100.2-200.2.
+ *  cogpu+suspend: Y is suspended instead (6 GiB at 10 GiB/s: 0.6 s); X is
+ *    served at 10.8, ends at 100.8; Y resumes then (1.2 s at 5 GiB/s),
+ *    gets its 12 GiB and runs its last 90 s: ends at 192.0.
+ *  exclusive: one after the other: 0-100, 100-200. */
+TEST_IMPL(sim_deadlock_guard_by_hand) {
+  sim_opts_t o = opts_1s();
+  o.susp_gibps = 10;
+  o.resume_gibps = 5;
+  sim_trace_t t;
+  load(&t, "grow.json", SIM_FMT_COGPU, &o);
+  ASSERT_EQ(t.n, 2);
+  ASSERT_EQ(t.jobs[0].tl_n, 2);
+  ASSERT_EQ(t.jobs[0].tl_step, 10000);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[2];
+  run(&t, &c, "cogpu", &o, &r, out);
+  ASSERT_EQ(r.guard_failures, 1);
+  ASSERT_EQ(out[1].crashes, 1);
+  ASSERT_EQ(out[0].end, 100200);
+  ASSERT_EQ(out[1].end, 200200);
+  run(&t, &c, "cogpu+suspend", &o, &r, out);
+  ASSERT_EQ(r.guard_failures, 0);
+  ASSERT_EQ(r.suspensions, 1);
+  ASSERT_EQ(out[0].end, 100800);
+  ASSERT_EQ(out[1].end, 192000);
+  run(&t, &c, "exclusive", &o, &r, out);
+  ASSERT_EQ(out[0].end, 100000);
+  ASSERT_EQ(out[1].start, 100000);
+  ASSERT_EQ(out[1].end, 200000);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* The node list and the sacct reader: GPU counts from TRES (typed too),
+ * memory from cogpu's AdminComment (peak), else gres/cogpumem (MiB, per
+ * node), else the whole GPU; a job that never started is skipped. */
+TEST_IMPL(sim_readers_sacct_and_nodes) {
+  sim_opts_t o = opts_1s();
+  sim_cluster_t c;
+  FILE *err = fopen("/dev/null", "w");
+  ASSERT_OK(cogpu__sim_read_cluster(&c, fixture("nodes.csv"), &o, err));
+  ASSERT_EQ(c.nnodes, 3);
+  ASSERT_EQ(c.ngpus, 7);
+  ASSERT_UEQ(c.nodes[0].gpu_total, 16 * GIB);
+  ASSERT_UEQ(c.nodes[1].gpu_total, 32 * GIB);
+  ASSERT_UEQ(c.nodes[2].gpu_total, 32 * GIB); /* G2: the documented guess */
+  cogpu__sim_cluster_free(&c);
+  ASSERT_OK(cogpu__sim_parse_model_mem(&o, "G2=24G"));
+  ASSERT_OK(cogpu__sim_read_cluster(&c, fixture("nodes.csv"), &o, err));
+  ASSERT_UEQ(c.nodes[2].gpu_total, 24 * GIB);
+  cogpu__sim_cluster_free(&c);
+  fclose(err);
+  sim_trace_t t;
+  load(&t, "sacct.txt", SIM_FMT_SACCT, &o);
+  ASSERT_EQ(t.rows, 4);
+  ASSERT_EQ(t.n, 3);
+  ASSERT_EQ(t.skip[SIM_SKIP_NEVER_RAN], 1);
+  ASSERT_EQ(t.jobs[0].submit, 0);
+  ASSERT_EQ(t.jobs[0].dur, 600000);
+  ASSERT_UEQ(t.jobs[0].mem, 7516192768ull);
+  ASSERT_EQ(t.jobs[1].ngpus, 2);
+  ASSERT_EQ(t.jobs[1].submit, 60000);
+  ASSERT_UEQ(t.jobs[1].mem, 0); /* no figure: the whole GPU */
+  ASSERT_UEQ(t.jobs[2].mem, 12 * GIB);
+  ASSERT_EQ(t.jobs[2].dur, 120000);
+  cogpu__sim_trace_free(&t);
+}
+
+/* --- through the command ------------------------------------------------ */
+
+typedef struct cmd_s {
+  int rc;
+  char out[8192], err[16384];
+} cmd_t;
+
+static void cogpu_cmd(cmd_t *c, const char *const *args) {
+  char bin[PATH_MAX];
+  snprintf(bin, sizeof bin, "%s/cogpu", th_build_dir());
+  const char *argv[64] = {bin, "sim"};
+  int n = 2;
+  for (; args[n - 2]; n++)
+    argv[n] = args[n - 2];
+  argv[n] = NULL;
+  c->rc = th_run(argv, NULL, c->out, sizeof c->out, c->err, sizeof c->err,
+                 th_ms(60000));
+}
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "re");
+  ASSERT(f);
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap);
+  size_t got;
+  while ((got = fread(b + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n == cap)
+      b = realloc(b, cap *= 2);
+  }
+  fclose(f);
+  *len = n;
+  return b;
+}
+
+static void same_file(const char *a, const char *b) {
+  size_t la, lb;
+  char *x = slurp(a, &la), *y = slurp(b, &lb);
+  if (la != lb || memcmp(x, y, la) != 0)
+    th_fail(__FILE__, __LINE__, "%s and %s differ", a, b);
+  free(x);
+  free(y);
+}
+
+/* Bad rows: reported as FILE:LINE with the reason, counted, skipped; the
+ * run goes on and says how many and why. --strict makes the first fatal. */
+TEST_IMPL(sim_malformed_rows) {
+  const char *bad = fixture("bad.csv");
+  cmd_t c;
+  const char *args[] = {
+      "--trace",   bad,          "--format",        "pollux",
+      "--nodes",   "1",          "--gpus-per-node", "4",
+      "--gpu-mem", "16G",        "--policy",        "exclusive",
+      "--out",     th_path("o"), "--quiet",         NULL};
+  cogpu_cmd(&c, args);
+  ASSERT_EQ(c.rc, 0);
+  char want[PATH_MAX + 64];
+  snprintf(want, sizeof want, "%s:3: time 'twenty'", bad);
+  ASSERT_CONTAINS(c.err, want);
+  snprintf(want, sizeof want, "%s:4: 4 fields, the header has 5", bad);
+  ASSERT_CONTAINS(c.err, want);
+  snprintf(want, sizeof want, "%s:5: time 40, num_replicas -2", bad);
+  ASSERT_CONTAINS(c.err, want);
+  snprintf(want, sizeof want, "%s:6: application 'gpt'", bad);
+  ASSERT_CONTAINS(c.err, want);
+  ASSERT_CONTAINS(c.err, "4 of 6 rows skipped");
+  size_t n;
+  char *js = slurp(th_path("o/results.json"), &n);
+  js = realloc(js, n + 1);
+  js[n] = 0;
+  ASSERT_CONTAINS(js, "\"rows\":6,\"jobs\":2,\"skipped\":4");
+  ASSERT_CONTAINS(js, "\"unknown model or application\":1");
+  free(js);
+  const char *strict[] = {
+      "--trace",   bad,          "--format",        "pollux",
+      "--nodes",   "1",          "--gpus-per-node", "4",
+      "--gpu-mem", "16G",        "--policy",        "exclusive",
+      "--out",     th_path("s"), "--strict",        "--quiet",
+      NULL};
+  cogpu_cmd(&c, strict);
+  ASSERT_EQ(c.rc, 125);
+  snprintf(want, sizeof want, "%s:3: time 'twenty'", bad);
+  ASSERT_CONTAINS(c.err, want);
+  ASSERT(access(th_path("s/results.json"), F_OK) != 0);
+  /* Usage errors. */
+  const char *nopol[] = {"--trace",   bad,   "--format",        "pollux",
+                         "--nodes",   "1",   "--gpus-per-node", "4",
+                         "--gpu-mem", "16G", "--out",           th_path("u"),
+                         NULL};
+  cogpu_cmd(&c, nopol);
+  ASSERT_EQ(c.rc, 2);
+  ASSERT_CONTAINS(c.err, "give at least one --policy");
+  const char *badpol[] = {"--policy", "cogpu:worstfit", NULL};
+  cogpu_cmd(&c, badpol);
+  ASSERT_EQ(c.rc, 2);
+  ASSERT_CONTAINS(c.err, "unknown placement 'worstfit'");
+}
+
+/* The same inputs and seed give the same bytes, twice. */
+TEST_IMPL(sim_deterministic) {
+  const char *pols[] = {"exclusive", "shares",        "cogpu",
+                        "cogpu:fgd", "cogpu+suspend", "rqueue"};
+  for (int round = 0; round < 2; round++) {
+    const char *args[] = {"--trace",     fixture("remote.csv"),
+                          "--format",    "philly",
+                          "--time-unit", "1s",
+                          "--cluster",   fixture("nodes.csv"),
+                          "--policy",    pols[0],
+                          "--policy",    pols[1],
+                          "--policy",    pols[2],
+                          "--policy",    pols[3],
+                          "--policy",    pols[4],
+                          "--policy",    pols[5],
+                          "--out",       th_path(round ? "b" : "a"),
+                          "--jobs",      "--quiet",
+                          NULL};
+    cmd_t c;
+    cogpu_cmd(&c, args);
+    ASSERT_EQ(c.rc, 0);
+  }
+  static const char *const files[] = {
+      "results.json",       "summary.md",     "exclusive.csv",     "shares.csv",
+      "cogpu.csv",          "cogpu-fgd.csv",  "cogpu-suspend.csv", "rqueue.csv",
+      "cogpu-fgd-jobs.csv", "rqueue-jobs.csv"};
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(files); i++) {
+    char a[64], b[64];
+    snprintf(a, sizeof a, "a/%s", files[i]);
+    snprintf(b, sizeof b, "b/%s", files[i]);
+    same_file(th_path(a), th_path(b));
+  }
+}
+
+/* --- the public traces (skipped when absent) ---------------------------- */
+
+static const char *traces_dir(void) {
+  static char dir[PATH_MAX];
+  const char *e = getenv("COGPU_TRACES");
+  if (e && *e)
+    snprintf(dir, sizeof dir, "%s", e);
+  else
+    snprintf(dir, sizeof dir, "%s/../shared/traces", repo());
+  char probe[PATH_MAX + 64];
+  snprintf(probe, sizeof probe, "%s/README.md", dir);
+  if (access(probe, R_OK) != 0)
+    SKIP("no traces at %s (set COGPU_TRACES)", dir);
+  return dir;
+}
+
+TEST_IMPL(sim_public_traces_load) {
+  const char *dir = traces_dir();
+  char p[PATH_MAX + 128];
+  sim_opts_t o;
+  cogpu__sim_opts_default(&o);
+  FILE *err = fopen("/dev/null", "w");
+  static const struct {
+    const char *file;
+    int format;
+    size_t rows, jobs;
+  } want[] = {{"alibaba-clusterdata/openb_pod_list_default.csv",
+               SIM_FMT_ALIBABA, 8152, 8152},
+              {"alibaba-clusterdata/openb_pod_list_gpushare40.csv",
+               SIM_FMT_ALIBABA, 8152, 8152},
+              {"alibaba-clusterdata/openb_pod_list_gpushare60.csv",
+               SIM_FMT_ALIBABA, 8152, 8152},
+              {"alibaba-clusterdata/openb_pod_list_gpushare100.csv",
+               SIM_FMT_ALIBABA, 8152, 8152},
+              {"chronus-artifact/trace_job_Philly_MIX1.csv", SIM_FMT_PHILLY,
+               30940, 30940},
+              {"adaptdl/workload-2.csv", SIM_FMT_POLLUX, 160, 160},
+              {"adaptdl/workload-6.csv", SIM_FMT_POLLUX, 160, 160}};
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(want); i++) {
+    sim_trace_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(p, sizeof p, "%s/%s", dir, want[i].file);
+    ASSERT_OK(cogpu__sim_read_trace(&t, p, want[i].format, &o, err));
+    ASSERT_EQ(t.rows, want[i].rows);
+    ASSERT_EQ(t.n, want[i].jobs);
+    ASSERT_EQ(t.skipped, 0);
+    for (size_t j = 1; j < t.n; j++)
+      ASSERT(t.jobs[j - 1].submit <= t.jobs[j].submit);
+    if (want[i].format == SIM_FMT_ALIBABA) {
+      size_t gpu = 0;
+      for (size_t j = 0; j < t.n; j++)
+        gpu += t.jobs[j].ngpus > 0;
+      ASSERT_EQ(gpu, 7064); /* the README: 1,088 CPU-only pods */
+    }
+    if (want[i].format == SIM_FMT_PHILLY) {
+      size_t zero = 0;
+      for (size_t j = 0; j < t.n; j++)
+        zero += t.jobs[j].ngpus == 0;
+      ASSERT_EQ(zero, 184);
+    }
+    cogpu__sim_trace_free(&t);
+  }
+  sim_cluster_t c;
+  snprintf(p, sizeof p, "%s/alibaba-clusterdata/openb_node_list_gpu_node.csv",
+           dir);
+  ASSERT_OK(cogpu__sim_read_cluster(&c, p, &o, err));
+  ASSERT_EQ(c.nnodes, 1213);
+  ASSERT_EQ(c.ngpus, 6212);
+  cogpu__sim_cluster_free(&c);
+  fclose(err);
+}
+
+/* FGD's Fig. 9a (its artifact's expected results: the mean over its 10
+ * seeds, docs/simulation.md): the arrivals-only experiment on the openb
+ * default trace and node list, one seed here (about 2 s), must come
+ * within 1 point of each placement's published allocation at 100 % and
+ * 130 % arrived. make sim-fgd runs 10 seeds. */
+TEST_IMPL_T(sim_fgd_matches_published, 120) {
+  const char *dir = traces_dir();
+  static const struct {
+    const char *place;
+    double at100, at130;
+  } pub[] = {{"random", 86.30, 87.47},     {"dotprod", 90.62, 90.85},
+             {"clustering", 91.65, 91.88}, {"packing", 91.78, 92.00},
+             {"bestfit", 92.86, 93.08},    {"fgd", 95.23, 95.39}};
+  char p[PATH_MAX + 128];
+  sim_opts_t o;
+  cogpu__sim_opts_default(&o);
+  o.seed = 42;
+  FILE *err = fopen("/dev/null", "w");
+  sim_trace_t t;
+  memset(&t, 0, sizeof t);
+  snprintf(p, sizeof p, "%s/alibaba-clusterdata/openb_pod_list_default.csv",
+           dir);
+  ASSERT_OK(cogpu__sim_read_trace(&t, p, SIM_FMT_ALIBABA, &o, err));
+  sim_cluster_t c;
+  snprintf(p, sizeof p, "%s/alibaba-clusterdata/openb_node_list_gpu_node.csv",
+           dir);
+  ASSERT_OK(cogpu__sim_read_cluster(&c, p, &o, err));
+  fclose(err);
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(pub); i++) {
+    sim_fgd_point_t *pts;
+    size_t n, failed;
+    ASSERT_OK(cogpu__sim_fgd(&t, &c, pub[i].place, &o, 130, &pts, &n, &failed));
+    double a100 = -1, a130 = -1;
+    for (size_t k = 0; k < n; k++) {
+      if (pts[k].arrived == 100)
+        a100 = pts[k].alloc;
+      if (pts[k].arrived == 130)
+        a130 = pts[k].alloc;
+    }
+    fprintf(stderr, "%s: %.2f (published %.2f), %.2f (%.2f)\n", pub[i].place,
+            a100, pub[i].at100, a130, pub[i].at130);
+    ASSERT(fabs(a100 - pub[i].at100) <= 1.0);
+    ASSERT(fabs(a130 - pub[i].at130) <= 1.0);
+    ASSERT(failed > 0); /* past 100 % some pods cannot be placed */
+    free(pts);
+  }
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* whole.sacct on one 16 GiB GPU under cogpu: A (4 GiB) 0-100, C (4 GiB)
+ * 0-30, W (no memory figure: the whole GPU) at 10 for 10 s, B (10 GiB)
+ * at 20 for 10 s. At 30 C ends and the whole queue is scanned: W still
+ * cannot start (A holds 4 GiB) but B, behind it, can (4 + 10 <= 16): the
+ * greedy backfill starts B at 30 (30-40); W runs when A ends: 100-110. */
+TEST_IMPL(sim_backfill_past_whole_gpu_job) {
+  sim_opts_t o = opts_1s();
+  sim_trace_t t;
+  load(&t, "whole.sacct", SIM_FMT_SACCT, &o);
+  ASSERT_EQ(t.n, 4);
+  ASSERT_UEQ(t.jobs[2].mem, 0);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[4];
+  run(&t, &c, "cogpu", &o, &r, out);
+  ASSERT_EQ(out[3].start, 30000);
+  ASSERT_EQ(out[3].end, 40000);
+  ASSERT_EQ(out[2].start, 100000);
+  ASSERT_EQ(out[2].end, 110000);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
