@@ -325,6 +325,12 @@ bench: lib cli preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
 sim-fgd: $(B)/cogpu
 	B=$(B) scripts/sim-fgd.sh
 
+# The simulator against a real replay of 300 jobs on the private Slurm
+# cluster (docs/simulation.md); the suite runs 60. Root, Slurm, traces.
+.PHONY: sim-validate
+sim-validate: tests
+	COGPU_TEST_REPLAY_JOBS=300 $(B)/tests/run-tests slurm_replay_trace
+
 # The workload-mix experiment on a GPU node (docs/experiment.md).
 .PHONY: experiment
 experiment: all

@@ -86,16 +86,29 @@ def main():
         sys.exit(f"replay.py: Slurm kept {len(jobs)} of {len(rows)} jobs "
                  "(MinJobAge too short?)")
     jobs.sort(key=lambda j: int(j["JobId"]))
+
+    def tres(j, key):
+        # What sacct would show: the TRES, with cogpu's GRES as
+        # AccountingStorageTRES=gres/cogpumem records it (the test cluster
+        # keeps no accounting: taken from the job's per-node GRES).
+        t = j.get(key) or j.get("TRES", "")
+        per_node = j.get("TresPerNode", "")
+        if "gres/cogpumem" not in t and "cogpumem:" in per_node:
+            n = per_node.split("cogpumem:", 1)[1].split(",")[0]
+            t = (t + "," if t else "") + f"gres/cogpumem={n}"
+        return t
+
     bad = 0
     with open(a.out, "w") as out:
-        out.write("JobID|JobName|Submit|Start|End|State|ReqTRES|"
+        out.write("JobID|JobName|Submit|Start|End|State|ReqTRES|AllocTRES|"
                   "AdminComment\n")
         for j in jobs:
             bad += j.get("JobState") != "COMPLETED"
             out.write("|".join([j["JobId"], j.get("JobName", ""),
                                 j.get("SubmitTime", ""),
                                 j.get("StartTime", ""), j.get("EndTime", ""),
-                                j.get("JobState", ""), j.get("ReqTRES", ""),
+                                j.get("JobState", ""), tres(j, "ReqTRES"),
+                                tres(j, "AllocTRES"),
                                 j.get("AdminComment", "")]) + "\n")
     if bad:
         sys.exit(f"replay.py: {bad} jobs did not complete")

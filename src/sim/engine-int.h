@@ -141,6 +141,7 @@ typedef struct sim_run_s {
   int64_t sample, next_sample;
   double frag_sum;
   size_t frag_n;
+  bool scan_due;     /* a scan is due at an EV_SCAN (--sched-delay) */
   bool freed;        /* something was released: the cluster queue is scanned */
   uint32_t new_from; /* first job queued since the last scan */
   double fail_need[4][65]; /* scan: smallest need that failed, by prio */

@@ -42,7 +42,8 @@ enum {
   EV_GUARD,     /* a: node */
   EV_SUSP_DONE, /* a: job */
   EV_RESUME_DONE,
-  EV_CRASH /* a: job (shares: out of memory) */
+  EV_CRASH, /* a: job (shares: out of memory) */
+  EV_SCAN   /* the cluster scheduler's pass, --sched-delay after its cause */
 };
 
 #define MS_TO_NS(ms) ((uint64_t)(ms)*1000000ull)
@@ -779,6 +780,24 @@ static int place(sim_run_t *r, uint32_t j, const sim_slot_t *sl) {
 
 /* Gives back everything j holds and ends it: finished, or crashed (then
  * it is resubmitted at the tail of the cluster queue, from scratch). */
+/* The waiting request of job slot sl leaves node n's queue; a node whose
+ * queue empties may take new jobs again. */
+static void leave_queue(sim_run_t *r, uint32_t sl, uint32_t n) {
+  sim_nq_t *q = &r->nq[n];
+  uint32_t id = r->jent[sl], w = 0;
+  for (uint32_t i = 0; i < q->n; i++)
+    if (q->ids[i] != id)
+      q->ids[w++] = q->ids[i];
+  q->n = w;
+  ent_free(r, id);
+  r->jent[sl] = SIM_NONE;
+  if (q->n == 0) {
+    if (r->nbusy[n] == 0)
+      r->idle_node_gpus += r->c->nodes[n].ngpus;
+    node_changed(r, n);
+  }
+}
+
 static int end_job(sim_run_t *r, uint32_t j, bool finished) {
   sim_js_t *s = &r->js[j];
   uint32_t nodes[SIM_MAX_NODE_GPUS * 4];
@@ -787,22 +806,8 @@ static int end_job(sim_run_t *r, uint32_t j, bool finished) {
     uint64_t sl = r->goff[j] + k;
     uint32_t g = r->jg[sl];
     uint32_t n = r->c->gpu_node[g];
-    if (r->jent[sl] != SIM_NONE) {
-      /* A request still waiting: it leaves the queue. */
-      sim_nq_t *q = &r->nq[n];
-      uint32_t id = r->jent[sl], w = 0;
-      for (uint32_t i = 0; i < q->n; i++)
-        if (q->ids[i] != id)
-          q->ids[w++] = q->ids[i];
-      q->n = w;
-      ent_free(r, id);
-      r->jent[sl] = SIM_NONE;
-      if (q->n == 0) {
-        if (r->nbusy[n] == 0)
-          r->idle_node_gpus += r->c->nodes[n].ngpus;
-        node_changed(r, n);
-      }
-    }
+    if (r->jent[sl] != SIM_NONE)
+      leave_queue(r, sl, n); /* a request still waiting */
     uint64_t uses = r->jh[sl];
     bool excl = r->gpu[g].excl == (uint64_t)j + 1;
     if (r->p->kind == SIM_COGPU) {
@@ -886,20 +891,7 @@ void cogpu__sim_suspend(sim_run_t *r, uint32_t j) {
       uint64_t sl = r->goff[j] + k;
       if (r->jent[sl] == SIM_NONE)
         continue;
-      uint32_t n = r->c->gpu_node[r->jg[sl]];
-      sim_nq_t *q = &r->nq[n];
-      uint32_t id = r->jent[sl], w = 0;
-      for (uint32_t i = 0; i < q->n; i++)
-        if (q->ids[i] != id)
-          q->ids[w++] = q->ids[i];
-      q->n = w;
-      ent_free(r, id);
-      r->jent[sl] = SIM_NONE;
-      if (q->n == 0) {
-        if (r->nbusy[n] == 0)
-          r->idle_node_gpus += r->c->nodes[n].ngpus;
-        node_changed(r, n);
-      }
+      leave_queue(r, sl, r->c->gpu_node[r->jg[sl]]);
     }
     s->nwait = 0;
     s->grow_pending = 1;
@@ -1389,6 +1381,7 @@ int cogpu__sim_run(const sim_trace_t *t, const sim_cluster_t *c,
       at = r.heap[0].t;
     advance(&r, at);
     r.now = at;
+    bool scan_now = false; /* a delayed scan is due at this instant */
     /* Everything that happens at this instant, then one scan. */
     while (rc == 0 && r.next_arrival < t->n &&
            t->jobs[r.next_arrival].submit == at)
@@ -1419,10 +1412,24 @@ int cogpu__sim_run(const sim_trace_t *t, const sim_cluster_t *c,
           rc = end_job(&r, e.a, false);
         }
         break;
+      case EV_SCAN:
+        r.scan_due = false;
+        scan_now = true;
+        break;
       }
     }
-    if (rc == 0 && (r.freed || r.new_from != SIM_NONE))
+    /* A real scheduler sees what lets a job start (an arrival, a release)
+     * some time later: Slurm at its next scheduling pass (sched_interval,
+     * bf_interval). With --sched-delay the pass comes that long after the
+     * first such event since the last one; everything until then is in
+     * it. */
+    bool want = r.freed || r.new_from != SIM_NONE;
+    if (rc == 0 && want && (o->sched_delay <= 0 || scan_now)) {
       rc = scan(&r);
+    } else if (rc == 0 && want && !r.scan_due) {
+      rc = ev_push(&r, r.now + o->sched_delay, EV_SCAN, 0, 0);
+      r.scan_due = true;
+    }
     if (!o->quiet && (res->events & 0xffff) == 0) {
       double wn = wall_now();
       if (wn - shown >= 1.0) {

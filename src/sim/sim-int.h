@@ -127,6 +127,7 @@ typedef struct sim_opts_s {
   double remote_slowdown;    /* rqueue: run time factor with remote GPUs */
   uint32_t remote_links;     /* rqueue: remote GPUs a node serves or uses */
   int64_t sample;            /* ms between time-series samples; 0: auto */
+  int64_t sched_delay;       /* ms from what lets a job start to its scan */
   bool quiet;                /* no progress line */
   uint32_t nmodel_mem;
   sim_model_mem_t model_mem[SIM_MAX_MODELS];

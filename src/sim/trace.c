@@ -635,6 +635,10 @@ static int read_sacct(rd_t *r) {
     const char *cm = tres_get(f[idx[ALLOC]], "gres/cogpumem", mb, sizeof mb);
     if (!cm)
       cm = tres_get(f[idx[REQ]], "gres/cogpumem", mb, sizeof mb);
+    /* A --gpu-mem job asks for no gres/gpu: cogpu books it on one GPU of
+     * its node. */
+    if (ng == 0 && (mem || (cm && strcmp(cm, "0") != 0)))
+      ng = 1;
     if (!mem && cm && ng > 0) {
       uint64_t b;
       /* A count-only GRES in MiB unless it carries a unit. */

@@ -729,19 +729,29 @@ TEST_IMPL_T(susp_lock_timeout_next_victim, 90) {
   lt_check_invariants();
 }
 
-/* The driver refuses a restore once (an error that leaves the process
- * checkpointed): the daemon tries again and the job resumes, data intact. */
-TEST_IMPL_T(susp_restore_refused_once_is_retried, 60) {
-  setenv("FAKE_CUDA_FAIL", "cuCheckpointProcessRestore:1", 1);
-  su_begin(); /* the daemon's: the only caller of Restore */
+/* A 2 GiB job suspended by hand under a daemon whose restores fail as
+ * FAKE_CUDA_FAIL says (the daemon is the only caller of Restore); its pid,
+ * the job's process, and the suspension done. */
+static int restore_case(const char *fail, pid_t *job) {
+  setenv("FAKE_CUDA_FAIL", fail, 1);
+  su_begin();
   unsetenv("FAKE_CUDA_FAIL");
   const char *argv[] = {"cogpu",     "run",    "--",      lt_cudaprog(),
                         "direct",    "init",   "ctx",     "alloc:2G",
                         "hold:1500", "verify", "freeall", NULL};
-  pid_t job = lt_spawn_logged("job", argv);
+  *job = lt_spawn_logged("job", argv);
   int cpid = su_holder(2 * GiB);
   char out[4096];
   ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  return cpid;
+}
+
+/* The driver refuses a restore once (an error that leaves the process
+ * checkpointed): the daemon tries again and the job resumes, data intact. */
+TEST_IMPL_T(susp_restore_refused_once_is_retried, 60) {
+  pid_t job;
+  int cpid = restore_case("cuCheckpointProcessRestore:1", &job);
+  char out[4096];
   ASSERT_EQ(su_cmd("resume", cpid, out, sizeof out), 0);
   ASSERT_EQ(su_finish(job, "job", 20000), 0);
   ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
@@ -755,16 +765,9 @@ TEST_IMPL_T(susp_restore_refused_once_is_retried, 60) {
  * is ended: `cogpu resume` says why, the job's stderr says why, its
  * cogpu run ends by SIGKILL, and the node is left empty. */
 TEST_IMPL_T(susp_restore_refused_ends_the_job, 60) {
-  setenv("FAKE_CUDA_FAIL", "cuCheckpointProcessRestore:1+", 1);
-  su_begin();
-  unsetenv("FAKE_CUDA_FAIL");
-  const char *argv[] = {"cogpu",     "run",    "--",      lt_cudaprog(),
-                        "direct",    "init",   "ctx",     "alloc:2G",
-                        "hold:1500", "verify", "freeall", NULL};
-  pid_t job = lt_spawn_logged("job", argv);
-  int cpid = su_holder(2 * GiB);
+  pid_t job;
+  int cpid = restore_case("cuCheckpointProcessRestore:1+", &job);
   char out[4096];
-  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
   uint64_t t0 = cogpu__now_ns();
   ASSERT_NE(su_cmd("resume", cpid, out, sizeof out), 0);
   ASSERT_CONTAINS(out, "restoring pid");

@@ -431,7 +431,7 @@ TEST_IMPL(sim_deterministic) {
 
 static const char *traces_dir(void) {
   static char dir[PATH_MAX];
-  const char *e = getenv("COGPU_TRACES");
+  const char *e = getenv("COGPU_TEST_TRACES");
   if (e && *e)
     snprintf(dir, sizeof dir, "%s", e);
   else
@@ -439,7 +439,7 @@ static const char *traces_dir(void) {
   char probe[PATH_MAX + 64];
   snprintf(probe, sizeof probe, "%s/README.md", dir);
   if (access(probe, R_OK) != 0)
-    SKIP("no traces at %s (set COGPU_TRACES)", dir);
+    SKIP("no traces at %s (set COGPU_TEST_TRACES)", dir);
   return dir;
 }
 
@@ -569,6 +569,35 @@ TEST_IMPL(sim_backfill_past_whole_gpu_job) {
   ASSERT_EQ(out[3].end, 40000);
   ASSERT_EQ(out[2].start, 100000);
   ASSERT_EQ(out[2].end, 110000);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* --sched-delay: a real scheduler sees an arrival or a release at its next
+ * pass. three.csv with a 2 s delay:
+ *  exclusive: A arrives 0, pass at 2: A 2-102; B's and C's passes (12,
+ *    22) start nothing; A's end, pass at 104: B 104-154; C 156-186.
+ *  cogpu: A 2-102; B's pass at 12: B 12-62; C's pass at 22: no room;
+ *    B's end, pass at 64: C 64-94. */
+TEST_IMPL(sim_sched_delay_by_hand) {
+  sim_opts_t o = opts_1s();
+  o.sched_delay = 2000;
+  sim_trace_t t;
+  load(&t, "three.csv", SIM_FMT_PHILLY, &o);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[3];
+  run(&t, &c, "exclusive", &o, &r, out);
+  ASSERT_EQ(out[0].start, 2000);
+  ASSERT_EQ(out[1].start, 104000);
+  ASSERT_EQ(out[2].start, 156000);
+  ASSERT_EQ(out[2].end, 186000);
+  run(&t, &c, "cogpu", &o, &r, out);
+  ASSERT_EQ(out[0].start, 2000);
+  ASSERT_EQ(out[1].start, 12000);
+  ASSERT_EQ(out[2].start, 64000);
+  ASSERT_EQ((int64_t)(r.makespan * 1000), 102000);
   cogpu__sim_trace_free(&t);
   cogpu__sim_cluster_free(&c);
 }

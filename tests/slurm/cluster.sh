@@ -30,6 +30,8 @@ proctrack=${COGPU_CLUSTER_PROCTRACK:-linuxproc}
 # COGPU_CLUSTER_CPUS: the node's CPUs (16): a replay of many small jobs
 # needs more, so that GPU memory, not CPUs, bounds how many run at once.
 cpus=${COGPU_CLUSTER_CPUS:-16}
+# COGPU_CLUSTER_SCHED: SchedulerParameters (sched_interval=1).
+sched=${COGPU_CLUSTER_SCHED:-sched_interval=1}
 # COGPU_CLUSTER_CONF_EXTRA: lines added to slurm.conf (e.g. MinJobAge).
 extra=${COGPU_CLUSTER_CONF_EXTRA:-}
 node=localhost
@@ -132,7 +134,7 @@ AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=1
+SchedulerParameters=$sched
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides

@@ -28,6 +28,7 @@ static const char sim_usage[] =
     "         [--max-crashes N] [--time-scale X]\n"
     "         [--suspend-rate GIBPS] [--resume-rate GIBPS]\n"
     "         [--remote-slowdown X] [--remote-links N] [--sample DURATION]\n"
+    "         [--sched-delay DURATION]\n"
     "         [--jobs] [--quiet]\n"
     "\n"
     "Policies: exclusive, shares, cogpu[:firstfit|bestfit|fgd],\n"
@@ -62,6 +63,7 @@ enum {
   O_SLOW,
   O_LINKS,
   O_SAMPLE,
+  O_SDELAY,
   O_JOBS,
   O_QUIET,
   O_MAXCRASH,
@@ -249,6 +251,7 @@ int cli_sim(int argc, char **argv) {
       {"remote-slowdown", required_argument, NULL, O_SLOW},
       {"remote-links", required_argument, NULL, O_LINKS},
       {"sample", required_argument, NULL, O_SAMPLE},
+      {"sched-delay", required_argument, NULL, O_SDELAY},
       {"jobs", no_argument, NULL, O_JOBS},
       {"quiet", no_argument, NULL, O_QUIET},
       {"max-crashes", required_argument, NULL, O_MAXCRASH},
@@ -381,6 +384,12 @@ int cli_sim(int argc, char **argv) {
       if (cogpu__parse_duration_ms("--sample", optarg, &ms) || ms <= 0)
         return bad("--sample '%s' is not a duration", optarg);
       o.sample = ms;
+      break;
+    case O_SDELAY:
+      if (cogpu__parse_duration_ms("--sched-delay", optarg, &ms) || ms < 0 ||
+          ms > 3600000)
+        return bad("--sched-delay '%s' is not a duration up to 1h", optarg);
+      o.sched_delay = ms;
       break;
     case O_JOBS:
       jobs = true;
