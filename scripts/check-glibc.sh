@@ -9,7 +9,9 @@
 # stat family, until then macros over __xstat; 2.34: everything from
 # libpthread, libdl, librt, libutil and libanl, merged into libc). A build
 # on a newer glibc binds those to the new version; the same sources built
-# on glibc 2.28 bind them to the old one. A function that glibc 2.28 lacks
+# on glibc 2.28 bind them to the old one. So do exp, exp2, log, log2 and
+# pow in 2.29, re-versioned when their SVID error wrappers went (the same
+# functions, without the matherr hook). A function that glibc 2.28 lacks
 # (strerrorname_np, GLIBC_2.32, say) fails wherever it was built.
 set -eu
 max_minor=28
@@ -38,6 +40,8 @@ for f in $files; do
     # into libc in 2.34; pthread and semaphore functions added after 2.28
     # are not covered.
     function moved(name, minor) {
+      if (minor == 29)
+        return name ~ /^(exp|exp2|log|log2|pow)$/
       if (minor == 33)
         return name ~ /^(__)?(f?stat|lstat|fstatat|mknod|mknodat)(64)?$/
       if (minor != 34)
