@@ -145,6 +145,10 @@ TEST_IMPL_SINGLE(fault_dies_while_waiting_and_after_grant) {
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
   pid_t a = hold_with_fault("waiting", "a", 0, 8 * GiB, 0);
   expect_killed(a);
+  /* a's entry is gone before b asks: otherwise the wait below could see
+   * a's and release before b has queued (b is then granted at once, and
+   * never passes the fault point). */
+  lt_wait_nwaiting(0, 0, 5000);
   pid_t b = hold_with_fault("granted", "b", 0, 8 * GiB, 0);
   lt_wait_nwaiting(0, 1, 5000);
   ASSERT_OK(cogpu_release(h, 0, COGPU_ALL));
