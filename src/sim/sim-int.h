@@ -146,7 +146,8 @@ const char *cogpu__sim_format_name(int f);
 const char *cogpu__sim_skip_name(int why);
 /* Reads a trace; malformed rows are reported on `err` as FILE:LINE: why,
  * counted and skipped, or fatal with o->strict. Jobs are sorted by
- * arrival (stable). 0, or a negative errno with the message set. */
+ * arrival (stable). 0, or a negative errno with the message set and `t`
+ * emptied (nothing left to free). */
 int cogpu__sim_read_trace(sim_trace_t *t, const char *path, int format,
                           const sim_opts_t *o, FILE *err);
 void cogpu__sim_trace_free(sim_trace_t *t);

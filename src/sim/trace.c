@@ -957,12 +957,16 @@ int cogpu__sim_read_trace(sim_trace_t *t, const char *path, int format,
     rc = cogpu__seterr(-EINVAL, "unknown trace format");
   }
   rc = rd_close(&r, rc);
-  if (rc == 0 && o && o->time_scale != 1.0)
+  if (rc) {
+    /* A failed read owns nothing afterwards: the caller gets an empty trace. */
+    cogpu__sim_trace_free(t);
+    return rc;
+  }
+  if (o && o->time_scale != 1.0)
     for (size_t i = 0; i < t->n; i++)
       t->jobs[i].submit = (int64_t)((double)t->jobs[i].submit / o->time_scale);
-  if (rc == 0)
-    cogpu__sim_trace_sort(t);
-  return rc;
+  cogpu__sim_trace_sort(t);
+  return 0;
 }
 
 /* --- The cluster --------------------------------------------------------- */
