@@ -36,8 +36,10 @@ existing_parent() {
 # libslurm-dev: spank.h and slurm.h, to build the Slurm SPANK plug-in.
 # slurmctld, slurmd, slurm-client, munge: the test suite starts a private
 # one-node Slurm cluster with them (the packages start no daemon).
+# gnuplot-nox: `cogpu sim` draws its PNGs with it (optional at run time;
+# the suite checks the PNGs).
 deps="gcc make libc6-dev pkg-config python3 libsystemd-dev libsqlite3-dev libslurm-dev slurmctld slurmd
-      slurm-client munge"
+      slurm-client munge gnuplot-nox"
 missing=""
 for p in $deps; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

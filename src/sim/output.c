@@ -1,11 +1,13 @@
 /*
  * output.c: what `cogpu sim` writes: DIR/results.json (every figure of
  * every policy), DIR/<policy>.csv (the time series), DIR/summary.md (a
- * table across policies) and, when gnuplot is installed, DIR/alloc.png.
+ * table across policies) and, when gnuplot is installed, DIR/alloc.png and
+ * DIR/queue.png (DIR/plot.gp makes them again).
  * Nothing written depends on the machine, the clock or addresses: the
  * same inputs give the same bytes.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -203,31 +205,71 @@ static int write_md(const char *dir, const sim_report_t *rep) {
   return close_ok(f, path);
 }
 
-/* gnuplot when installed: one PNG of the allocation over time. Quiet
- * when it is not (the figures are in the CSVs). */
+/* gnuplot when installed: DIR/alloc.png (GPU allocation ratio) and
+ * DIR/queue.png (jobs queued), every policy on one plot, time in the unit
+ * that suits the run. Without gnuplot nothing is said (the figures are in
+ * the CSVs); a gnuplot that fails is said, once. Run without a shell, so
+ * any --out path works. */
 static void plot(const char *dir, const sim_report_t *rep) {
-  if (system("command -v gnuplot >/dev/null 2>&1") != 0)
-    return;
+  double span = 0;
+  for (size_t i = 0; i < rep->npol; i++)
+    if (rep->res[i].makespan > span)
+      span = rep->res[i].makespan;
+  double div = 1;
+  const char *unit = "s";
+  if (span > 4 * 86400.0)
+    div = 86400, unit = "d";
+  else if (span > 4 * 3600.0)
+    div = 3600, unit = "h";
+  else if (span > 240)
+    div = 60, unit = "min";
   char path[4096];
   FILE *f = open_in(dir, "plot.gp", path, sizeof path);
   if (!f)
     return;
-  fprintf(f, "set terminal pngcairo size 1000,600\nset datafile separator "
-             "','\nset key autotitle columnhead outside\n"
-             "set xlabel 'time (h)'\nset ylabel 'GPU allocation ratio'\n"
-             "set output 'alloc.png'\nplot ");
-  for (size_t i = 0; i < rep->npol; i++) {
-    char name[128];
-    file_name(rep->res[i].policy, name, sizeof name);
-    fprintf(f, "%s'%s.csv' using ($1/3600):3 with lines title '%s'",
-            i ? ", " : "", name, rep->res[i].policy);
+  static const struct {
+    const char *png, *label;
+    int col;
+  } figs[] = {{"alloc.png", "GPU allocation ratio", 3},
+              {"queue.png", "jobs queued", 5}};
+  fprintf(f,
+          "set terminal pngcairo size 1000,600\n"
+          "set datafile separator ','\n"
+          "set key outside\n"
+          "set xlabel 'time (%s)'\n",
+          unit);
+  for (size_t k = 0; k < COGPU_ARRAY_SIZE(figs); k++) {
+    fprintf(f, "set ylabel '%s'\nset output '%s'\nplot ", figs[k].label,
+            figs[k].png);
+    for (size_t i = 0; i < rep->npol; i++) {
+      char name[128];
+      file_name(rep->res[i].policy, name, sizeof name);
+      fprintf(f, "%s'%s.csv' using ($1/%g):%d with lines title '%s'",
+              i ? ", " : "", name, div, figs[k].col, rep->res[i].policy);
+    }
+    fprintf(f, "\n");
   }
-  fprintf(f, "\n");
-  fclose(f);
-  char cmd[4200];
-  snprintf(cmd, sizeof cmd, "cd '%s' && gnuplot plot.gp >/dev/null 2>&1", dir);
-  if (system(cmd) != 0)
+  if (close_ok(f, path) != 0)
     return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (nul < 0 || chdir(dir) != 0 || dup2(nul, 0) < 0 || dup2(nul, 1) < 0 ||
+        dup2(nul, 2) < 0)
+      _exit(126);
+    execlp("gnuplot", "gnuplot", "plot.gp", (char *)NULL);
+    _exit(errno == ENOENT ? 127 : 126);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid)
+    return;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+    return; /* not installed */
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fprintf(stderr,
+            "cogpu: sim: gnuplot %s/plot.gp failed (status %d): no PNGs, "
+            "the figures are in the CSVs\n",
+            dir, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
 }
 
 int cogpu__sim_write(const char *dir, const sim_report_t *rep) {

@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -138,12 +139,30 @@ static int write_jobs(const char *dir, const char *policy, const sim_trace_t *t,
   return 0;
 }
 
+/* --out DIR and its missing parents, as mkdir -p; said before the run,
+ * not after it. */
 static int mkdir_p_out(const char *dir) {
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-    cli_err("sim: %s: %s", dir, strerror(errno));
+  char p[PATH_MAX];
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
+    cli_err("sim: --out: path too long");
     return -1;
   }
-  return 0;
+  for (char *s = p + 1;; s++) {
+    bool last = *s == 0;
+    if (*s != '/' && !last)
+      continue;
+    *s = 0;
+    struct stat st;
+    if (mkdir(p, 0777) != 0 &&
+        (errno != EEXIST || stat(p, &st) != 0 || !S_ISDIR(st.st_mode))) {
+      cli_err("sim: %s: %s", p,
+              errno == EEXIST ? "not a directory" : strerror(errno));
+      return -1;
+    }
+    if (last)
+      return 0;
+    *s = '/';
+  }
 }
 
 /* FGD's experiment: each placement, each seed (seed, seed + 1, ...);
