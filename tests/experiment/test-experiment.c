@@ -108,6 +108,18 @@ TEST_IMPL_T(experiment_fake_mix, 120) {
       fprintf(stderr, "run.sh exit %d\n%s\n%s\n", rc, out, err);
     ASSERT_EQ(rc, 0);
   }
+  /* The plot, with gnuplot (the set-up installs it). */
+  ASSERT(!strstr(err, "gnuplot failed") && !strstr(err, "gnuplot timed out"));
+  if (on_path("gnuplot")) {
+    char png[PATH_MAX + 32];
+    unsigned char magic[8] = {0};
+    snprintf(png, sizeof png, "%s/plot.png", outdir);
+    FILE *f = fopen(png, "re");
+    ASSERT(f);
+    ASSERT_EQ(fread(magic, 1, 8, f), 8);
+    fclose(f);
+    ASSERT(!memcmp(magic, "\x89PNG\r\n\x1a\n", 8));
+  }
   /* Another mix into the same folder is refused before anything runs. */
   const char *other[] = {"bash",  runsh,  "--mix", "small",
                          "--out", outdir, NULL};

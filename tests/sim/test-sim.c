@@ -705,3 +705,83 @@ TEST_IMPL(sim_plots) {
     ASSERT_OK(access(a, R_OK));
   }
 }
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "we");
+  ASSERT(f);
+  fputs(text, f);
+  ASSERT_OK(fclose(f));
+}
+
+/* The real-run validation's scripts on a record worked by hand: one
+ * 80 GiB GPU; job 1 (60 GiB) runs 0-10 s; jobs 2 and 3 (30 GiB each)
+ * wait for it and start at 11 s, a second after its end (the scheduler's
+ * lag: 1 s each, as the oldest waiting); job 4 (10 GiB) fits beside job
+ * 1 and starts at once. The comparison's median is strictly under its
+ * target. */
+TEST_IMPL(sim_validation_scripts) {
+  const char *root = repo();
+  const char *psv =
+      "JobID|JobName|Submit|Start|End|State|ReqTRES|AllocTRES|AdminComment\n"
+      "1|a|2026-11-24T12:00:00|2026-11-24T12:00:00|2026-11-24T12:00:10|"
+      "COMPLETED|cpu=1,gres/cogpumem=61440M|cpu=1|\n"
+      "2|b|2026-11-24T12:00:01|2026-11-24T12:00:11|2026-11-24T12:00:20|"
+      "COMPLETED|cpu=1,gres/cogpumem=30720M|cpu=1|\n"
+      "3|c|2026-11-24T12:00:02|2026-11-24T12:00:11|2026-11-24T12:00:15|"
+      "COMPLETED|cpu=1,gres/cogpumem=30G|cpu=1|\n"
+      "4|d|2026-11-24T12:00:03|2026-11-24T12:00:03|2026-11-24T12:00:08|"
+      "COMPLETED|cpu=1,gres/cogpumem=10240M|cpu=1|\n";
+  char real[PATH_MAX + 16], lag[PATH_MAX + 64];
+  snprintf(real, sizeof real, "%s", th_path("real.psv"));
+  write_file(real, psv);
+  snprintf(lag, sizeof lag, "%s/bench/sim-validate/sched-lag.py", root);
+  const char *lagv[] = {"python3",   lag,   "--real", real,
+                        "--gpu-mem", "80G", NULL};
+  cmd_t c;
+  c.rc = th_run(lagv, NULL, c.out, sizeof c.out, c.err, sizeof c.err,
+                th_ms(20000));
+  ASSERT_EQ(c.rc, 0);
+  ASSERT_EQ(strcmp(c.out, "1000\n"), 0);
+  const char *lagj[] = {"python3",   lag,   "--real", real,
+                        "--gpu-mem", "80G", "--json", NULL};
+  c.rc = th_run(lagj, NULL, c.out, sizeof c.out, c.err, sizeof c.err,
+                th_ms(20000));
+  ASSERT_EQ(c.rc, 0);
+  ASSERT_CONTAINS(c.out, "\"jobs\": 2");
+  const char *lagbad[] = {"python3",   lag,  "--real", real,
+                          "--gpu-mem", "8x", NULL};
+  c.rc = th_run(lagbad, NULL, c.out, sizeof c.out, c.err, sizeof c.err,
+                th_ms(20000));
+  ASSERT_EQ(c.rc, 2);
+  ASSERT_CONTAINS(c.err, "'8x' is not a size");
+
+  /* Predictions: start errors 0, 1, 1, 0 (median 0.5 s), makespan 21 s
+   * for 20 s (5 %: at the target, within it); then 0, 2, 2, 2 (median
+   * 2 s: not under 2 s). */
+  static const struct {
+    const char *csv;
+    int rc;
+    const char *want;
+  } cases[] = {
+      {"line,submit_s,start_s,end_s\n2,0,0,10\n3,1,12,21\n4,2,12,16\n"
+       "5,3,3,8\n",
+       0, "\"start_err_median_s\": 0.5"},
+      {"line,submit_s,start_s,end_s\n2,0,0,10\n3,1,13,21\n4,2,13,16\n"
+       "5,3,5,8\n",
+       1, "\"start_err_median_s\": 2.0"},
+      {"line,submit_s,start_s,end_s\n2,0,0,10\n3,1,12,21\n", 2, "in both"},
+  };
+  char cmp[PATH_MAX + 64], sim[PATH_MAX + 16];
+  snprintf(cmp, sizeof cmp, "%s/bench/sim-validate/compare.py", root);
+  snprintf(sim, sizeof sim, "%s", th_path("sim.csv"));
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(cases); i++) {
+    write_file(sim, cases[i].csv);
+    const char *v[] = {"python3", cmp, "--real", real, "--sim", sim, NULL};
+    c.rc =
+        th_run(v, NULL, c.out, sizeof c.out, c.err, sizeof c.err, th_ms(20000));
+    ASSERT_EQ(c.rc, cases[i].rc);
+    ASSERT_CONTAINS(cases[i].rc == 2 ? c.err : c.out, cases[i].want);
+    if (i == 0)
+      ASSERT_CONTAINS(c.out, "\"makespan_err_pct\": 5.0");
+  }
+}
