@@ -11,7 +11,10 @@ run with the machine's load (docs/simulation.md). The record's times are
 whole seconds: each figure is known to a second, the mean to much less.
 
 Prints the mean in milliseconds (for --sched-delay NNNms) and, with
---json, the mean, the count and the distribution. Exit 2 on bad input
+--json, the mean, the count and the distribution, and the same mean for
+the jobs submitted to an empty queue with their memory free (the pass alone:
+Slurm tries to schedule on submission, while a release also waits for
+the ended job's epilog and completion). Exit 2 on bad input
 or when no job qualifies.
 """
 import argparse
@@ -34,7 +37,7 @@ def mib(s):
         float(s) / (1 << 20)
 
 
-def sched_lag(path, capacity_mib):
+def read_jobs(path):
     jobs = []
     with open(path, newline="") as f:
         for line, row in enumerate(csv.DictReader(f, delimiter="|"), start=2):
@@ -48,6 +51,10 @@ def sched_lag(path, capacity_mib):
             except (KeyError, ValueError, IndexError) as e:
                 sys.stderr.write(f"{path}:{line}: {e}\n")
                 sys.exit(2)
+    return jobs
+
+
+def sched_lag(jobs, capacity_mib):
     lags = []
     for j in jobs:
         jid, sub, st, _, m = j
@@ -66,6 +73,23 @@ def sched_lag(path, capacity_mib):
     return lags
 
 
+def arrival_lag(jobs, capacity_mib):
+    # Jobs submitted to an empty queue whose memory was free (by the
+    # others' Start and End): from Submit to Start. Slurm tries to schedule on
+    # submission, so this is the pass alone; a release also waits for the
+    # job's end to be processed (epilog, completion), which the lag above
+    # includes and this does not.
+    lags = []
+    for j in jobs:
+        _, sub, st, _, m = j
+        if any(x is not j and x[1] <= sub < x[2] for x in jobs):
+            continue  # others waiting: they may take the memory first
+        used = sum(x[4] for x in jobs if x is not j and x[2] <= sub < x[3])
+        if capacity_mib - used >= m:
+            lags.append(st - sub)
+    return lags
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--real", required=True, help="sacct -P dump")
@@ -78,15 +102,20 @@ def main():
         sys.stderr.write(f"sched-lag.py: --gpu-mem '{a.gpu_mem}' is not a "
                          "size\n")
         sys.exit(2)
-    lags = sched_lag(a.real, cap)
+    jobs = read_jobs(a.real)
+    lags = sched_lag(jobs, cap)
     if not lags:
         sys.stderr.write(f"{a.real}: no job waited at the head of the "
                          "queue\n")
         sys.exit(2)
     mean_ms = round(statistics.mean(lags) * 1000)
+    arr = arrival_lag(jobs, cap)
     if a.json:
         print(json.dumps({"sched_lag_mean_s": round(mean_ms / 1000, 3),
                           "jobs": len(lags),
+                          "arrival_lag_mean_s": round(statistics.mean(arr), 3)
+                          if arr else None,
+                          "arrival_jobs": len(arr),
                           "by_seconds": dict(sorted(collections.Counter(
                               int(x) for x in lags).items()))}))
     else:

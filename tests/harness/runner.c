@@ -502,7 +502,10 @@ static int run_one(const test_t *t) {
   /* Whatever the test left running (helpers) is ended with it. */
   kill(-pid, SIGKILL);
   int code = timed_out ? 124 : th_exit_code(st);
-  if (code == 0 || code == TH_SKIP)
+  /* COGPU_TEST_KEEP=1 keeps every test's files, passed or not (to study
+   * a run that passed, e.g. the real-run replay's record). */
+  const char *keep = getenv("COGPU_TEST_KEEP");
+  if ((code == 0 || code == TH_SKIP) && !(keep && *keep == '1'))
     rm_rf(tmpdir);
   else
     fprintf(stderr, "# kept %s for inspection\n", tmpdir);
