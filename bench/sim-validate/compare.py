@@ -13,15 +13,11 @@ Prints one JSON line; exits 1 when a figure is past its target
 """
 import argparse
 import csv
-import datetime
 import json
 import statistics
 import sys
 
-
-def ts(s):
-    # Slurm's times: local, ISO 8601, whole seconds.
-    return datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S").timestamp()
+from slurmrec import ts
 
 
 def real_jobs(path):

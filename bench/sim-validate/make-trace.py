@@ -19,15 +19,9 @@ import csv
 import math
 import sys
 
+from slurmrec import size
+
 MIB = 1 << 20
-
-
-def size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    if s and s[-1] in units:
-        return int(float(s[:-1]) * units[s[-1]])
-    return int(s)
 
 
 def main():

@@ -20,21 +20,15 @@ or when no job qualifies.
 import argparse
 import collections
 import csv
-import datetime
 import json
 import statistics
 import sys
 
-
-def ts(s):
-    return datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S").timestamp()
+from slurmrec import size, ts
 
 
 def mib(s):
-    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}
-    s = s.strip().upper()
-    return float(s[:-1]) * units[s[-1]] if s and s[-1] in units else \
-        float(s) / (1 << 20)
+    return size(s) / (1 << 20)
 
 
 def read_jobs(path):

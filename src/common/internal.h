@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "cogpu.h"
 
@@ -181,6 +182,11 @@ void cogpu__fault(int point);
 void cogpu__self_cmdline(char *buf, size_t len);
 /* The name of user uid, or the number when it has none. */
 void cogpu__user_name(uint32_t uid, char *buf, size_t len);
+
+/* mkdir -p: dir and its missing parents, with mode (less the umask);
+ * what is there already must be a directory. 0, or a negative errno with
+ * the message naming the directory (fs.c). */
+int cogpu__mkdirs(const char *dir, mode_t mode);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t cogpu__now_ns(void);

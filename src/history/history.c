@@ -107,18 +107,14 @@ static int make_dirs(const char *path) {
   if (!slash || slash == d)
     return 0;
   *slash = 0;
-  for (char *p = d + 1;; p++) {
-    if (*p != '/' && *p != 0)
-      continue;
-    char c = *p;
-    *p = 0;
-    if (mkdir(d, 0700) != 0 && errno != EEXIST)
-      return cogpu__seterr(-errno, "cannot make %s for the job history: %s", d,
-                           strerror(errno));
-    *p = c;
-    if (!c)
-      return 0;
+  int rc = cogpu__mkdirs(d, 0700);
+  if (rc) {
+    char why[600]; /* the message buffer is the one seterr writes */
+    snprintf(why, sizeof why, "%s", cogpu_last_error());
+    return cogpu__seterr(rc, "cannot make the job history's directory: %s",
+                         why);
   }
+  return 0;
 }
 
 static int db_err(cogpu__hist_t *h, int src, const char *what) {

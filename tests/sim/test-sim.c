@@ -725,13 +725,6 @@ TEST_IMPL(sim_plots) {
   }
 }
 
-static void write_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "we");
-  ASSERT(f);
-  fputs(text, f);
-  ASSERT_OK(fclose(f));
-}
-
 /* The real-run validation's scripts on a record worked by hand: one
  * 80 GiB GPU; job 1 (60 GiB) runs 0-10 s; jobs 2 and 3 (30 GiB each)
  * wait for it and start at 11 s, a second after its end (the scheduler's
@@ -752,7 +745,7 @@ TEST_IMPL(sim_validation_scripts) {
       "COMPLETED|cpu=1,gres/cogpumem=10240M|cpu=1|\n";
   char real[PATH_MAX + 16], lag[PATH_MAX + 64];
   snprintf(real, sizeof real, "%s", th_path("real.psv"));
-  write_file(real, psv);
+  th_write_file(real, psv);
   snprintf(lag, sizeof lag, "%s/bench/sim-validate/sched-lag.py", root);
   const char *lagv[] = {"python3",   lag,   "--real", real,
                         "--gpu-mem", "80G", NULL};
@@ -796,7 +789,7 @@ TEST_IMPL(sim_validation_scripts) {
   snprintf(cmp, sizeof cmp, "%s/bench/sim-validate/compare.py", root);
   snprintf(sim, sizeof sim, "%s", th_path("sim.csv"));
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cases); i++) {
-    write_file(sim, cases[i].csv);
+    th_write_file(sim, cases[i].csv);
     const char *v[] = {"python3", cmp, "--real", real, "--sim", sim, NULL};
     c.rc = th_run(v, no_preload, c.out, sizeof c.out, c.err, sizeof c.err,
                   th_ms(20000));

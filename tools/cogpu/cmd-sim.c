@@ -5,14 +5,12 @@
  */
 #include <errno.h>
 #include <getopt.h>
-#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 #include "sim/sim-int.h"
@@ -142,27 +140,11 @@ static int write_jobs(const char *dir, const char *policy, const sim_trace_t *t,
 /* --out DIR and its missing parents, as mkdir -p; said before the run,
  * not after it. */
 static int mkdir_p_out(const char *dir) {
-  char p[PATH_MAX];
-  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
-    cli_err("sim: --out: path too long");
+  if (cogpu__mkdirs(dir, 0777) != 0) {
+    cli_err("sim: %s", cogpu_last_error());
     return -1;
   }
-  for (char *s = p + 1;; s++) {
-    bool last = *s == 0;
-    if (*s != '/' && !last)
-      continue;
-    *s = 0;
-    struct stat st;
-    if (mkdir(p, 0777) != 0 &&
-        (errno != EEXIST || stat(p, &st) != 0 || !S_ISDIR(st.st_mode))) {
-      cli_err("sim: %s: %s", p,
-              errno == EEXIST ? "not a directory" : strerror(errno));
-      return -1;
-    }
-    if (last)
-      return 0;
-    *s = '/';
-  }
+  return 0;
 }
 
 /* FGD's experiment: each placement, each seed (seed, seed + 1, ...);
