@@ -326,10 +326,11 @@ sim-fgd: $(B)/cogpu
 	B=$(B) scripts/sim-fgd.sh
 
 # The simulator against a real replay of 300 jobs on the private Slurm
-# cluster (docs/simulation.md); the suite runs 60. Root, Slurm, traces.
+# cluster (docs/simulation.md); the suite runs 100. Root, Slurm, traces.
 .PHONY: sim-validate
 sim-validate: tests
-	COGPU_TEST_REPLAY_JOBS=300 $(B)/tests/run-tests slurm_replay_trace
+	COGPU_TEST_REPLAY_JOBS=300 COGPU_TEST_REPLAY_SKIP=100 COGPU_TEST_REPLAY_SPAN=400 \
+	  $(B)/tests/run-tests slurm_replay_trace
 
 # The workload-mix experiment on a GPU node (docs/experiment.md).
 .PHONY: experiment

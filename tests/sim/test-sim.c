@@ -798,4 +798,44 @@ TEST_IMPL(sim_validation_scripts) {
     if (i == 0)
       ASSERT_CONTAINS(c.out, "\"makespan_err_pct\": 5.0");
   }
+
+  /* emulate.py: 60 GiB and 30 GiB asked together on 80 GiB, so the second
+   * waits for the first in every run, and a job alone later; the whole
+   * pipeline runs on each emulated record, the same seed giving the same
+   * figures. */
+  char emu[PATH_MAX + 64], tr[PATH_MAX + 16], cogpu[PATH_MAX + 16];
+  snprintf(emu, sizeof emu, "%s/bench/sim-validate/emulate.py", root);
+  snprintf(tr, sizeof tr, "%s", th_path("trace.csv"));
+  snprintf(cogpu, sizeof cogpu, "%s/cogpu", th_build_dir());
+  th_write_file(tr, "id,submit_s,run_s,mem_bytes,source\n"
+                    "1,0,5,64424509440,a\n2,0.5,3,32212254720,b\n"
+                    "3,12,2,1073741824,c\n");
+  const char *ev[] = {"python3", emu, "--trace", tr,  "--cogpu", cogpu,
+                      "--runs",  "3", "--seed",  "4", NULL};
+  c.rc = th_run(ev, no_preload, c.out, sizeof c.out, c.err, sizeof c.err,
+                th_ms(60000));
+  if (c.rc)
+    th_fail(__FILE__, __LINE__, "emulate.py (%d): %s", c.rc, c.err);
+  char first[sizeof c.out];
+  snprintf(first, sizeof first, "%s", c.out);
+  int runs = 0;
+  for (const char *p = strstr(first, "\"run\": "); p;
+       p = strstr(p + 1, "\"run\": "))
+    runs++;
+  ASSERT_EQ(runs, 3);
+  for (const char *p = strstr(first, "\"waited_real\": "); p;
+       p = strstr(p + 1, "\"waited_real\": "))
+    ASSERT_EQ(strncmp(p, "\"waited_real\": 1,", 17), 0);
+  ASSERT_CONTAINS(first, "\"jobs\": 3");
+  ASSERT_CONTAINS(first, "\"runs\": 3, \"start_err_median_s\": {");
+  c.rc = th_run(ev, no_preload, c.out, sizeof c.out, c.err, sizeof c.err,
+                th_ms(60000));
+  ASSERT_EQ(c.rc, 0);
+  ASSERT_EQ(strcmp(c.out, first), 0);
+  const char *evbad[] = {"python3", emu,         "--trace", tr,  "--cogpu",
+                         cogpu,     "--gpu-mem", "8G",      NULL};
+  c.rc = th_run(evbad, no_preload, c.out, sizeof c.out, c.err, sizeof c.err,
+                th_ms(20000));
+  ASSERT_EQ(c.rc, 2);
+  ASSERT_CONTAINS(c.err, "job 1 needs more than --gpu-mem");
 }
