@@ -27,6 +27,7 @@ compare.py's targets. Deterministic: the same --seed gives the same
 output. Exit 2 on bad input or when a step fails.
 """
 import argparse
+import bisect
 import csv
 import datetime
 import heapq
@@ -92,8 +93,7 @@ def run_once(jobs, cap, rng, load):
             if not queue and jobs[i][2] <= free and rng.random() < 0.5:
                 start(i, t)
             else:
-                queue.append(i)
-                queue.sort()
+                bisect.insort(queue, i)  # job order, as Slurm's priority
         else:
             for j in list(queue):
                 if jobs[j][2] <= free:
