@@ -355,10 +355,16 @@ int slurm_spank_init(spank_t sp, int ac, char **av) {
 /* After the options, where the job is submitted: the options that qualify
  * --gpu-mem mean nothing without it, and a job that gave one expected it
  * to apply. (Inside a job, srun sees the job's --gpu-mem too.) */
+static void step_setup(spank_t sp);
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
   (void)ac;
   (void)av;
-  if (spank_remote(sp) || opts.mem)
+  if (spank_remote(sp)) {
+    step_setup(sp); /* slurmstepd, still root: see "The node" below */
+    return 0;
+  }
+  if (opts.mem)
     return 0;
   const char *lone = opts.wait_given       ? "--gpu-wait"
                      : opts.priority_given ? "--gpu-priority"
@@ -372,7 +378,111 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
   return -1;
 }
 
-/* --- The node: the step's reservation ------------------------------------ */
+/* --- The node: the step's reservation ------------------------------------
+ * slurmstepd books the step in slurm_spank_init_post_opt, where it is still
+ * root (spank(8): slurm_spank_user_init runs with the job user's
+ * credentials). In node mode the daemon identifies its clients by the
+ * kernel's credentials of the connection, so only a root slurmstepd may
+ * book the job for its user (COGPU_ATTACH_FOR_UID): the reservation is the
+ * user's (they see it, suspend it, and their tasks join it), and no user
+ * can make one in another's name. In single-user mode there is no daemon
+ * to trust, and each user's ledger is their own: the step books in
+ * slurm_spank_user_init, as the user, in the user's ledger.
+ *
+ * What the step books is the job's `cogpumem` allocation on this node, as
+ * slurmctld recorded it, never a figure the job's environment carries
+ * alone: --gpu-mem reaches slurmstepd through an environment variable
+ * that anyone can set, and --export=NONE drops it. A --gpu-mem larger than
+ * the allocation fails the step; an allocation without --gpu-mem (the
+ * variable was dropped, or the job asked for the GRES itself) is used as
+ * the job's --gpu-mem. */
+
+/* The count of GRES `name` in one of slurmctld's per-node allocation
+ * strings: "cogpumem(CNT:3221225472)" or "gpu:2(IDX:0-1),cogpumem:3G". */
+static bool alloc_count(const char *list, const char *name, uint64_t *n) {
+  size_t len = strlen(name);
+  for (const char *p = list; p && *p; p++) {
+    if ((p != list && p[-1] != ',') || strncmp(p, name, len) != 0 ||
+        (p[len] != '(' && p[len] != ':'))
+      continue;
+    const char *end = p + len + strcspn(p + len, ",");
+    const char *cnt = strstr(p + len, "CNT:");
+    char num[64];
+    if (p[len] == '(' && cnt && cnt < end + strcspn(end, ")")) {
+      snprintf(num, sizeof num, "%.*s", (int)strcspn(cnt + 4, ")"), cnt + 4);
+    } else {
+      size_t l = strcspn(p + len, "(,");
+      snprintf(num, sizeof num, "%.*s", (int)l, p + len);
+      char *last = strrchr(num, ':'); /* past a type, if any */
+      if (!last)
+        continue;
+      memmove(num, last + 1, strlen(last + 1) + 1);
+    }
+    return cogpu__parse_size(name, num, n) == 0;
+  }
+  return false;
+}
+
+/* The job's `cogpumem` (or old `gpumem`) allocation on node `node`, from
+ * slurmctld: the node's entry of the job's GRES details, else the job's
+ * per-node request. 0 when it has none; -1 when slurmctld cannot say. */
+static int job_allocation(uint32_t id, const char *node, uint64_t *bytes) {
+  job_info_msg_t *ji = NULL;
+  *bytes = 0;
+  if (slurm_load_job(&ji, id, SHOW_DETAIL) != SLURM_SUCCESS || !ji ||
+      ji->record_count < 1) {
+    if (ji)
+      slurm_free_job_info_msg(ji);
+    return -1;
+  }
+  const slurm_job_info_t *j = &ji->job_array[0];
+  int idx = 0;
+  if (j->nodes && node[0]) {
+    hostlist_t hl = slurm_hostlist_create(j->nodes);
+    if (hl) {
+      idx = slurm_hostlist_find(hl, node);
+      slurm_hostlist_destroy(hl);
+    }
+  }
+  bool found = false;
+  if (idx >= 0 && (uint32_t)idx < j->gres_detail_cnt && j->gres_detail_str)
+    found = alloc_count(j->gres_detail_str[idx], GRES_NAME, bytes) ||
+            alloc_count(j->gres_detail_str[idx], GRES_OLD_NAME, bytes);
+  if (!found && j->tres_per_node) {
+    /* "gres:cogpumem:3G" or "gres/cogpumem:3G", comma-separated. */
+    char buf[1024], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", j->tres_per_node);
+    for (char *t = strtok_r(buf, ",", &save); t && !found;
+         t = strtok_r(NULL, ",", &save)) {
+      if (strncmp(t, "gres:", 5) == 0 || strncmp(t, "gres/", 5) == 0)
+        t += 5;
+      found = gres_count(t, GRES_NAME, bytes) ||
+              gres_count(t, GRES_OLD_NAME, bytes);
+    }
+  }
+  slurm_free_job_info_msg(ji);
+  return 0;
+}
+
+/* Asked once a second while the step waits for its memory at start: is
+ * the job over (cancelled, out of time, failed)? slurmstepd gets no signal
+ * for it while its tasks do not exist yet, so without asking, a cancelled
+ * job would stay COMPLETING until the memory came. */
+static bool job_over(void *arg) {
+  uint32_t id = *(const uint32_t *)arg;
+  job_info_msg_t *ji = NULL;
+  bool over = false;
+  if (slurm_load_job(&ji, id, SHOW_ALL) == SLURM_SUCCESS && ji &&
+      ji->record_count > 0) {
+    uint32_t st = ji->job_array[0].job_state;
+    over = (st & JOB_STATE_BASE) != JOB_RUNNING || (st & JOB_COMPLETING);
+  } else if (slurm_get_errno() == ESLURM_INVALID_JOB_ID) {
+    over = true;
+  }
+  if (ji)
+    slurm_free_job_info_msg(ji);
+  return over;
+}
 
 /* The GPU where the joined job holds memory. */
 static int joined_gpu(void) {
@@ -406,7 +516,7 @@ static int slurm_gpu(const char *gpus, int n) {
 /* Join the job's reservation if an earlier step holds it on this node,
  * else take it (on the GPU Slurm gave the job, if it gave one): once per
  * step, in slurmstepd. On failure, the step's tasks fail (step_fail). */
-static void hold_reservation(const char *job_id, const char *cmd,
+static void hold_reservation(uint32_t id, const char *job_id, const char *cmd,
                              const char *cvd) {
   cogpu_attach_opts_t ao = {
       .priority = (int)opts.priority, .job_id = job_id, .command = cmd};
@@ -454,7 +564,10 @@ static void hold_reservation(const char *job_id, const char *cmd,
                (unsigned long long)(opts.mem >> 20));
     uint64_t t0 = cogpu__now_ns();
     req.timeout_ms = bound;
-    rc = cogpu_reserve(holder, &req, &job_gpu);
+    cogpu__abort_t ab = {.stop = job_over, .arg = &id, .every_ms = 1000};
+    rc = cogpu__reserve_abortable(holder, &req, &job_gpu, &ab);
+    if (rc == -ECANCELED)
+      cogpu__seterr(rc, "the job ended while its step waited");
     snprintf(notice, sizeof notice,
              "cogpu: job %s waited %.1f s for %llu MiB of GPU memory", job_id,
              secs_since(t0), (unsigned long long)(opts.mem >> 20));
@@ -538,30 +651,75 @@ static void slurm_gpus(spank_t sp, char *buf, size_t len) {
     buf[0] = 0;
 }
 
-/* slurmstepd, once per step, as the job's user: options are known. It
- * always returns 0: a failure here would be the step's launch failing,
- * which drains the node (see the top of the file). */
-int slurm_spank_user_init(spank_t sp, int ac, char **av) {
-  (void)ac;
-  (void)av;
-  uint32_t id = 0;
-  char job_id[32], cmd[128] = "slurm job", cvd[1024] = "";
+/* What the step books, when it books in slurm_spank_user_init (single-user
+ * mode). */
+static struct {
+  bool pending;
+  uint32_t id;
+  char job_id[32], cmd[128], cvd[1024];
+} later;
+
+static void book(uint32_t id, const char *job_id, const char *cmd,
+                 const char *cvd) {
+  if (!opts.mem) {
+    if (cvd[0])
+      guard_whole_gpus(job_id, cmd, cvd);
+    return;
+  }
+  hold_reservation(id, job_id, cmd, cvd);
+  if (holder)
+    note_gpu_uuid();
+}
+
+/* slurmstepd, once per step, as root, options known (see "The node"). It
+ * never fails: a failure here would be the step's launch failing, which
+ * drains the node (see the top of the file); the tasks fail instead. */
+static void step_setup(spank_t sp) {
+  uint32_t id = 0, step = 0;
+  char job_id[32], cmd[128] = "slurm job", cvd[1024] = "", node[128] = "";
   int argc = 0;
   char **argv = NULL;
   if (step_seen)
-    return 0; /* the callback ran already for this step */
+    return; /* the callback ran already for this step */
   step_seen = true;
+  /* The extern step runs no task of the job's: nothing to book. */
+  if (spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS &&
+      step == SLURM_EXTERN_CONT)
+    return;
   stepd_pid = getpid();
   slurm_gpus(sp, cvd, sizeof cvd);
   slurm_gave_gpus = cvd[0] != 0;
-  if (!opts.mem && !failure[0] && !slurm_gave_gpus)
-    return 0; /* not cogpu's: no --gpu-mem, no whole GPUs */
   if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS) {
     if (opts.mem)
       step_fail("cogpu: cannot read the job id");
-    return 0;
+    return;
   }
   snprintf(job_id, sizeof job_id, "%u", id);
+  if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof node) != ESPANK_SUCCESS)
+    gethostname(node, sizeof node - 1);
+  uint64_t alloc = 0;
+  if (job_allocation(id, node, &alloc) != 0) {
+    if (opts.mem)
+      step_fail("cogpu: job %s: cannot read the job's GPU memory allocation "
+                "from slurmctld: %s",
+                job_id, slurm_strerror(slurm_get_errno()));
+    alloc = 0;
+  } else if (opts.mem > alloc && !failure[0]) {
+    step_fail("cogpu: job %s: --gpu-mem=%lluM is not covered by the job's "
+              "GPU memory allocation on this node (gres/%s: %lluM): the "
+              "option reached the node without going through the cluster's "
+              "submission filter. Give --gpu-mem=SIZE to sbatch, srun or "
+              "salloc (the cluster then allocates gres/%s), or ask for "
+              "--gres=%s:SIZE",
+              job_id, (unsigned long long)(opts.mem >> 20), GRES_NAME,
+              (unsigned long long)(alloc >> 20), GRES_NAME, GRES_NAME);
+  } else if (!opts.mem && alloc && !failure[0]) {
+    /* The allocation is the job's --gpu-mem: its environment lost the
+     * option (--export=NONE), or it asked for the GRES by hand. */
+    opts.mem = alloc;
+  }
+  if (!opts.mem && !failure[0] && !slurm_gave_gpus)
+    return; /* not cogpu's: no GPU memory, no whole GPUs */
   uid_t uid;
   if (spank_get_item(sp, S_JOB_UID, &uid) == ESPANK_SUCCESS)
     job_uid = (uint32_t)uid;
@@ -569,15 +727,28 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
       argc > 0)
     snprintf(cmd, sizeof cmd, "%s", argv[0]);
   if (failure[0])
-    return 0; /* an option refused on the node: the tasks say so */
-  if (!opts.mem) {
-    if (cvd[0])
-      guard_whole_gpus(job_id, cmd, cvd);
-    return 0;
+    return; /* refused on the node: the tasks say so */
+  if (cogpu__attach_mode() == 0) {
+    later.pending = true; /* single-user mode: the user's own ledger */
+    later.id = id;
+    snprintf(later.job_id, sizeof later.job_id, "%s", job_id);
+    snprintf(later.cmd, sizeof later.cmd, "%s", cmd);
+    snprintf(later.cvd, sizeof later.cvd, "%s", cvd);
+    return;
   }
-  hold_reservation(job_id, cmd, cvd);
-  if (holder)
-    note_gpu_uuid();
+  book(id, job_id, cmd, cvd);
+}
+
+/* slurmstepd, once per step, as the job's user: books the step in
+ * single-user mode (see "The node"). Never fails, as above. */
+int slurm_spank_user_init(spank_t sp, int ac, char **av) {
+  (void)sp;
+  (void)ac;
+  (void)av;
+  if (later.pending) {
+    later.pending = false;
+    book(later.id, later.job_id, later.cmd, later.cvd);
+  }
   return 0;
 }
 

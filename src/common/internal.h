@@ -17,6 +17,16 @@
 #define COGPU_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #define COGPU_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
+/* A wait that its caller may give up for reasons of its own (the Slurm
+ * plug-in: the job was cancelled or ran out of time while its step waited
+ * for memory). stop(arg) is asked every every_ms while the wait goes on;
+ * true ends it with -ECANCELED, and the request leaves the queue. */
+typedef struct cogpu__abort_s {
+  bool (*stop)(void *arg);
+  void *arg;
+  int every_ms;
+} cogpu__abort_t;
+
 /* --- Logging (log.c) --------------------------------------------------
  * One write(2) per line to stderr, "cogpu[pid]: level: message". No malloc,
  * no stdio: safe inside interposed calls and after fork. The level comes from

@@ -246,6 +246,16 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
       return fail(d, c, m, -EPERM,
                   "job token '%s' belongs to another user: refused", a->join) -
              1;
+    /* Root booking for a user joins only what root booked for that user:
+     * never a registration the user (or anyone) made under the job's id. */
+    if ((a->flags & COGPU_ATTACH_FOR_UID) &&
+        (st->slots[job].uid != owner ||
+         !(st->slots[job].flags & COGPU_MARK_BOOKED)))
+      return fail(d, c, m, -EPERM,
+                  "job token '%s' was not booked for user %u by root: "
+                  "refused",
+                  a->join, (unsigned)owner) -
+             1;
   }
   uint32_t s = free_slot(d);
   if (s == UINT32_MAX)
@@ -269,6 +279,8 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   }
   sl->starttime = cogpu__daemon_starttime(c->pid);
   sl->last_op = 0;
+  if (a->flags & COGPU_ATTACH_FOR_UID)
+    cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_BOOKED);
   cogpu__ledger_tx_set(h, &sl->state, SLOT_ACTIVE);
   cogpu__ledger_tx_commit(h);
   if (a->join[0]) {
@@ -522,11 +534,18 @@ static int on_query_amount(cogpu__daemon_t *d, dconn_t *c,
 
 static int on_find_job(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   ledger_state_t *st = d->dh->st;
+  /* A registration root booked for a user (a Slurm step) looks only for
+   * what root booked for the same user: the job's earlier step. */
+  const ledger_slot_t *me =
+      c->slot < LEDGER_MAX_SLOTS ? &st->slots[c->slot] : NULL;
+  bool booked = me && (me->flags & COGPU_MARK_BOOKED);
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     ledger_slot_t *sl = &st->slots[s];
     if (s == c->slot || sl->state != SLOT_ACTIVE || sl->job ||
         strncmp(sl->job_id, m->u.find_job.job_id, sizeof sl->job_id) != 0 ||
         !may_use(d, c, s))
+      continue;
+    if (booked && (sl->uid != me->uid || !(sl->flags & COGPU_MARK_BOOKED)))
       continue;
     cogpu__msg_t r;
     memset(&r, 0, sizeof r);

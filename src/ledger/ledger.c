@@ -188,6 +188,12 @@ int cogpu__attach_as(const cogpu_attach_opts_t *opts, uint32_t for_uid,
   return rc;
 }
 
+int cogpu__attach_mode(void) {
+  cogpu__config_t cfg;
+  int rc = cogpu__config_load(&cfg);
+  return rc ? rc : cogpu__node_mode(&cfg);
+}
+
 static int ledger_attach_as(const cogpu_attach_opts_t *opts, bool observer,
                             uint32_t for_uid, struct cogpu_s **out) {
   cogpu__clearerr();

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "cogpu.h"
+#include "internal.h"
 
 /* Attach on behalf of user for_uid (root only; the Slurm plug-in in
  * slurmstepd books a job for its user, whose tasks then join it). In node
@@ -44,6 +45,14 @@ int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes);
 /* The token of a live job with this job id (one that joined no other job),
  * for a later process of the same batch-system job to join; -ESRCH if
  * none. tok needs 24 bytes. */
+/* 1 when an attach of this process goes to the node daemon (node mode),
+ * 0 in single-user mode, or an error code (a bad configuration, or
+ * node_mode=daemon without the daemon's socket). */
+int cogpu__attach_mode(void);
+/* cogpu_reserve whose wait the caller may give up (internal.h's
+ * cogpu__abort_t): -ECANCELED then. */
+int cogpu__reserve_abortable(cogpu_t *h, const cogpu_request_t *req,
+                             int *gpu_out, const cogpu__abort_t *ab);
 int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
                            size_t len);
 
@@ -61,6 +70,11 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
 /* Set by the daemon, never by a client: a suspend or resume failed in a
  * way that may have left the job unusable; it is never tried again. */
 #define COGPU_MARK_BROKEN 0x100u
+/* Set by the daemon, never by a client: root booked this slot for its
+ * user (COGPU_ATTACH_FOR_UID: the Slurm plug-in in slurmstepd). A later
+ * step of the same job joins only such a slot of the job's user, so a
+ * registration a user made under a job's id is never taken for the job. */
+#define COGPU_MARK_BOOKED 0x200u
 int cogpu__mark(cogpu_t *h, uint32_t flags);
 
 /* --- Usage: what a process's allocations hold (docs/history.md) -----------

@@ -311,7 +311,7 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
 int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
   if (h && h->node && !h->forked) {
     cogpu__clearerr();
-    return cogpu__node_reserve(h->node, req, gpu_out);
+    return cogpu__node_reserve(h->node, req, gpu_out, NULL);
   }
   reserve_req_t r = {0};
   int rc = cogpu__ledger_reserve_check(h, req, &r);
@@ -338,4 +338,38 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
   if (gpu_out)
     *gpu_out = g;
   return 0;
+}
+
+/* In node mode the request keeps its place in the queue while the caller
+ * is asked whether to go on. In single-user mode the wait is on the
+ * ledger's futex, which nothing but a grant wakes: it waits in slices
+ * instead, each one a fresh request (so under fifo it may lose its place
+ * to a request that came between two slices). */
+int cogpu__reserve_abortable(cogpu_t *h, const cogpu_request_t *req,
+                             int *gpu_out, const cogpu__abort_t *ab) {
+  if (!ab || !ab->stop || !req || req->timeout_ms == COGPU_NOWAIT)
+    return cogpu_reserve(h, req, gpu_out);
+  if (h && h->node && !h->forked) {
+    cogpu__clearerr();
+    return cogpu__node_reserve(h->node, req, gpu_out, ab);
+  }
+  int64_t every = ab->every_ms > 0 ? ab->every_ms : 1000;
+  uint64_t t0 = cogpu__now_ns() / 1000000u;
+  for (;;) {
+    cogpu_request_t slice = *req;
+    int64_t left = -1; /* forever */
+    if (req->timeout_ms > 0) {
+      int64_t spent = (int64_t)(cogpu__now_ns() / 1000000u - t0);
+      left = req->timeout_ms > spent ? req->timeout_ms - spent : 0;
+      if (left == 0)
+        return cogpu__seterr(-ETIMEDOUT, "timed out after %lld ms",
+                             (long long)req->timeout_ms);
+    }
+    slice.timeout_ms = left >= 0 && left < every ? left : every;
+    int rc = cogpu_reserve(h, &slice, gpu_out);
+    if (rc != -ETIMEDOUT || (left >= 0 && left <= every))
+      return rc;
+    if (ab->stop(ab->arg))
+      return cogpu__seterr(-ECANCELED, "the wait was given up");
+  }
 }

@@ -523,9 +523,25 @@ static int amount_rpc(cogpu__node_t *n, int type, int gpu, uint64_t bytes,
   return rpc(n, &m, r);
 }
 
+/* msg_recv for a waiting request: with an abort hook, in slices of
+ * ab->every_ms, asking between them whether to give up (-ECANCELED). */
+static int wait_recv(int fd, cogpu__msg_t *m, uint64_t deadline,
+                     const cogpu__abort_t *ab) {
+  if (!ab || !ab->stop)
+    return msg_recv(fd, m, deadline, NULL);
+  for (;;) {
+    uint64_t slice = deadline_after(ab->every_ms > 0 ? ab->every_ms : 1000);
+    int rc = msg_recv(fd, m, slice < deadline ? slice : deadline, NULL);
+    if (rc != -ETIMEDOUT || ms_until(deadline) == 0)
+      return rc;
+    if (ab->stop(ab->arg))
+      return -ECANCELED;
+  }
+}
+
 /* The wait connection of one request (see the file comment). */
-static int node_wait(cogpu__node_t *n, const cogpu_request_t *req,
-                     int *gpu_out) {
+static int node_wait(cogpu__node_t *n, const cogpu_request_t *req, int *gpu_out,
+                     const cogpu__abort_t *ab) {
   uint64_t deadline = deadline_after(req->timeout_ms);
   uint32_t prev_w = 0;
   uint64_t prev_ticket = 0;
@@ -555,7 +571,7 @@ static int node_wait(cogpu__node_t *n, const cogpu_request_t *req,
     int rc = msg_send(fd, &m);
     for (;;) {
       if (rc == 0)
-        rc = msg_recv(fd, &r, deadline, NULL);
+        rc = wait_recv(fd, &r, deadline, ab);
       if (rc == 0 && r.type == COGPU_M_REPLY &&
           (r.u.reply.flags & COGPU_REPLY_QUEUED)) {
         prev_w = r.u.reply.waiter + 1;
@@ -594,6 +610,8 @@ static int node_wait(cogpu__node_t *n, const cogpu_request_t *req,
       close(fd); /* a timeout cancels the request in the daemon */
       if (rc == 0)
         return reply_rc(&r);
+      if (rc == -ECANCELED)
+        return cogpu__seterr(-ECANCELED, "the wait was given up");
       if (rc == -ETIMEDOUT) {
         char need[32];
         return cogpu__seterr(
@@ -618,7 +636,7 @@ static int node_wait(cogpu__node_t *n, const cogpu_request_t *req,
 }
 
 int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
-                        int *gpu_out) {
+                        int *gpu_out, const cogpu__abort_t *ab) {
   if (!req)
     return cogpu__seterr(-EINVAL, "cogpu_reserve: NULL request");
   if (req->gpu != COGPU_GPU_AUTO && check_gpu(n, req->gpu))
@@ -657,7 +675,7 @@ int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
                           ? 1
                           : rest.timeout_ms - (int64_t)spent;
   }
-  return node_wait(n, &rest, gpu_out);
+  return node_wait(n, &rest, gpu_out, ab);
 }
 
 int cogpu__node_release(cogpu__node_t *n, int gpu, uint64_t bytes) {

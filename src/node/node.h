@@ -31,8 +31,9 @@ void cogpu__node_detach(cogpu__node_t *n);
  * anything (the parent still holds it). */
 void cogpu__node_forked(cogpu__node_t *n);
 
+/* ab (may be NULL): a wait its caller may give up (internal.h). */
 int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
-                        int *gpu_out);
+                        int *gpu_out, const cogpu__abort_t *ab);
 int cogpu__node_release(cogpu__node_t *n, int gpu, uint64_t bytes);
 int cogpu__node_held(cogpu__node_t *n, int gpu, uint64_t *bytes);
 int cogpu__node_room(cogpu__node_t *n, int gpu, uint64_t *capacity,

@@ -49,6 +49,11 @@ _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
   static void test_##name(void)
 #define TEST_IMPL_SINGLE(name) TEST_IMPL_SINGLE_T(name, 30)
 
+/* A test that sets up the node it needs itself (its own node daemon, a
+ * Slurm cluster): the node pass would run it again unchanged, so it runs
+ * once, in the first (daemonless) pass. */
+#define TEST_IMPL_ONCE_T(name, timeout_s) TEST_IMPL_SINGLE_T(name, timeout_s)
+
 #define HELPER_IMPL(name)                                                      \
   static int helper_##name(int argc, char **argv);                             \
   __attribute__((constructor)) static void th_hreg_##name(void) {              \

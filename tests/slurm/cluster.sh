@@ -85,7 +85,7 @@ stop() {
   [ -f "$dir/slurm.conf" ] || return 0
   local conf="$dir/slurm.conf"
   if [ -n "$(pid_of slurmctld)" ]; then
-    SLURM_CONF=$conf timeout 5 scancel --full -u "$(id -un)" >/dev/null 2>&1
+    SLURM_CONF=$conf timeout 5 sh -c 'j=$(squeue -h -o %A); [ -z "$j" ] || scancel --full $j' >/dev/null 2>&1
     SLURM_CONF=$conf wait_for 5 sh -c '[ -z "$(squeue -h 2>/dev/null)" ]'
   fi
   stop_pid slurmd

@@ -12,9 +12,11 @@
  */
 #include <dirent.h>
 #include <limits.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,16 +87,65 @@ static void require(void) {
   find_root();
 }
 
-static int sh(const char *cmd, char *out, size_t outlen, int timeout_ms) {
+/* The jobs run as unprivileged users, as on a real cluster: slurmstepd
+ * then runs the plug-in's slurm_spank_user_init and the tasks with the
+ * user's credentials. USER1 submits; USER2 is the other user of
+ * cross-user checks. Made by the test when missing, removed at its end. */
+#define USER1 "cogpu-slurm1"
+#define USER2 "cogpu-slurm2"
+static const char *run_as = USER1; /* sh()'s user; NULL: root */
+
+static int run_cmd(const char *user, const char *cmd, char *out, size_t outlen,
+                   int timeout_ms) {
   static char err[OUT_MAX];
-  const char *argv[] = {"sh", "-c", cmd, NULL};
-  const char *env[] = {conf_env, NULL};
-  int rc = th_run(argv, env, out, outlen, err, sizeof err, timeout_ms);
+  char uid[16] = "", gid[16] = "";
+  if (user) {
+    struct passwd *pw = getpwnam(user);
+    if (!pw)
+      th_fail(__FILE__, __LINE__, "no user %s", user);
+    snprintf(uid, sizeof uid, "%u", (unsigned)pw->pw_uid);
+    snprintf(gid, sizeof gid, "%u", (unsigned)pw->pw_gid);
+  }
+  const char *as_user[] = {"setpriv",       "--reuid", uid,  "--regid", gid,
+                           "--init-groups", "sh",      "-c", cmd,       NULL};
+  const char *as_root[] = {"sh", "-c", cmd, NULL};
+  const char *env[] = {conf_env, user ? "HOME=/tmp" : NULL, NULL};
+  int rc = th_run(user ? as_user : as_root, env, out, outlen, err, sizeof err,
+                  timeout_ms);
   if (out && outlen) {
     size_t n = strlen(out);
     snprintf(out + n, outlen - n, "%s", err);
   }
   return rc;
+}
+
+/* A shell command as the test's job user (root where run_as is NULL). */
+static int sh(const char *cmd, char *out, size_t outlen, int timeout_ms) {
+  return run_cmd(run_as, cmd, out, outlen, timeout_ms);
+}
+
+/* A shell command as root (the admin, or another program on the node). */
+static int sh_root(const char *cmd, char *out, size_t outlen, int timeout_ms) {
+  return run_cmd(NULL, cmd, out, outlen, timeout_ms);
+}
+
+static void users_make(void) {
+  static const char *const names[] = {USER1, USER2};
+  char out[4096], cmd[256];
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(names); i++) {
+    snprintf(cmd, sizeof cmd,
+             "id -u %s >/dev/null 2>&1 || useradd -M -N -s /bin/sh "
+             "-d /nonexistent %s",
+             names[i], names[i]);
+    if (sh_root(cmd, out, sizeof out, th_ms(20000)))
+      th_fail(__FILE__, __LINE__, "cannot make user %s:\n%s", names[i], out);
+  }
+}
+
+static void users_remove(void) {
+  char out[4096];
+  sh_root("userdel " USER1 "; userdel " USER2 "; true", out, sizeof out,
+          th_ms(20000));
 }
 
 static void stop_cluster(void) {
@@ -105,7 +156,11 @@ static void stop_cluster(void) {
   const char *stop[] = {script(), "stop", cluster, NULL};
   th_run(stop, NULL, out, sizeof out, out, sizeof out, th_ms(60000));
   const char *check[] = {script(), "check", cluster, NULL};
-  if (th_run(check, NULL, out, sizeof out, out, sizeof out, th_ms(10000)))
+  int left =
+      th_run(check, NULL, out, sizeof out, out, sizeof out, th_ms(10000));
+  if (run_as)
+    users_remove();
+  if (left)
     th_fail(__FILE__, __LINE__, "cluster left processes behind:\n%s", out);
 }
 
@@ -136,6 +191,25 @@ static void start_cluster_gpus(const char *gpumem, const char *gpus) {
   setenv("FAKE_CUDA_CTX_BYTES", "300M", 1);
   setenv("COGPU_LOG", "warn", 1);
   char out[OUT_MAX];
+  /* Node mode, with the test's own cogpud (the node's state in the test's
+   * directory), as docs/slurm.md recommends for shared nodes; a test of
+   * single-user mode runs its jobs as root (run_as NULL). */
+  if (run_as) {
+    setenv("COGPU_NODE_MODE", "daemon", 1);
+    if (th_daemon_pid() <= 0)
+      th_daemon_start();
+    users_make();
+    /* The jobs' users write their output here, and their tasks use the
+     * fake GPU, whose state file the first process makes: made now, by
+     * root, and opened to them (inside the test's private directory). */
+    char fake[PATH_MAX + 64];
+    snprintf(fake, sizeof fake, "%s direct init >/dev/null && chmod 0666 %s",
+             prog(), getenv("FAKE_CUDA_STATE"));
+    if (chmod(th_tmpdir(), 01777) != 0 ||
+        sh_root(fake, out, sizeof out, th_ms(20000)) != 0)
+      th_fail(__FILE__, __LINE__, "cannot open the test to its users:\n%s",
+              out);
+  }
   const char *argv[] = {script(), "start", cluster, gpumem, NULL};
   started = true;
   atexit(stop_cluster); /* th_fail exits; a killed test has the watchdog */
@@ -174,11 +248,12 @@ static void wait_job_reserved(const char *job_id, uint64_t want, int ms) {
           (unsigned long long)got, (unsigned long long)want);
 }
 
-/* Wait (bounded) until `cmd`'s output contains `want`; returns the output. */
+/* Wait (bounded) until `cmd`'s output contains `want`; returns the output.
+ * It runs as root: it only looks (Slurm's queue, the cluster's logs). */
 static const char *wait_output(const char *cmd, const char *want, int ms) {
   static char out[OUT_MAX];
   for (int i = 0; i < th_ms(ms) / 100; i++) {
-    sh(cmd, out, sizeof out, th_ms(20000));
+    sh_root(cmd, out, sizeof out, th_ms(20000));
     if (strstr(out, want))
       return out;
     th_sleep_ms(100);
@@ -218,7 +293,7 @@ static const char *task_env(void) {
   return p;
 }
 
-TEST_IMPL_T(slurm_gpu_mem_in_srun_sbatch_salloc, 240) {
+TEST_IMPL_ONCE_T(slurm_gpu_mem_in_srun_sbatch_salloc, 240) {
   start_cluster("80G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
   /* srun */
@@ -253,7 +328,7 @@ TEST_IMPL_T(slurm_gpu_mem_in_srun_sbatch_salloc, 240) {
   stop_cluster(); /* tests end with _exit: no atexit */
 }
 
-TEST_IMPL_T(slurm_bad_values_refused_at_submission, 240) {
+TEST_IMPL_ONCE_T(slurm_bad_values_refused_at_submission, 240) {
   start_cluster("80G");
   static const struct {
     const char *opt, *msg;
@@ -318,7 +393,7 @@ static void packs_jobs(void) {
   wait_job_reserved("1", 30 * GiB, 20000);
   wait_job_reserved("2", 30 * GiB, 20000);
   ASSERT_UEQ(job_reserved("1", user, sizeof user), 30 * GiB);
-  ASSERT_STREQ(user, "root");
+  ASSERT_STREQ(user, USER1); /* the job's user, booked by root */
   ASSERT_UEQ(job_reserved("3", NULL, 0), 0);
   /* cogpu status --json names the Slurm jobs too. */
   ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(20000)), 0);
@@ -337,12 +412,12 @@ static void packs_jobs(void) {
   stop_cluster(); /* tests end with _exit: no atexit */
 }
 
-TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory, 240) {
+TEST_IMPL_ONCE_T(slurm_packs_jobs_by_gpu_memory, 240) {
   packs_jobs();
 }
 
 /* The same with the GRES set in slurmctld, which no client can skip. */
-TEST_IMPL_T(slurm_packs_jobs_by_gpu_memory_job_submit, 240) {
+TEST_IMPL_ONCE_T(slurm_packs_jobs_by_gpu_memory_job_submit, 240) {
   server_side = true;
   packs_jobs();
 }
@@ -356,7 +431,7 @@ static unsigned long long fake_peak(void) {
 /* A job that declared 10G and allocates more: with --gpu-wait=0 it gets
  * out-of-memory at once; with a bound, it waits until a neighbour is done. The
  * neighbour completes untouched, and the GPU is never over-committed. */
-TEST_IMPL_T(slurm_under_declared_job_waits_or_ooms, 240) {
+TEST_IMPL_ONCE_T(slurm_under_declared_job_waits_or_ooms, 240) {
   start_cluster("80G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
   snprintf(cmd, sizeof cmd,
@@ -403,7 +478,7 @@ static uint64_t peak_until_done(const char *job_id) {
 
 /* A batch job whose script runs a CUDA program itself and then in a step:
  * both draw on the job's one reservation. */
-TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
+TEST_IMPL_ONCE_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
   start_cluster("80G");
   char out[OUT_MAX], cmd[PATH_MAX * 3];
   snprintf(cmd, sizeof cmd,
@@ -437,7 +512,7 @@ TEST_IMPL_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
 }
 
 /* Without --gpu-mem nothing changes: no preload, no reservation, no GRES. */
-TEST_IMPL_T(slurm_jobs_without_the_option_are_unaffected, 240) {
+TEST_IMPL_ONCE_T(slurm_jobs_without_the_option_are_unaffected, 240) {
   start_cluster("80G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
   ASSERT_EQ(sh("srun sh -c 'env | grep -c -E \"^COGPU_JOB|cogpu-preload\" "
@@ -487,7 +562,7 @@ static const char *task_gpu(const char *srun_opts) {
  * --gpu-mem job that Slurm gave a GPU reserves on that GPU, and a GPU that
  * Slurm gave whole to a job without --gpu-mem stays exclusive: cogpu
  * places --gpu-mem jobs elsewhere. */
-TEST_IMPL_T(slurm_coexists_with_whole_gpu_jobs, 240) {
+TEST_IMPL_ONCE_T(slurm_coexists_with_whole_gpu_jobs, 240) {
   setenv("COGPU_CLUSTER_GPUS", "2", 1);
   start_cluster_gpus("160G", "80G,80G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
@@ -532,7 +607,7 @@ TEST_IMPL_T(slurm_coexists_with_whole_gpu_jobs, 240) {
  * there (a mixed node): the job says it waits for them to leave, for at
  * most plugstack.conf's whole_gpu_wait, then runs unguarded; without the
  * argument it waits until they are gone. */
-TEST_IMPL_T(slurm_whole_gpu_job_waits_for_gpu_mem_jobs, 240) {
+TEST_IMPL_ONCE_T(slurm_whole_gpu_job_waits_for_gpu_mem_jobs, 240) {
   setenv("COGPU_CLUSTER_GPUS", "2", 1);
   start_cluster_gpus("160G", "80G,80G");
   char out[OUT_MAX], cmd[PATH_MAX * 2], conf[PATH_MAX + 32];
@@ -642,7 +717,7 @@ static void expect_batch_failed(const char *id, const char *outfile,
  * service. (It used to fail in slurm_spank_user_init: slurmd reported a
  * launch failure, slurmctld drained the node and the job ended COMPLETED
  * 0:0; srun exited 0.) */
-TEST_IMPL_T(slurm_failed_reservation_fails_the_job, 240) {
+TEST_IMPL_ONCE_T(slurm_failed_reservation_fails_the_job, 240) {
   start_cluster_gpus("32G", "16G,16G");
   char out[OUT_MAX], cmd[PATH_MAX * 3];
   /* Bigger than any GPU of the node. */
@@ -705,7 +780,7 @@ TEST_IMPL_T(slurm_failed_reservation_fails_the_job, 240) {
  * 20G could never run: the node's cogpu_gpu_16G feature (`cogpu
  * slurm-conf` prints it) tells srun, sbatch and salloc the size of its
  * largest GPU, and the job is refused at submission. */
-TEST_IMPL_T(slurm_gpu_mem_above_largest_gpu_refused, 240) {
+TEST_IMPL_ONCE_T(slurm_gpu_mem_above_largest_gpu_refused, 240) {
   setenv("COGPU_CLUSTER_GPU_SIZE", "16G", 1);
   start_cluster_gpus("32G", "16G,16G");
   char out[OUT_MAX], cmd[256];
@@ -730,7 +805,7 @@ TEST_IMPL_T(slurm_gpu_mem_above_largest_gpu_refused, 240) {
  * counts as foreign memory, as the same process outside Slurm would: a
  * --gpu-mem job then cannot be given that memory. (Its slurmstepd, an
  * attached client holding nothing there, used to hide it.) */
-TEST_IMPL_T(slurm_unguarded_whole_gpu_job_counts, 240) {
+TEST_IMPL_ONCE_T(slurm_unguarded_whole_gpu_job_counts, 240) {
   setenv("COGPU_CLUSTER_GPUS", "2", 1);
   start_cluster_gpus("160G", "80G,80G");
   char out[OUT_MAX], cmd[PATH_MAX * 2], conf[PATH_MAX + 32], line[PATH_MAX];
@@ -787,7 +862,7 @@ static const char *gpu_uuid(int g) {
  * GPU 0, which has no room) reserves on GPU 1, and its tasks see exactly
  * GPU 1, where their allocations then land. (They used to keep the
  * inherited value: memory reserved on one GPU, allocated on another.) */
-TEST_IMPL_T(slurm_task_sees_exactly_the_reserved_gpu, 240) {
+TEST_IMPL_ONCE_T(slurm_task_sees_exactly_the_reserved_gpu, 240) {
   start_cluster_gpus("32G", "16G,16G");
   char out[OUT_MAX], cmd[PATH_MAX * 2], want[160];
   snprintf(cmd, sizeof cmd,
@@ -905,7 +980,7 @@ static void kill_stepd_expect_gone(const char *tag) {
  * declared correctly then got the driver's out-of-memory). They go with
  * their step: a batch job's script and the program it started, an srun
  * task under --gpu-no-preload; then a job that needs the whole GPU runs. */
-TEST_IMPL_T(slurm_tasks_go_with_a_killed_slurmstepd, 240) {
+TEST_IMPL_ONCE_T(slurm_tasks_go_with_a_killed_slurmstepd, 240) {
   setenv("COGPU_CLUSTER_PROCTRACK", "cgroup", 1);
   start_cluster("16G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
@@ -936,7 +1011,7 @@ TEST_IMPL_T(slurm_tasks_go_with_a_killed_slurmstepd, 240) {
  * ledger (COGPU_STATE_DIR, a COGPU_CONFIG that sets state_dir,
  * COGPU_NODE_MODE): the tasks use the node's, where the job's reservation
  * is, and see the job there. */
-TEST_IMPL_T(slurm_job_env_cannot_move_tasks, 240) {
+TEST_IMPL_ONCE_T(slurm_job_env_cannot_move_tasks, 240) {
   start_cluster("16G");
   char out[OUT_MAX], cmd[PATH_MAX * 4], conf[PATH_MAX + 32];
   snprintf(conf, sizeof conf, "%s/user.conf", th_tmpdir());
@@ -980,7 +1055,7 @@ TEST_IMPL_T(slurm_job_env_cannot_move_tasks, 240) {
 
 /* Issue 13 item 7. --gpu-wait, --gpu-priority and --gpu-no-preload qualify
  * --gpu-mem: without it they are refused at submission, not ignored. */
-TEST_IMPL_T(slurm_gpu_options_need_gpu_mem, 240) {
+TEST_IMPL_ONCE_T(slurm_gpu_options_need_gpu_mem, 240) {
   start_cluster("16G");
   static const char *const opts[] = {"--gpu-wait=1m", "--gpu-priority=5",
                                      "--gpu-no-preload"};
@@ -1017,7 +1092,7 @@ TEST_IMPL_T(slurm_gpu_options_need_gpu_mem, 240) {
  * `gpumem` (which Slurm 23.02 and later use for their own TRES), keeps
  * working for one release: the job asks for gres/gpumem, reserves on the
  * node, and the user is told to have it renamed. */
-TEST_IMPL_T(slurm_old_gres_name_works_with_warning, 240) {
+TEST_IMPL_ONCE_T(slurm_old_gres_name_works_with_warning, 240) {
   setenv("COGPU_CLUSTER_GRES", "gpumem", 1);
   start_cluster("16G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
@@ -1044,7 +1119,7 @@ TEST_IMPL_T(slurm_old_gres_name_works_with_warning, 240) {
 }
 
 /* The same, with the GRES set in slurmctld: its log tells the admin. */
-TEST_IMPL_T(slurm_old_gres_name_job_submit, 240) {
+TEST_IMPL_ONCE_T(slurm_old_gres_name_job_submit, 240) {
   setenv("COGPU_CLUSTER_GRES", "gpumem", 1);
   server_side = true;
   start_cluster("16G");
@@ -1059,7 +1134,7 @@ TEST_IMPL_T(slurm_old_gres_name_job_submit, 240) {
   expect_under_cogpu(file("old.out"), "COGPU_MEM=3221225472");
   snprintf(cmd, sizeof cmd, "grep -c 'rename it .cogpumem.' %s/slurmctld.log",
            cluster);
-  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh_root(cmd, out, sizeof out, th_ms(20000)), 0);
   ASSERT_STREQ(out, "1\n");
   stop_cluster(); /* tests end with _exit: no atexit */
 }
@@ -1068,10 +1143,11 @@ TEST_IMPL_T(slurm_old_gres_name_job_submit, 240) {
  * deadlock; the guard fails one of them. The warning names a process of
  * the failed job, so only that job's output may carry it (single-user
  * mode; in node mode the daemon logs it). */
-TEST_IMPL_T(slurm_deadlock_warning_names_own_job, 240) {
+TEST_IMPL_ONCE_T(slurm_deadlock_warning_names_own_job, 240) {
   /* The guard must fail a request here: with a daemon (node mode) it
    * would suspend a job instead (slurm_growing_jobs_suspended). */
   th_setenv("COGPU_SUSPEND", "no");
+  run_as = NULL; /* single-user mode: one user's jobs, here root's */
   start_cluster("16G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
   /* Each job takes all of its 6G (context and 5844M), then asks for 8G
@@ -1126,18 +1202,18 @@ TEST_IMPL_SINGLE(slurm_required_tests_fail_instead_of_skipping) {
   snprintf(dir, sizeof dir, "%s/b/tests", th_tmpdir());
   snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/tests/run-tests %s/", dir,
            th_build_dir(), dir);
-  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh_root(cmd, out, sizeof out, th_ms(20000)), 0);
   snprintf(cmd, sizeof cmd,
            "env -u COGPU_TEST_REQUIRE_SLURM -u COGPU_TEST_NODE %s/run-tests "
            "slurm_packs_jobs_by_gpu_memory_job_submit 2>&1",
            dir);
-  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_EQ(sh_root(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "# SKIP");
   snprintf(cmd, sizeof cmd,
            "env -u COGPU_TEST_NODE COGPU_TEST_REQUIRE_SLURM=1 %s/run-tests "
            "slurm_packs_jobs_by_gpu_memory_job_submit 2>&1",
            dir);
-  ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_NE(sh_root(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "not ok 1 - slurm_packs_jobs_by_gpu_memory_job_submit");
   ASSERT_CONTAINS(out, "spank_cogpu.so not built");
 }
@@ -1146,13 +1222,11 @@ TEST_IMPL_SINGLE(slurm_required_tests_fail_instead_of_skipping) {
  * their declaration deadlock (each holds 7G of 16G and wants 3.3G more);
  * one is suspended, and both complete with their data, none told
  * out-of-memory. */
-TEST_IMPL_T(slurm_growing_jobs_suspended, 240) {
-  start_cluster("16G");
+TEST_IMPL_ONCE_T(slurm_growing_jobs_suspended, 240) {
   th_setenv("COGPU_SWEEP_INTERVAL", "100ms");
   th_setenv("COGPU_SUSPEND_HOST_MARGIN", "0");
   th_setenv("COGPU_SUSPEND_MAX", "1T");
-  if (th_daemon_pid() <= 0)
-    th_daemon_start();
+  start_cluster("16G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
   for (int i = 0; i < 2; i++) {
     snprintf(cmd, sizeof cmd,
@@ -1185,7 +1259,7 @@ TEST_IMPL_T(slurm_growing_jobs_suspended, 240) {
  * task's stderr (the batch job's output file, after the job's own output;
  * srun's terminal) and, as JSON, in the job's AdminComment. A batch job
  * that declared far more than it used gets a hint. */
-TEST_IMPL_T(slurm_end_of_job_report, 240) {
+TEST_IMPL_ONCE_T(slurm_end_of_job_report, 240) {
   start_cluster("16G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
   snprintf(cmd, sizeof cmd,
@@ -1248,7 +1322,7 @@ static void wait_map(const char *dir, int gpu, const char *want, int ms) {
           map_file(dir, gpu), want);
 }
 
-TEST_IMPL_T(slurm_dcgm_job_map, 240) {
+TEST_IMPL_ONCE_T(slurm_dcgm_job_map, 240) {
   start_cluster_gpus("32G", "16G,16G");
   char out[OUT_MAX], cmd[PATH_MAX * 2], conf[PATH_MAX + 32], line[PATH_MAX * 2],
       dir[PATH_MAX];
@@ -1346,7 +1420,7 @@ static int env_int(const char *name, int dflt, int min) {
  * 80 GiB GPU: every job is submitted at its time, runs its allocation and
  * completes; Slurm's record of each is in replay.psv for the comparison
  * with the simulator's prediction. */
-TEST_IMPL_T(slurm_replay_trace, 1800) {
+TEST_IMPL_ONCE_T(slurm_replay_trace, 1800) {
   find_root();
   const char *tr = traces_dir();
   if (!tr)
@@ -1398,6 +1472,7 @@ TEST_IMPL_T(slurm_replay_trace, 1800) {
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(10000)), 0);
   ASSERT_EQ(atoi(out), jobs);
   stop_cluster(); /* tests end with _exit: no atexit */
+  run_as = NULL;  /* the users are gone; the analysis is anyone's */
   /* The simulator's prediction from Slurm's own record (a site replaying
    * its history), against what happened: makespan within 5 %, median
    * start-time error under 2 s (compare.py's targets). The cluster
@@ -1433,4 +1508,206 @@ TEST_IMPL_T(slurm_replay_trace, 1800) {
   fprintf(stderr, "# %s", out);
   if (rc)
     th_fail(__FILE__, __LINE__, "prediction off target:\n%s", out);
+}
+
+/* --- Ordinary users (issue 22) ------------------------------------------- */
+
+/* How many of `user`'s view of the node's waiters (cogpu status --json,
+ * run as that user) belong to Slurm job `job`. */
+static int waiters_of_job(const char *user, const char *job) {
+  char cmd[512], out[OUT_MAX];
+  snprintf(cmd, sizeof cmd,
+           "cogpu status --json | python3 -c 'import json,sys; "
+           "d=json.load(sys.stdin); print(sum(1 for g in d[\"gpus\"] for w "
+           "in g[\"waiting\"] if w[\"job_id\"]==\"%s\" and "
+           "w[\"user\"]==\"%s\"))'",
+           job, USER1);
+  if (run_cmd(user, cmd, out, sizeof out, th_ms(20000)) != 0)
+    th_fail(__FILE__, __LINE__, "status as %s:\n%s", user, out);
+  return atoi(out);
+}
+
+/* Every way an ordinary user runs jobs: srun, sbatch with a step, an
+ * array, concurrent steps. The reservation is the user's (root's
+ * slurmstepd booked it for them): they see it, and another user can
+ * neither see it as theirs nor suspend it. */
+TEST_IMPL_ONCE_T(slurm_jobs_of_ordinary_users, 240) {
+  start_cluster("80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  snprintf(cmd, sizeof cmd, "srun --gpu-mem=2G %s direct init ctx alloc:1G",
+           prog());
+  if (sh(cmd, out, sizeof out, th_ms(60000)) != 0 || strstr(out, "error"))
+    th_fail(__FILE__, __LINE__, "srun as %s:\n%s", USER1, out);
+  /* An array of three, each with a step of its own. */
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/arr-%%a.out -a 1-3 --gpu-mem=4G --wrap "
+           "'%s direct init ctx alloc:3G hold:300 && srun %s direct init ctx "
+           "alloc:2G'",
+           th_tmpdir(), th_tmpdir(), prog(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  /* A job that stays while the users look at it. */
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/long.out --gpu-mem=6G --wrap '%s direct init "
+           "ctx alloc:1G hold:600000'",
+           th_tmpdir(), th_tmpdir(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  char id[32];
+  snprintf(id, sizeof id, "%d", atoi(strrchr(out, ' ') + 1));
+  wait_job_reserved(id, 6 * GiB, 30000);
+  char user[64] = "";
+  job_reserved(id, user, sizeof user);
+  ASSERT_STREQ(user, USER1);
+  /* Its user sees it as theirs; the other user's suspend is refused. */
+  ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_CONTAINS(out, "\"user\":\"" USER1 "\"");
+  snprintf(cmd, sizeof cmd, "cogpu suspend %s --timeout 5s", id);
+  ASSERT_NE(run_cmd(USER2, cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(job_reserved(id, NULL, 0), 6 * GiB);
+  snprintf(cmd, sizeof cmd, "scancel %s", id);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  wait_jobs_done(90000);
+  for (int i = 1; i <= 3; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "arr-%d.out", i);
+    const char *o = file(name);
+    if (strstr(o, "error") || strstr(o, "only root"))
+      th_fail(__FILE__, __LINE__, "array task %d:\n%s", i, o);
+    ASSERT_CONTAINS(o, "alloc 3221225472 ok");
+  }
+  lt_check_invariants();
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* --gpu-mem set in the environment by hand reaches slurmstepd without the
+ * cluster's filter, so the job has no cogpumem allocation: the step is
+ * refused with the fix, and nothing is reserved. Four such jobs at once on
+ * a 16G node would otherwise run 20G. */
+TEST_IMPL_ONCE_T(slurm_gpu_mem_without_allocation_refused, 240) {
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  snprintf(cmd, sizeof cmd,
+           "_SLURM_SPANK_OPTION_cogpu_gpu_mem=5G srun %s direct init ctx "
+           "alloc:1G",
+           prog());
+  ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  ASSERT_CONTAINS(out, "is not covered by the job's GPU memory allocation");
+  ASSERT_CONTAINS(out, "--gres=cogpumem:SIZE");
+  for (int i = 0; i < 4; i++) {
+    snprintf(cmd, sizeof cmd,
+             "_SLURM_SPANK_OPTION_cogpu_gpu_mem=5G sbatch -D %s -o %s/e%d.out "
+             "--wrap '%s direct init ctx alloc:4G'",
+             th_tmpdir(), th_tmpdir(), i, prog());
+    ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  }
+  wait_jobs_done(60000);
+  for (int i = 0; i < 4; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "e%d.out", i);
+    ASSERT_CONTAINS(file(name), "is not covered by the job's GPU memory");
+  }
+  ASSERT_UEQ(fake_peak(), 0);
+  lt_check_invariants();
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* --export=NONE: the job's environment carries nothing of the submitting
+ * shell, --gpu-mem's variable included; the allocation still books the
+ * job, and its tasks run under cogpu. */
+TEST_IMPL_ONCE_T(slurm_export_none_still_under_cogpu, 240) {
+  start_cluster("80G");
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  snprintf(cmd, sizeof cmd,
+           "sbatch --export=NONE -D %s -o %s/none.out --gpu-mem=3G --wrap "
+           "'/bin/sh %s'",
+           th_tmpdir(), th_tmpdir(), task_env());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  wait_jobs_done(60000);
+  expect_under_cogpu(file("none.out"), "COGPU_MEM=3221225472");
+  snprintf(cmd, sizeof cmd, "srun --export=NONE --gpu-mem=2G /bin/sh %s",
+           task_env());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  expect_under_cogpu(out, "COGPU_MEM=2147483648");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* A job whose step waits for its memory at start (memory held outside
+ * Slurm) shows as waiting to its user, and scancel ends the wait at once,
+ * for sbatch and srun alike. */
+TEST_IMPL_ONCE_T(slurm_cancel_while_waiting_at_start, 240) {
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  /* Root holds 14G of the 16G GPU outside Slurm. */
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t req = {.gpu = 0,
+                         .bytes = 14 * GiB,
+                         .priority = COGPU_PRIORITY_DEFAULT,
+                         .timeout_ms = COGPU_NOWAIT};
+  ASSERT_OK(cogpu_reserve(h, &req, NULL));
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/w.out --gpu-mem=8G --wrap 'echo started'",
+           th_tmpdir(), th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  snprintf(cmd, sizeof cmd,
+           "srun --gpu-mem=8G echo started >%s/s.out 2>&1 </dev/null & "
+           "echo $!",
+           th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  for (int job = 1; job <= 2; job++) {
+    char id[8];
+    snprintf(id, sizeof id, "%d", job);
+    for (int t = 0; waiters_of_job(USER1, id) != 1; t += 100) {
+      if (t > th_ms(30000))
+        th_fail(__FILE__, __LINE__, "job %s never shown waiting", id);
+      th_sleep_ms(100);
+    }
+  }
+  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(20000)), 0);
+  uint64_t t0 = cogpu__now_ns();
+  while (waiters_of_job(USER1, "1") + waiters_of_job(USER1, "2") > 0) {
+    if (cogpu__now_ns() - t0 > (uint64_t)th_ms(2000) * 1000000u)
+      th_fail(__FILE__, __LINE__, "the waits outlived scancel by 2 s");
+    th_sleep_ms(50);
+  }
+  wait_jobs_done(30000);
+  ASSERT(strstr(file("w.out"), "started") == NULL);
+  ASSERT_OK(cogpu_detach(h));
+  lt_check_invariants();
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
+
+/* The same for a job that reaches its time limit while its step waits at
+ * start: slurmctld ends it (TIMEOUT), and so does the wait, instead of the
+ * job hanging in COMPLETING until memory appears. Slurm's limits are in
+ * whole minutes, checked every 30 s: this test takes about a minute. */
+TEST_IMPL_ONCE_T(slurm_time_limit_ends_wait_at_start, 240) {
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  cogpu_t *h = lt_attach(0);
+  cogpu_request_t req = {.gpu = 0,
+                         .bytes = 14 * GiB,
+                         .priority = COGPU_PRIORITY_DEFAULT,
+                         .timeout_ms = COGPU_NOWAIT};
+  ASSERT_OK(cogpu_reserve(h, &req, NULL));
+  snprintf(cmd, sizeof cmd,
+           "sbatch -t 1 -D %s -o %s/t.out --gpu-mem=8G --wrap 'echo started'",
+           th_tmpdir(), th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  for (int t = 0; waiters_of_job(USER1, "1") != 1; t += 100) {
+    if (t > th_ms(30000))
+      th_fail(__FILE__, __LINE__, "job 1 never shown waiting");
+    th_sleep_ms(100);
+  }
+  wait_output("scontrol show job 1 | grep -o 'JobState=[A-Z]*'",
+              "JobState=TIMEOUT", 150000);
+  uint64_t t0 = cogpu__now_ns();
+  while (waiters_of_job(USER1, "1") > 0) {
+    if (cogpu__now_ns() - t0 > (uint64_t)th_ms(2000) * 1000000u)
+      th_fail(__FILE__, __LINE__, "the wait outlived the time limit by 2 s");
+    th_sleep_ms(50);
+  }
+  wait_jobs_done(30000);
+  ASSERT(strstr(file("t.out"), "started") == NULL);
+  ASSERT_OK(cogpu_detach(h));
+  lt_check_invariants();
+  stop_cluster(); /* tests end with _exit: no atexit */
 }
