@@ -25,8 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ledger/ledger.h"
+#include "nvml/nvml.h"
 #include "preload/preload-int.h"
 #include "preload/table.h"
 
@@ -253,9 +255,74 @@ static uint64_t cfg_u(int id) {
   return pl_cfg.v[id].u;
 }
 
-uint64_t cogpu__pl_context_bytes(void) {
+/* A context's measured cost per device (0: not measured). */
+static _Atomic uint64_t pl_ctx_cost[PL_MAX_DEVS];
+
+uint64_t cogpu__pl_context_bytes(CUdevice dev) {
   pl_attach();
-  return cfg_u(COGPU_OPT_CONTEXT_BYTES);
+  uint64_t m =
+      dev >= 0 && dev < PL_MAX_DEVS ? atomic_load(&pl_ctx_cost[dev]) : 0;
+  return m ? m : cfg_u(COGPU_OPT_CONTEXT_BYTES);
+}
+
+/* What NVML says this process holds on d's GPU (0: it cannot say: no
+ * NVML, or this process's pid is not the one NVML sees, in a container). */
+static uint64_t nvml_own_used(const pl_dev_t *d) {
+  cogpu_status_t *st = NULL;
+  int index = -1;
+  if (cogpu_status(pl_h, &st) == 0) {
+    if ((size_t)d->gpu < st->ngpus)
+      index = st->gpus[d->gpu].index;
+    cogpu_status_free(st);
+  }
+  cogpu__gpu_proc_t procs[256];
+  size_t n = 0;
+  if (index < 0 || cogpu__nvml_open() != 0 ||
+      cogpu__nvml_processes((unsigned)index, procs, COGPU_ARRAY_SIZE(procs),
+                            &n) != 0)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (procs[i].pid == (unsigned)getpid())
+      return procs[i].used;
+  return 0;
+}
+
+/* The driver's cost of a context differs by GPU, driver and CUDA version
+ * (hundreds of MiB), and a fixed context_bytes either books memory the job
+ * never holds or lets it hold more than it booked. So the first context on
+ * a device is charged the estimate while it is made (the memory must be
+ * there first), then NVML's figure for this process, less what its own
+ * allocations hold, is what it costs: the estimate is settled to it, and
+ * later contexts on the device are charged that. The page's peak forgets
+ * the estimate if nothing outgrew it meanwhile. */
+uint64_t cogpu__pl_context_settle(CUdevice dev, uint64_t charged) {
+  pl_dev_t *d = dev_get(dev);
+  if (!d || !pl_cfg.v[COGPU_OPT_CONTEXT_MEASURE].i || dev >= PL_MAX_DEVS ||
+      atomic_load(&pl_ctx_cost[dev]))
+    return charged;
+  uint64_t seen = nvml_own_used(d);
+  int64_t used = atomic_load(&d->used);
+  /* The rest of what NVML sees is this process's own allocations. */
+  int64_t cost = (int64_t)seen - (used - (int64_t)charged);
+  if (seen == 0 || cost <= 0 || (uint64_t)cost > 4 * charged + (1ull << 30))
+    return charged; /* no figure, or one that cannot be a context's */
+  uint64_t none = 0;
+  if (!atomic_compare_exchange_strong(&pl_ctx_cost[dev], &none, (uint64_t)cost))
+    return charged; /* another thread's context measured first */
+  int64_t delta = cost - (int64_t)charged;
+  cogpu__pl_adjust(dev, delta);
+  cogpu__usage_t *u = atomic_load_explicit(&pl_usage, memory_order_acquire);
+  if (u && delta < 0) {
+    uint64_t was = used > 0 ? (uint64_t)used : 0;
+    atomic_compare_exchange_strong(&u->peak[d->gpu], &was,
+                                   was - (uint64_t)-delta);
+  }
+  char c[32], e[32];
+  cogpu__log(COGPU_LOG_INFO,
+             "a CUDA context on GPU %d costs %s (context_bytes: %s)", d->gpu,
+             cogpu__fmt_size((uint64_t)cost, c, sizeof c),
+             cogpu__fmt_size(charged, e, sizeof e));
+  return (uint64_t)cost;
 }
 
 /* Reserve `bytes` more for d through the ledger; prints one line when it

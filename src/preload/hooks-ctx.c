@@ -13,16 +13,17 @@ static CUresult not_loaded(void) {
   return CUDA_ERROR_NOT_INITIALIZED;
 }
 
-static uint64_t ctx_bytes(void) {
-  return cogpu__pl_context_bytes();
+static uint64_t ctx_bytes(CUdevice dev) {
+  return cogpu__pl_context_bytes(dev);
 }
 
 /* Prepare the device, charge a context, create it; undo on failure. */
 static CUresult ctx_create(CUdevice dev, CUcontext *pctx,
                            CUresult (*call)(void *), void *args) {
+  uint64_t bytes = ctx_bytes(dev);
   CUresult rc = cogpu__pl_context_prepare(dev);
   if (rc == CUDA_SUCCESS)
-    rc = cogpu__pl_charge(dev, ctx_bytes());
+    rc = cogpu__pl_charge(dev, bytes);
   if (rc != CUDA_SUCCESS)
     return rc;
   pl_retry_t retry = {0};
@@ -30,10 +31,11 @@ static CUresult ctx_create(CUdevice dev, CUcontext *pctx,
     rc = call(args);
   while (cogpu__pl_retry(dev, rc, &retry));
   if (rc == CUDA_SUCCESS && pctx) {
+    bytes = cogpu__pl_context_settle(dev, bytes);
     cogpu__pl_context_known(*pctx);
-    cogpu__pl_track(PL_KIND_CTX, (uintptr_t)*pctx, dev, ctx_bytes());
+    cogpu__pl_track(PL_KIND_CTX, (uintptr_t)*pctx, dev, bytes);
   } else
-    cogpu__pl_uncharge(dev, ctx_bytes());
+    cogpu__pl_uncharge(dev, bytes);
   return rc;
 }
 
@@ -94,6 +96,9 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
  * held around the driver or a wait for memory: two first retains racing
  * both charge, and the one that was not first gives it back. */
 static _Atomic(CUcontext) primary_ctx[64];
+/* What the primary context on each device was charged (its last release
+ * gives back exactly that). */
+static _Atomic uint64_t primary_bytes[64];
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   cuDevicePrimaryCtxRetain_ft *real = REAL(cuDevicePrimaryCtxRetain);
   if (!real)
@@ -102,10 +107,11 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   if (!refs)
     return real(pctx, dev);
   bool charged = false;
+  uint64_t bytes = ctx_bytes(dev);
   if (atomic_load(refs) == 0) {
     CUresult rc = cogpu__pl_context_prepare(dev);
     if (rc == CUDA_SUCCESS)
-      rc = cogpu__pl_charge(dev, ctx_bytes());
+      rc = cogpu__pl_charge(dev, bytes);
     if (rc != CUDA_SUCCESS)
       return rc;
     charged = true;
@@ -121,10 +127,17 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   }
   bool first = rc == CUDA_SUCCESS && atomic_fetch_add(refs, 1) == 0;
   if (charged && !first)
-    cogpu__pl_uncharge(dev, ctx_bytes());
+    cogpu__pl_uncharge(dev, bytes);
   else if (first && !charged)
-    cogpu__pl_adjust(dev, (int64_t)ctx_bytes());
+    cogpu__pl_adjust(dev, (int64_t)bytes);
+  if (first && dev < 64)
+    atomic_store(&primary_bytes[dev], cogpu__pl_context_settle(dev, bytes));
   return rc;
+}
+
+static uint64_t primary_charge(CUdevice dev) {
+  uint64_t b = dev >= 0 && dev < 64 ? atomic_load(&primary_bytes[dev]) : 0;
+  return b ? b : ctx_bytes(dev);
 }
 
 static CUresult primary_release(cuDevicePrimaryCtxRelease_ft *real,
@@ -138,7 +151,7 @@ static CUresult primary_release(cuDevicePrimaryCtxRelease_ft *real,
     while (n > 0 && !atomic_compare_exchange_weak(refs, &n, n - 1)) {
     }
     if (n == 1) {
-      cogpu__pl_uncharge(dev, ctx_bytes());
+      cogpu__pl_uncharge(dev, primary_charge(dev));
       if (dev < 64)
         cogpu__pl_context_gone(atomic_load(&primary_ctx[dev]));
     }
@@ -155,7 +168,7 @@ static CUresult primary_reset(cuDevicePrimaryCtxReset_ft *real, CUdevice dev) {
   _Atomic uint32_t *refs = cogpu__pl_primary_refs(dev);
   if (rc == CUDA_SUCCESS && refs) {
     if (atomic_exchange(refs, 0) > 0)
-      cogpu__pl_uncharge(dev, ctx_bytes());
+      cogpu__pl_uncharge(dev, primary_charge(dev));
     if (dev < 64)
       cogpu__pl_context_gone(atomic_load(&primary_ctx[dev]));
   }

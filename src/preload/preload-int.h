@@ -204,8 +204,13 @@ CUresult cogpu__pl_context_prepare(CUdevice dev);
 bool cogpu__pl_meminfo(CUdevice dev, uint64_t *free_b, uint64_t *total_b,
                        uint64_t real_free);
 bool cogpu__pl_report_total(CUdevice dev, uint64_t *total);
-/* Device memory counted for one CUDA context. */
-uint64_t cogpu__pl_context_bytes(void);
+/* Device memory counted for one CUDA context on dev: what the device's
+ * first context measured (context_measure), else context_bytes. */
+uint64_t cogpu__pl_context_bytes(CUdevice dev);
+/* After the process's first context on dev was made with `charged`
+ * counted for it: measure what it really holds on the GPU and count that
+ * instead. Returns what is counted for it now. */
+uint64_t cogpu__pl_context_settle(CUdevice dev, uint64_t charged);
 /* Tell the ledger, once, that this process used a kind of memory the
  * driver cannot checkpoint (COGPU_MARK_*, ledger.h). */
 void cogpu__pl_mark(uint32_t flag);

@@ -1504,6 +1504,7 @@ static const struct {
     {"CONTEXT_BYTES", "big"},
     {"GROW_STEP", "1e6"},
     {"GROW_WAIT", "maybe"},
+    {"CONTEXT_MEASURE", "sometimes"},
     {"DRIVER_WAIT", "2m"},
     {"DRIVER_WAIT", "inf"},
     {"REPORT_TOTAL", "2"},

@@ -562,3 +562,28 @@ TEST_IMPL(history_query_does_not_block_the_daemon) {
   char *h = history_json("--last", "1");
   ASSERT_CONTAINS(h, "\"peak_bytes\":");
 }
+
+/* The context's real cost (the fake driver's 200M, not context_bytes'
+ * 512M estimate) is what the job is counted: 800M of data and a context
+ * fit a 1G limit, the record's peak is the GPU's to the byte, and the
+ * estimate never shows. Without context_measure the estimate counts, and
+ * the same job is refused by its limit. */
+TEST_IMPL(history_context_cost_measured) {
+  hist_env();
+  unsetenv("COGPU_CONTEXT_BYTES"); /* the default estimate, 512M */
+  setenv("FAKE_CUDA_CTX_BYTES", "200M", 1);
+  setenv("COGPU_LIMIT", "1G", 1);
+  const char *argv[] = {"cogpu",       "run",     "--mem", "1G",  "--",
+                        lt_cudaprog(), "direct",  "init",  "ctx", "alloc:800M",
+                        "hold:1",      "freeall", NULL};
+  ASSERT_EQ(run_logged("job", argv), 0);
+  unsigned long long fpeak, ooms;
+  lt_fake_cuda_stats(&fpeak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  ASSERT_UEQ(fpeak, 1000ull << 20);
+  char *h = history_json(NULL, NULL);
+  ASSERT_UEQ(field_u(h, "peak_bytes"), fpeak);
+  setenv("COGPU_CONTEXT_MEASURE", "no", 1);
+  ASSERT_NE(run_logged("job2", argv), 0);
+  ASSERT_CONTAINS(lt_slurp("job2"), "alloc: error 2"); /* out of memory */
+}
