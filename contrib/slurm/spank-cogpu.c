@@ -908,10 +908,21 @@ static void report_admin_comment(uint32_t id, uint32_t step, const char *node,
   slurm_init_job_desc_msg(&d);
   d.job_id = id;
   d.admin_comment = msg;
-  if (slurm_update_job(&d) != SLURM_SUCCESS)
+  if (slurm_update_job(&d) == SLURM_SUCCESS)
+    return;
+  int err = slurm_get_errno();
+  if (err == ESLURM_JOB_FINISHED)
+    /* Cancelled or out of time: slurmctld changes no finished job, so the
+     * figures stay where they were written (the job's output) and go to
+     * slurmd's log, and the node's job history has the job's record. */
+    slurm_info("cogpu: job %u ended before its GPU memory figures could go "
+               "into its AdminComment (Slurm changes no finished job): "
+               "{\"cogpu\":[%s]}; `cogpu history` on %s has its record",
+               id, entry, node);
+  else
     slurm_info("cogpu: job %u: cannot record its GPU memory figures in its "
                "AdminComment: %s",
-               id, slurm_strerror(slurm_get_errno()));
+               id, slurm_strerror(err));
 }
 
 /* slurmstepd, when the step's last task on this node has ended: the job's

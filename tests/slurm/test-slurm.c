@@ -1711,3 +1711,34 @@ TEST_IMPL_ONCE_T(slurm_time_limit_ends_wait_at_start, 240) {
   lt_check_invariants();
   stop_cluster(); /* tests end with _exit: no atexit */
 }
+
+/* A job cancelled while it runs: Slurm changes no finished job, so its
+ * figures cannot go into its AdminComment; they are in its output, in
+ * slurmd's log, and in the node's job history, which its user can read. */
+TEST_IMPL_ONCE_T(slurm_cancelled_job_keeps_its_figures, 240) {
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  snprintf(cmd, sizeof cmd,
+           "sbatch -D %s -o %s/can.out --gpu-mem=4G --wrap '%s direct init "
+           "ctx alloc:1G hold:600000'",
+           th_tmpdir(), th_tmpdir(), prog());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
+  for (int t = 0; fake_peak() < (1ull << 30) + 300 * MiB; t += 50) {
+    if (t > th_ms(30000))
+      th_fail(__FILE__, __LINE__, "the job never allocated");
+    th_sleep_ms(50);
+  }
+  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(20000)), 0);
+  wait_jobs_done(60000);
+  ASSERT_CONTAINS(file("can.out"), "cogpu: job 1 used at most ");
+  char log[PATH_MAX + 64];
+  snprintf(log, sizeof log, "grep -h 'cogpu: job 1 ended before' %s/slurmd.log",
+           cluster);
+  const char *o = wait_output(log, "peak_bytes", 20000);
+  char want[64];
+  snprintf(want, sizeof want, "\"peak_bytes\":%llu,", fake_peak());
+  ASSERT_CONTAINS(o, want);
+  ASSERT_EQ(sh("cogpu history --json", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_CONTAINS(out, "\"job_id\":\"1\"");
+  stop_cluster(); /* tests end with _exit: no atexit */
+}
