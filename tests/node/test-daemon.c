@@ -262,7 +262,9 @@ static uint64_t cpu_ticks(pid_t pid) {
 }
 
 /* With clients attached and nothing changing, the daemon sleeps: no CPU
- * time in two seconds (it has no timer while nobody waits). */
+ * time in two seconds (it has no timer while nobody waits). A tick or two
+ * is the machine's noise (a loaded host, TSan's runtime), not a wake-up
+ * loop, which would cost hundreds. */
 TEST_IMPL(daemon_idle_uses_no_cpu) {
   nd_begin();
   cogpu_t *h[8];
@@ -274,7 +276,7 @@ TEST_IMPL(daemon_idle_uses_no_cpu) {
   uint64_t before = cpu_ticks(th_daemon_pid());
   th_sleep_ms(2000);
   uint64_t after = cpu_ticks(th_daemon_pid());
-  ASSERT_EQ(after - before, 0);
+  ASSERT_LE(after - before, 2);
   for (int i = 0; i < 8; i++)
     cogpu_detach(h[i]);
 }

@@ -263,7 +263,8 @@ static const char *wait_output(const char *cmd, const char *want, int ms) {
 }
 
 static void wait_jobs_done(int ms) {
-  wait_output("squeue -h -o '%i %T' | wc -l", "0\n", ms);
+  /* Marked: a bare "0\n" is also the end of "10\n". */
+  wait_output("echo jobs=$(squeue -h -o '%i %T' | wc -l)", "jobs=0\n", ms);
 }
 
 static const char *file(const char *name) {
@@ -515,23 +516,25 @@ TEST_IMPL_ONCE_T(slurm_batch_and_steps_share_the_job_reservation, 240) {
 TEST_IMPL_ONCE_T(slurm_jobs_without_the_option_are_unaffected, 240) {
   start_cluster("80G");
   char out[OUT_MAX], cmd[PATH_MAX * 2];
-  ASSERT_EQ(sh("srun sh -c 'env | grep -c -E \"^COGPU_JOB|cogpu-preload\" "
-               "|| true'",
+  /* The counts are marked: srun adds lines of its own to the output when
+   * Slurm is slow to free the previous step's allocation. */
+  ASSERT_EQ(sh("srun sh -c 'echo count=$(env | grep -c -E "
+               "\"^COGPU_JOB|cogpu-preload\")'",
                out, sizeof out, th_ms(60000)),
             0);
-  ASSERT_STREQ(out, "0\n");
+  ASSERT_CONTAINS(out, "count=0\n");
   /* A user's own CUDA_VISIBLE_DEVICES is not a GPU Slurm gave the job. */
-  ASSERT_EQ(sh("CUDA_VISIBLE_DEVICES=0 srun sh -c 'cogpu status --json | "
-               "grep -c .exclusive.:true || true'",
+  ASSERT_EQ(sh("CUDA_VISIBLE_DEVICES=0 srun sh -c 'echo count=$(cogpu status "
+               "--json | grep -c .exclusive.:true)'",
                out, sizeof out, th_ms(60000)),
             0);
-  ASSERT_STREQ(out, "0\n");
+  ASSERT_CONTAINS(out, "count=0\n");
   snprintf(cmd, sizeof cmd,
            "srun %s direct init ctx alloc:1G hold:1500 & sleep 0.8; "
-           "scontrol show job -d | grep -c cogpumem; wait",
+           "echo count=$(scontrol show job -d | grep -c cogpumem); wait",
            prog());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
-  ASSERT_CONTAINS(out, "0\n");
+  ASSERT_CONTAINS(out, "count=0\n");
   cogpu_status_t *st = lt_status();
   ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
   cogpu_status_free(st);
@@ -635,8 +638,10 @@ TEST_IMPL_ONCE_T(slurm_whole_gpu_job_waits_for_gpu_mem_jobs, 240) {
   ASSERT_GE((int64_t)((cogpu__now_ns() - t0) / 1000000), 2000);
   /* slurmstepd's own messages go to slurmd's log; the task tells the
    * user. */
-  ASSERT_CONTAINS(out, "waited 2.0 s for --gpu-mem jobs to leave GPU 0; it "
-                       "runs without exclusive use (whole_gpu_wait)");
+  /* How long it says it waited is the machine's business (>= 2 s, checked
+   * above); what it says it did is the plug-in's. */
+  ASSERT_CONTAINS(out, "s for --gpu-mem jobs to leave GPU 0; it runs "
+                       "without exclusive use (whole_gpu_wait)");
   ASSERT_CONTAINS(out, "started");
   /* Unbounded (the default): it runs once the --gpu-mem job has ended. */
   snprintf(line, sizeof line, "required %s\n", getenv("COGPU_SPANK"));
