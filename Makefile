@@ -314,6 +314,11 @@ check-all:
 	$(MAKE) SAN=tsan check
 	$(MAKE) SAN=tsan check-node T="$(TSAN_NODE_TESTS)"
 
+# The benchmarks, built only (CI: nothing else builds them, and an API
+# change must not leave them broken).
+.PHONY: bench-build
+bench-build: $(BENCH_BINS) $(B)/bench/libcogpu-preload-nousage.so
+
 bench: lib cli preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog \
        $(B)/bench/libcogpu-preload-nousage.so

@@ -49,8 +49,12 @@ static void fill_rec(cogpu__hist_rec_t *r, long i) {
   r->peak = 7ull << 30;
   r->peak_after_ms = 1234;
   r->run_ms = 60000;
+  /* A minute's timeline, one sample a second, as the daemon keeps it. */
+  static cogpu__hist_tl_t tl;
+  memset(&tl, 0, sizeof tl);
   for (int k = 0; k < 60; k++)
-    cogpu__hist_tl_add(r, (uint64_t)k * 1000, (uint64_t)k << 27);
+    cogpu__hist_tl_add(&tl, (uint64_t)k * 1000, (uint64_t)k << 27);
+  cogpu__hist_tl_store(r, &tl);
 }
 
 /* `rows` records, in one transaction of SQLite's own (the same columns):
