@@ -76,6 +76,13 @@ typedef struct cogpu__daemon_s {
   int epfd, lfd, tfd;
   uint64_t next_conn_id; /* dconn_t.id */
   bool lfd_owned;        /* created here (unlink at exit), not from systemd */
+  bool activated;        /* the socket came from systemd (sd_listen_fds) */
+  /* The socket this daemon bound: removed at exit only if still there. */
+  dev_t sock_dev;
+  ino_t sock_ino;
+  /* Held for the daemon's whole life (lockfile.c): one daemon per
+   * daemon_dir and per socket; -1 when not taken. */
+  int dir_lock_fd, sock_lock_fd;
   gid_t admin_gid;
   bool have_admin_group;
   dconn_t **slot_conn;   /* LEDGER_MAX_SLOTS: MAIN connection per slot */

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon-int.h"
+#include "node/node.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -374,7 +375,7 @@ static void on_timer(cogpu__daemon_t *d) {
  * --------------------------------------------------------------------- */
 
 static int make_socket(cogpu__daemon_t *d) {
-  if (sd_listen_fds(1) == 1) {
+  if (d->activated) {
     d->lfd = SD_LISTEN_FDS_START;
     int fl = fcntl(d->lfd, F_GETFL);
     fcntl(d->lfd, F_SETFL, fl | O_NONBLOCK);
@@ -385,19 +386,13 @@ static int make_socket(cogpu__daemon_t *d) {
   if (strlen(path) >= sizeof sa.sun_path)
     return cogpu__seterr(-ENAMETOOLONG, "socket path %s is too long", path);
   strcpy(sa.sun_path, path);
-  char dir[256];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (slash && slash != dir) {
-    *slash = 0;
-    if (mkdir(dir, 0755) == 0)
-      chmod(dir, 0755);
-  }
   struct stat sb;
   if (lstat(path, &sb) == 0) {
     if (!S_ISSOCK(sb.st_mode))
       return cogpu__seterr(-EEXIST, "%s exists and is not a socket", path);
-    unlink(path); /* left by a daemon that died */
+    /* Left by a daemon that died: claim() found nobody answering on it,
+     * and holds the socket's lock. */
+    unlink(path);
   }
   d->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (d->lfd < 0)
@@ -405,7 +400,8 @@ static int make_socket(cogpu__daemon_t *d) {
   mode_t old = umask(0);
   int rc = bind(d->lfd, (struct sockaddr *)&sa, sizeof sa);
   umask(old);
-  if (rc != 0 || chmod(path, 0666) != 0 || listen(d->lfd, 4096) != 0) {
+  if (rc != 0 || chmod(path, 0666) != 0 || listen(d->lfd, 4096) != 0 ||
+      lstat(path, &sb) != 0) {
     rc =
         cogpu__seterr(-errno, "cannot listen on %s: %s", path, strerror(errno));
     close(d->lfd);
@@ -413,6 +409,8 @@ static int make_socket(cogpu__daemon_t *d) {
     return rc;
   }
   d->lfd_owned = true;
+  d->sock_dev = sb.st_dev;
+  d->sock_ino = sb.st_ino;
   return 0;
 }
 
@@ -449,6 +447,183 @@ static int check_dir(const char *dir) {
   return 0;
 }
 
+/* Puts a fresh lock file in the place of path: another's read lock stays
+ * on the old one. */
+static int lock_replace(const char *path, mode_t mode) {
+  char tmp[4300];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  int fd =
+      open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0)
+    return cogpu__seterr(-errno, "cannot create %s: %s", tmp, strerror(errno));
+  int rc = fchmod(fd, mode) == 0 && rename(tmp, path) == 0 ? 0 : -errno;
+  close(fd);
+  if (rc) {
+    unlink(tmp);
+    return cogpu__seterr(rc, "cannot replace %s: %s", path, strerror(-rc));
+  }
+  return 0;
+}
+
+/* Takes the lock file at path (mode: 0644 where users probe it, else 0600)
+ * for the daemon's whole life (lockfile.c), or says which daemon holds it:
+ * `what` it runs, and `why` a second one must not. */
+static int take_lock(const char *path, mode_t mode, const char *what,
+                     const char *why, int *out) {
+  for (int tries = 0;; tries++) {
+    if (tries == 8)
+      return cogpu__seterr(-EBUSY, "cannot lock %s: it keeps changing", path);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0)
+      return cogpu__seterr(-errno, "cannot open the lock file %s: %s", path,
+                           strerror(errno));
+    struct stat sb, at;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid() ||
+        sb.st_nlink != 1) {
+      close(fd);
+      return cogpu__seterr(-EPERM,
+                           "the lock file %s is not a plain file of the "
+                           "daemon's uid %u: refused (someone else made it)",
+                           path, (unsigned)geteuid());
+    }
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+      /* Held only if path still names it: another daemon may have put a
+       * fresh file in its place (below) since it was opened. */
+      if (lstat(path, &at) != 0 || at.st_ino != sb.st_ino ||
+          at.st_dev != sb.st_dev) {
+        close(fd);
+        continue;
+      }
+      /* The pid is for the message below; users may read it (mode). */
+      char buf[32];
+      int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
+      if (fchmod(fd, mode) != 0 || ftruncate(fd, 0) != 0 ||
+          pwrite(fd, buf, (size_t)n, 0) != n)
+        cogpu__log(COGPU_LOG_WARN, "lock file %s: %s", path, strerror(errno));
+      *out = fd;
+      return 0;
+    }
+    int e = errno;
+    if (e != EAGAIN && e != EACCES) {
+      close(fd);
+      return cogpu__seterr(-e, "cannot lock %s: %s", path, strerror(e));
+    }
+    /* A daemon's lock is a write lock. A read lock is anyone who can read
+     * the file holding it to keep daemons out: a fresh file replaces it.
+     * None any more: try again. */
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_OFD_GETLK, &q) == 0 && q.l_type != F_WRLCK) {
+      close(fd);
+      if (q.l_type == F_RDLCK) {
+        cogpu__log(COGPU_LOG_WARN,
+                   "%s is read-locked (by pid %d, or a process holding an "
+                   "OFD lock): replaced",
+                   path, (int)q.l_pid);
+        int rc = lock_replace(path, mode);
+        if (rc)
+          return rc;
+      }
+      continue;
+    }
+    long pid = cogpu__node_lock_pid(fd);
+    close(fd);
+    char who[32] = "pid unknown";
+    if (pid > 0)
+      snprintf(who, sizeof who, "pid %ld", pid);
+    return cogpu__seterr(-EBUSY,
+                         "another cogpud (%s) runs %s (it holds %s): not "
+                         "starting a second one, which would %s; stop that "
+                         "one first",
+                         who, what, path, why);
+  }
+}
+
+/* 0 when no one answers on the socket path (none there, or a dead
+ * daemon's), a refusal otherwise. */
+static int socket_free(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof sa.sun_path)
+    return cogpu__seterr(-ENAMETOOLONG, "socket path %s is too long", path);
+  strcpy(sa.sun_path, path);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return cogpu__seterr(-errno, "socket: %s", strerror(errno));
+  /* EAGAIN: a full backlog, so someone listens. */
+  int e = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : errno;
+  close(fd);
+  if (e == ENOENT || e == ECONNREFUSED)
+    return 0;
+  return cogpu__seterr(-EBUSY,
+                       "something answers on %s (%s): a cogpud with another "
+                       "daemon_dir? Not starting a second daemon on that "
+                       "socket; stop that one first, or give this one "
+                       "another socket",
+                       path, e ? strerror(e) : "it accepted a connection");
+}
+
+/* One daemon per daemon_dir and per socket, settled before the state or
+ * the socket is touched: a second daemon started by hand used to unlink
+ * the first's socket, bind its own, and unlink that at its exit, leaving
+ * the first daemon serving no one and clients in single-user mode. Locks,
+ * not "does it answer", decide: the kernel drops them when a daemon dies
+ * (kill -9 included), and a daemon that is starting or stopped (SIGSTOP)
+ * holds them but may not answer. A daemon of another daemon_dir on the
+ * same socket, or of an older version that takes no lock, is found by
+ * connecting. Socket-activated daemons take the locks too. */
+static int claim(cogpu__daemon_t *d) {
+  const char *dir = d->cfg.v[COGPU_OPT_DAEMON_DIR].s;
+  const char *sock = d->cfg.v[COGPU_OPT_SOCKET].s;
+  char path[4200], what[4200];
+  int rc = check_dir(dir);
+  if (rc)
+    return rc;
+  if (cogpu__node_lock_path(&d->cfg, false, path, sizeof path) != 0)
+    return cogpu__seterr(-ENAMETOOLONG, "daemon_dir %s is too long", dir);
+  snprintf(what, sizeof what, "with daemon_dir %s", dir);
+  /* Root's alone: users probe the lock beside the socket. */
+  rc =
+      take_lock(path, 0600, what, "write the same node state", &d->dir_lock_fd);
+  if (rc || d->fuzz)
+    return rc;
+  d->activated = sd_listen_fds(1) == 1;
+  if (!d->activated) {
+    char sdir[256];
+    snprintf(sdir, sizeof sdir, "%s", sock);
+    char *slash = strrchr(sdir, '/');
+    if (slash && slash != sdir) {
+      *slash = 0;
+      if (mkdir(sdir, 0755) == 0)
+        chmod(sdir, 0755);
+    }
+  }
+  if (cogpu__node_lock_path(&d->cfg, true, path, sizeof path) != 0)
+    return cogpu__seterr(-ENAMETOOLONG, "socket path %s is too long", sock);
+  /* A socket named after the daemon_dir's own files would make its lock
+   * one of them (and 0644). */
+  snprintf(what, sizeof what, "%s/", dir);
+  const char *base =
+      strncmp(path, what, strlen(what)) == 0 ? path + strlen(what) : NULL;
+  if (base &&
+      (!strcmp(base, COGPU_DAEMON_LOCK_NAME) || !strncmp(base, "state", 5)))
+    return cogpu__seterr(-EINVAL,
+                         "socket %s: its lock file %s would be one of "
+                         "daemon_dir's own files; name the socket otherwise",
+                         sock, path);
+  snprintf(what, sizeof what, "on the socket %s", sock);
+  rc = take_lock(path, 0644, what, "take that socket over", &d->sock_lock_fd);
+  if (rc && d->activated && (rc == -EROFS || rc == -EACCES)) {
+    /* systemd's socket in a directory this daemon may not write (a
+     * socket path outside ReadWritePaths): the daemon_dir's lock still
+     * guards the state; only clients' probe of this lock is lost. */
+    cogpu__log(COGPU_LOG_WARN, "%s", cogpu_last_error());
+    return 0;
+  }
+  if (rc || d->activated)
+    return rc;
+  return socket_free(sock);
+}
+
 static int open_state(cogpu__daemon_t *d) {
   int rc = check_dir(d->cfg.v[COGPU_OPT_DAEMON_DIR].s);
   if (rc)
@@ -480,6 +655,7 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
   d->cfg = *cfg;
   d->fuzz = fuzz;
   d->epfd = d->lfd = d->tfd = -1;
+  d->dir_lock_fd = d->sock_lock_fd = -1;
   d->slot_conn = calloc(LEDGER_MAX_SLOTS, sizeof *d->slot_conn);
   d->waiter_conn = calloc(LEDGER_MAX_WAITERS, sizeof *d->waiter_conn);
   if (!d->slot_conn || !d->waiter_conn)
@@ -493,7 +669,10 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
     d->admin_gid = gr->gr_gid;
     d->have_admin_group = true;
   }
-  int rc = open_state(d);
+  int rc = claim(d);
+  if (rc)
+    return rc;
+  rc = open_state(d);
   if (rc == COGPU_ENVML || rc == COGPU_ENOGPU) {
     /* The NVIDIA driver may load after the daemon starts (at boot): serve
      * anyway, and discover the GPUs at the first request. */
@@ -652,7 +831,13 @@ void cogpu__daemon_fini(cogpu__daemon_t *d) {
     free(c);
   }
   if (d->lfd >= 0 && d->lfd_owned) {
-    unlink(d->cfg.v[COGPU_OPT_SOCKET].s);
+    /* Only the socket this daemon bound: one bound there since is
+     * another daemon's (never this one's to remove). */
+    const char *path = d->cfg.v[COGPU_OPT_SOCKET].s;
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && sb.st_dev == d->sock_dev &&
+        sb.st_ino == d->sock_ino)
+      unlink(path);
     close(d->lfd);
   }
   if (d->tfd >= 0)
@@ -662,4 +847,9 @@ void cogpu__daemon_fini(cogpu__daemon_t *d) {
   cogpu__ledger_close_trusted(d->dh);
   free(d->slot_conn);
   free(d->waiter_conn);
+  /* Last: the next daemon may start once this one no longer writes. */
+  if (d->sock_lock_fd >= 0)
+    close(d->sock_lock_fd);
+  if (d->dir_lock_fd >= 0)
+    close(d->dir_lock_fd);
 }

@@ -22,6 +22,20 @@ typedef struct cogpu__node_s cogpu__node_t;
  * node_mode=daemon and no socket). */
 int cogpu__node_mode(const cogpu__config_t *cfg);
 
+/* The daemon's lock files (lockfile.c): cogpud holds an OFD write lock on
+ * SOCKET.lock and on daemon_dir/cogpud.lock while it lives. */
+#define COGPU_DAEMON_LOCK_NAME "cogpud.lock"
+/* The lock beside the socket (of_socket) or in daemon_dir; -ENAMETOOLONG. */
+int cogpu__node_lock_path(const cogpu__config_t *cfg, bool of_socket, char *buf,
+                          size_t len);
+/* The pid written in a lock file (0 if none can be read). */
+long cogpu__node_lock_pid(int fd);
+/* Whether the lock file at path (root's or this user's) is held, and by
+ * which pid (0 unknown). Takes no lock. */
+bool cogpu__node_lock_held(const char *path, long *pid);
+/* Whether a daemon lives for cfg's socket or daemon_dir, socket or not. */
+bool cogpu__node_daemon_alive(const cogpu__config_t *cfg);
+
 int cogpu__node_attach(const cogpu__config_t *cfg,
                        const cogpu_attach_opts_t *opts, uint32_t for_uid,
                        cogpu__node_t **out);
