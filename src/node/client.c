@@ -201,7 +201,11 @@ int cogpu__node_mode(const cogpu__config_t *cfg) {
    * daemon that is restarting must be waited for, never replaced by a
    * ledger of this process's own. */
   struct stat sb;
-  return stat(cfg->v[COGPU_OPT_SOCKET].s, &sb) == 0 && S_ISSOCK(sb.st_mode);
+  if (stat(cfg->v[COGPU_OPT_SOCKET].s, &sb) == 0 && S_ISSOCK(sb.st_mode))
+    return 1;
+  /* Nor a daemon whose socket was removed under it: its lock says it
+   * lives, and failing after daemon_wait beats booking the GPUs twice. */
+  return cogpu__node_daemon_alive(cfg);
 }
 
 /* --- attach, resume ---------------------------------------------------- */

@@ -2,9 +2,10 @@
  * node.h: the client side of node mode: a process whose node runs cogpud
  * reaches the ledger only through the daemon's socket (proto.h). The public
  * API (src/ledger/ledger.c) hands each call of a node-mode handle to the
- * functions below. Node mode applies when the daemon's socket exists
- * (node_mode=auto) or is asked for (node_mode=daemon); then a client never
- * falls back to a ledger of its own, which would book the GPUs twice.
+ * functions below. Node mode applies when the daemon's socket exists or
+ * the daemon holds its lock (node_mode=auto), or is asked for
+ * (node_mode=daemon); then a client never falls back to a ledger of its
+ * own, which would book the GPUs twice.
  */
 #ifndef COGPU_NODE_H
 #define COGPU_NODE_H

@@ -6,6 +6,7 @@
  */
 #include <dlfcn.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -129,6 +130,19 @@ static void doctor_daemon(doctor_t *d, const cogpu__config_t *cfg,
   snprintf(line, sizeof line,
            "node (the node daemon cogpud keeps the ledger; socket %s)", sock);
   doc_ok("mode", line);
+  struct stat sb;
+  if (stat(sock, &sb) != 0 && cogpu__node_daemon_alive(cfg)) {
+    /* Said at once: asking for status would wait daemon_wait for
+     * nothing. */
+    snprintf(line, sizeof line,
+             "cogpud runs (its lock is held) but its socket %s is gone: "
+             "clients wait for it, then fail",
+             sock);
+    doc_bad(d, "daemon", line,
+            "restart it: `systemctl restart cogpud.socket cogpud.service` "
+            "(or stop the cogpud that runs and start it again)");
+    return;
+  }
   cogpu_status_t *st;
   if (cogpu_status(NULL, &st) != 0) {
     doc_bad(d, "daemon", cogpu_last_error(),
