@@ -1,22 +1,27 @@
 /*
  * test-daemon.c: the node daemon's life: clients across kill -9 and
  * restarts of cogpud under load, a client's own timeout while the daemon
- * does not answer, death of clients, an idle daemon, and clients in
- * another PID namespace. Each test runs against a daemon of its own (the
- * runner's in node mode, one it starts otherwise).
+ * does not answer, death of clients, an idle daemon, clients in another
+ * PID namespace, and one daemon per socket and daemon_dir (a second one
+ * refused, a removed socket not taken for "no daemon"). Each test runs against
+ * a daemon of its own (the runner's in node mode, one it starts otherwise).
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ledger-helpers.h"
+#include "node/node.h"
 
 /* Reserves bytes on gpu at once, or fails the test. */
 static void nd_reserve(cogpu_t *h, int gpu, uint64_t bytes) {
@@ -318,4 +323,321 @@ TEST_IMPL(daemon_pid_namespace_client_host_pid) {
   fclose(f);
   ASSERT(found); /* the same process: PID 1 inside */
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(20000))), 0);
+}
+
+/* --- one daemon per socket and daemon_dir ------------------------------- */
+
+/* Runs a cogpud of the test's environment with extra arguments (NULL-ended)
+ * and returns its exit code, its stderr in err. It must end of itself: a
+ * daemon that serves fails the test at th_run's bound. */
+static int nd_cogpud(const char *const args[], char *err, size_t len) {
+  char bin[4200];
+  snprintf(bin, sizeof bin, "%s/cogpud", th_build_dir());
+  const char *argv[8] = {bin};
+  for (int i = 0; args[i] && i < 6; i++)
+    argv[i + 1] = args[i];
+  static char out[4096];
+  return th_run(argv, (const char *const[]){"COGPU_NODE_MODE=", NULL}, out,
+                sizeof out, err, len, th_ms(10000));
+}
+
+/* A listening socket at path, as a daemon of another kind would hold it. */
+static int nd_listen(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  ASSERT(strlen(path) < sizeof sa.sun_path);
+  strcpy(sa.sun_path, path);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT(fd >= 0);
+  ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  return fd;
+}
+
+static bool nd_is_socket(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISSOCK(sb.st_mode);
+}
+
+/* The test's daemon still serves: a client attaches and reserves. */
+static void nd_still_serves(void) {
+  ASSERT(nd_is_socket(getenv("COGPU_SOCKET")));
+  cogpu_t *h = lt_attach(0);
+  nd_reserve(h, 0, GiB);
+  ASSERT_UEQ(reserved_now(), GiB);
+  cogpu_detach(h);
+  wait_empty(5000);
+}
+
+/* A cogpud started by hand beside the running one refuses to start, naming
+ * the running one's pid and what it guards, and leaves it serving: on the
+ * same socket and daemon_dir, on the same socket with another daemon_dir
+ * (the socket's lock), with the same daemon_dir on another socket (the
+ * state's lock). The issue: the second one used to unlink the first's
+ * socket, bind its own and unlink that at its exit. */
+TEST_IMPL(daemon_second_daemon_refused) {
+  nd_begin();
+  const char *sock = getenv("COGPU_SOCKET");
+  const char *dir = getenv("COGPU_DAEMON_DIR");
+  char pid[32], err[8192];
+  snprintf(pid, sizeof pid, "pid %d", (int)th_daemon_pid());
+  ASSERT_EQ(nd_cogpud((const char *const[]){NULL}, err, sizeof err), 1);
+  ASSERT_CONTAINS(err, "another cogpud");
+  ASSERT_CONTAINS(err, pid);
+  ASSERT_CONTAINS(err, dir);
+  nd_still_serves();
+  char other_dir[4096], other_sock[4096];
+  snprintf(other_dir, sizeof other_dir, "%s", th_path("other-dir"));
+  snprintf(other_sock, sizeof other_sock, "%s", th_path("other.sock"));
+  ASSERT_EQ(nd_cogpud((const char *const[]){"--state-dir", other_dir, NULL},
+                      err, sizeof err),
+            1);
+  ASSERT_CONTAINS(err, pid);
+  ASSERT_CONTAINS(err, sock);
+  ASSERT_CONTAINS(err, "take that socket over");
+  ASSERT_EQ(access(th_path("other-dir/state"), F_OK), -1);
+  nd_still_serves();
+  ASSERT_EQ(nd_cogpud((const char *const[]){"--socket", other_sock, NULL}, err,
+                      sizeof err),
+            1);
+  ASSERT_CONTAINS(err, pid);
+  ASSERT_CONTAINS(err, "write the same node state");
+  ASSERT(!nd_is_socket(other_sock));
+  nd_still_serves();
+}
+
+/* A socket that answers but whose lock is free (a cogpud of an older
+ * version, or anything else listening there) is not taken over either. */
+TEST_IMPL(daemon_refuses_answering_socket) {
+  nd_begin();
+  const char *path = th_path("foreign.sock");
+  int fd = nd_listen(path);
+  struct stat before, after;
+  ASSERT_EQ(stat(path, &before), 0);
+  char err[8192], dir[4096];
+  snprintf(dir, sizeof dir, "%s", th_path("foreign-dir"));
+  ASSERT_EQ(nd_cogpud((const char *const[]){"--socket", path, "--state-dir",
+                                            dir, NULL},
+                      err, sizeof err),
+            1);
+  ASSERT_CONTAINS(err, "something answers on");
+  ASSERT_EQ(stat(path, &after), 0);
+  ASSERT_UEQ(after.st_ino, before.st_ino);
+  ASSERT_EQ(access(th_path("foreign-dir/state"), F_OK), -1);
+  close(fd);
+}
+
+/* The kernel drops a daemon's locks however it dies: after kill -9 (the
+ * socket and the lock files left behind) the next daemon starts, serves,
+ * and its lock names it. */
+TEST_IMPL(daemon_kill9_then_next_starts) {
+  nd_begin();
+  const char *sock = getenv("COGPU_SOCKET");
+  char lock[4200];
+  snprintf(lock, sizeof lock, "%s.lock", sock);
+  long pid = 0;
+  ASSERT(cogpu__node_lock_held(lock, &pid));
+  ASSERT_EQ(pid, th_daemon_pid());
+  th_daemon_stop(SIGKILL);
+  ASSERT(nd_is_socket(sock));
+  ASSERT_EQ(access(lock, F_OK), 0);
+  ASSERT(!cogpu__node_lock_held(lock, &pid));
+  th_daemon_start(); /* fails the test if it refuses */
+  ASSERT(cogpu__node_lock_held(lock, &pid));
+  ASSERT_EQ(pid, th_daemon_pid());
+  nd_still_serves();
+}
+
+/* The lock beside the socket is readable by every user (0644), so anyone
+ * can take a read lock on it: that neither keeps the next daemon out (a
+ * fresh file replaces it) nor makes clients think a daemon lives. The
+ * daemon_dir's lock is root's alone (0600). */
+TEST_IMPL(daemon_read_lock_keeps_nobody_out) {
+  nd_begin();
+  char lock[4300], dlock[4300];
+  snprintf(lock, sizeof lock, "%s.lock", getenv("COGPU_SOCKET"));
+  snprintf(dlock, sizeof dlock, "%s/cogpud.lock", getenv("COGPU_DAEMON_DIR"));
+  struct stat sb;
+  ASSERT_EQ(stat(lock, &sb), 0);
+  ASSERT_EQ(sb.st_mode & 07777, 0644);
+  ASSERT_EQ(stat(dlock, &sb), 0);
+  ASSERT_EQ(sb.st_mode & 07777, 0600);
+  th_daemon_stop(SIGTERM);
+  int fd = open(lock, O_RDONLY | O_CLOEXEC);
+  ASSERT(fd >= 0);
+  struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
+  ASSERT_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+  long pid = 0;
+  ASSERT(!cogpu__node_lock_held(lock, &pid));
+  th_daemon_start(); /* fails the test if it refuses */
+  ASSERT(cogpu__node_lock_held(lock, &pid));
+  ASSERT_EQ(pid, th_daemon_pid());
+  ASSERT_EQ(stat(lock, &sb), 0);
+  ASSERT_EQ(sb.st_mode & 07777, 0644);
+  nd_still_serves();
+  close(fd);
+}
+
+/* A daemon that finds at its exit another socket where its own was (bound
+ * after its own was removed) leaves it alone. */
+TEST_IMPL(daemon_exit_keeps_anothers_socket) {
+  nd_begin();
+  const char *sock = getenv("COGPU_SOCKET");
+  ASSERT_EQ(unlink(sock), 0);
+  int fd = nd_listen(sock);
+  struct stat before, after;
+  ASSERT_EQ(stat(sock, &before), 0);
+  th_daemon_stop(SIGTERM);
+  ASSERT_EQ(stat(sock, &after), 0);
+  ASSERT_UEQ(after.st_ino, before.st_ino);
+  close(fd);
+}
+
+/* Attaches in the mode the environment says: exit 0 attached, 4 when the
+ * daemon cannot be reached (-ECONNREFUSED), 5 otherwise. As uid argv[0]
+ * if it is given (needs root). */
+HELPER_IMPL(nd_attach_as) {
+  if (argc > 0 && (setgroups(0, NULL) != 0 ||
+                   setresgid((gid_t)atoi(argv[0]), (gid_t)atoi(argv[0]),
+                             (gid_t)atoi(argv[0])) != 0 ||
+                   setresuid((uid_t)atoi(argv[0]), (uid_t)atoi(argv[0]),
+                             (uid_t)atoi(argv[0])) != 0))
+    return 6;
+  cogpu_t *h;
+  int rc = cogpu_attach(NULL, &h);
+  if (rc == 0) {
+    cogpu_detach(h);
+    return 0;
+  }
+  fprintf(stderr, "attach: %d %s\n", rc, cogpu_last_error());
+  return rc == -ECONNREFUSED ? 4 : 5;
+}
+
+/* With node_mode=auto, a daemon whose socket was removed (what the second
+ * daemon of the issue did) still means node mode: clients wait for it
+ * (daemon_wait) and fail, never make a private ledger, and `cogpu doctor`
+ * says what is wrong at once. Once that daemon is gone, auto is single-user
+ * mode again. */
+TEST_IMPL(daemon_socket_gone_no_private_ledger) {
+  nd_begin();
+  setenv("COGPU_NODE_MODE", "auto", 1);
+  setenv("COGPU_DAEMON_WAIT", "300ms", 1);
+  const char *sock = getenv("COGPU_SOCKET");
+  char state_dir[4200], ledger[4300];
+  snprintf(state_dir, sizeof state_dir, "%s", getenv("COGPU_STATE_DIR"));
+  snprintf(ledger, sizeof ledger, "%s/state", state_dir);
+  ASSERT_EQ(unlink(sock), 0);
+  cogpu_t *h;
+  ASSERT_EQ(cogpu_attach(NULL, &h), -ECONNREFUSED);
+  ASSERT_CONTAINS(cogpu_last_error(), "cannot reach the node daemon");
+  cogpu_status_t *st;
+  ASSERT_EQ(cogpu_status(NULL, &st), -ECONNREFUSED);
+  static char out[1 << 16], err[1 << 14];
+  int rc = th_run(
+      (const char *const[]){"cogpu", "run", "--mem", "1G", "--", "true", NULL},
+      NULL, out, sizeof out, err, sizeof err, th_ms(10000));
+  ASSERT_NE(rc, 0);
+  ASSERT_CONTAINS(err, "cannot reach the node daemon");
+  rc = th_run((const char *const[]){"cogpu", "doctor", NULL}, NULL, out,
+              sizeof out, err, sizeof err, th_ms(10000));
+  ASSERT_NE(rc, 0);
+  ASSERT_CONTAINS(out, "is gone");
+  /* Another user, who cannot read daemon_dir, tells it by the lock beside
+   * the socket (mode 0644). */
+  if (geteuid() == 0) {
+    ASSERT_EQ(chmod(th_tmpdir(), 0711), 0);
+    ASSERT_EQ(chmod(getenv("COGPU_DAEMON_DIR"), 0700), 0);
+    ASSERT_EQ(mkdir(th_path("nobody"), 0700), 0);
+    ASSERT_EQ(chown(th_path("nobody"), 65534, 65534), 0);
+    setenv("COGPU_STATE_DIR", th_path("nobody"), 1);
+    pid_t p =
+        th_spawn_helper("nd_attach_as", (const char *const[]){"65534", NULL});
+    ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), 4);
+    ASSERT_EQ(access(th_path("nobody/state"), F_OK), -1);
+  }
+  ASSERT_EQ(access(ledger, F_OK), -1);
+  /* The daemon's locks go with it: no daemon, single-user mode. */
+  th_daemon_stop(SIGKILL);
+  if (geteuid() == 0) {
+    pid_t p =
+        th_spawn_helper("nd_attach_as", (const char *const[]){"65534", NULL});
+    ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), 0);
+    ASSERT_EQ(access(th_path("nobody/state"), F_OK), 0);
+  }
+  setenv("COGPU_STATE_DIR", state_dir, 1);
+  ASSERT_OK(cogpu_attach(NULL, &h));
+  ASSERT_EQ(access(ledger, F_OK), 0);
+  cogpu_detach(h);
+}
+
+/* A socket-activated cogpud (LISTEN_FDS, as systemd starts it) takes the
+ * locks too: beside a running daemon it refuses; alone it holds the
+ * socket's lock, so a daemon started by hand on that socket refuses. */
+TEST_IMPL(daemon_socket_activated_takes_locks) {
+  nd_begin();
+  char act[4200], errf[4200], bin[4200];
+  snprintf(act, sizeof act, "%s", th_path("act.sock"));
+  snprintf(errf, sizeof errf, "%s", th_path("act.err"));
+  snprintf(bin, sizeof bin, "%s/cogpud", th_build_dir());
+  for (int round = 0; round < 2; round++) {
+    pid_t p = fork();
+    if (p == 0) {
+      int fd = nd_listen(act);
+      /* dup2 onto itself would keep close-on-exec. */
+      if (fd == 3 ? fcntl(fd, F_SETFD, 0) != 0 : dup2(fd, 3) != 3)
+        _exit(120);
+      int e = open(errf, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (e < 0 || dup2(e, 2) != 2)
+        _exit(121);
+      char pid[32];
+      snprintf(pid, sizeof pid, "%d", (int)getpid());
+      setenv("LISTEN_PID", pid, 1);
+      setenv("LISTEN_FDS", "1", 1);
+      setenv("COGPU_SOCKET", act, 1);
+      unsetenv("COGPU_NODE_MODE");
+      execl(bin, "cogpud", (char *)NULL);
+      _exit(127);
+    }
+    if (round == 0) {
+      /* Beside the test's daemon: the same daemon_dir. */
+      ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), 1);
+      FILE *f = fopen(errf, "r");
+      ASSERT(f);
+      char buf[4096] = "";
+      size_t n = fread(buf, 1, sizeof buf - 1, f);
+      buf[n] = 0;
+      fclose(f);
+      ASSERT_CONTAINS(buf, "write the same node state");
+      ASSERT_EQ(unlink(act), 0);
+      th_daemon_stop(SIGTERM);
+      continue;
+    }
+    /* Alone: it serves, and holds the lock beside its socket. */
+    char lock[4300];
+    snprintf(lock, sizeof lock, "%s.lock", act);
+    long pid = 0;
+    for (int t = 0; !cogpu__node_lock_held(lock, &pid); t += 5) {
+      ASSERT_LT(t, th_ms(10000));
+      th_sleep_ms(5);
+    }
+    ASSERT_EQ(pid, p);
+    /* It answers (so it also handles SIGTERM by now), within 10 s. */
+    setenv("COGPU_DAEMON_WAIT", "10s", 1);
+    char sock[4200];
+    snprintf(sock, sizeof sock, "%s", getenv("COGPU_SOCKET"));
+    setenv("COGPU_SOCKET", act, 1);
+    cogpu_status_t *st;
+    ASSERT_OK(cogpu_status(NULL, &st));
+    cogpu_status_free(st);
+    setenv("COGPU_SOCKET", sock, 1);
+    char err[8192], dir[4096];
+    snprintf(dir, sizeof dir, "%s", th_path("hand-dir"));
+    ASSERT_EQ(nd_cogpud((const char *const[]){"--socket", act, "--state-dir",
+                                              dir, NULL},
+                        err, sizeof err),
+              1);
+    ASSERT_CONTAINS(err, "take that socket over");
+    ASSERT(nd_is_socket(act));
+    kill(p, SIGTERM);
+    ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), 0);
+  }
 }
