@@ -174,27 +174,29 @@ static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
   for (int i = 0; i < 16; i++) {
     cogpu__msg_t m;
     struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
-    /* Room for one descriptor (a usage page); more is a violation. */
-    char cbuf[CMSG_SPACE(sizeof(int))];
+    /* Room for one descriptor (a usage page). Whatever comes is installed
+     * by the kernel as far as it fits (two fit this buffer), with any
+     * message, even an empty one: each is handed over or closed. */
+    union {
+      char buf[CMSG_SPACE(sizeof(int))];
+      struct cmsghdr align;
+    } cbuf;
     struct msghdr mh = {.msg_iov = &iov,
                         .msg_iovlen = 1,
-                        .msg_control = cbuf,
-                        .msg_controllen = sizeof cbuf};
+                        .msg_control = cbuf.buf,
+                        .msg_controllen = sizeof cbuf.buf};
     ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
       break;
     c->passed_fd = -1;
-    for (struct cmsghdr *cm = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm;
-         cm = CMSG_NXTHDR(&mh, cm))
-      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-          cm->cmsg_len == CMSG_LEN(sizeof(int))) {
-        int pfd;
-        memcpy(&pfd, CMSG_DATA(cm), sizeof pfd);
-        if (c->passed_fd >= 0)
-          close(c->passed_fd);
-        c->passed_fd = pfd;
-      }
-    bool bad = n <= 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+    /* More than one, or more than fitted (MSG_CTRUNC): a violation. */
+    int nfds = n >= 0 ? cogpu__msg_fds(&mh, &c->passed_fd) : 0;
+    if (nfds < 0 || nfds > 1)
+      cogpu__log(COGPU_LOG_INFO,
+                 "client pid %d (uid %u): more than one descriptor with a "
+                 "message: disconnected",
+                 (int)c->pid, (unsigned)c->uid);
+    bool bad = n <= 0 || nfds < 0 || nfds > 1 || (mh.msg_flags & MSG_TRUNC) ||
                cogpu__daemon_handle(d, c, &m, (size_t)n) != 0;
     /* A descriptor is the handler's to keep (dup) or not: never leaked. */
     if (c->passed_fd >= 0)

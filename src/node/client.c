@@ -129,33 +129,38 @@ static int msg_recv(int fd, cogpu__msg_t *m, uint64_t deadline, int *fd_out) {
       return -ETIMEDOUT;
     break;
   }
-  char cbuf[CMSG_SPACE(sizeof(int))];
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } cbuf;
   struct iovec iov = {.iov_base = m, .iov_len = sizeof *m};
   struct msghdr mh = {.msg_iov = &iov,
                       .msg_iovlen = 1,
-                      .msg_control = cbuf,
-                      .msg_controllen = sizeof cbuf};
+                      .msg_control = cbuf.buf,
+                      .msg_controllen = sizeof cbuf.buf};
   ssize_t n;
   do
     n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
   while (n < 0 && errno == EINTR);
-  if (n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE)))
+  if (n < 0 && (errno == ECONNRESET || errno == EPIPE))
     return -EPIPE;
   if (n < 0)
     return -errno;
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int pfd;
-      memcpy(&pfd, CMSG_DATA(c), sizeof pfd);
-      if (fd_out && *fd_out < 0)
-        *fd_out = pfd;
-      else
-        close(pfd);
-    }
+  /* Every descriptor that came is kept (the one asked for) or closed,
+   * even with an empty message; more than one is a violation. */
+  int got = -1;
+  int nfds = cogpu__msg_fds(&mh, fd_out && *fd_out < 0 ? &got : NULL);
+  if (n == 0)
+    return -EPIPE;
   char why[64];
-  if ((mh.msg_flags & MSG_TRUNC) ||
-      cogpu__msg_check(m, (size_t)n, why, sizeof why) != 0)
+  if (nfds < 0 || nfds > 1 || (mh.msg_flags & MSG_TRUNC) ||
+      cogpu__msg_check(m, (size_t)n, why, sizeof why) != 0) {
+    if (got >= 0)
+      close(got);
     return -EPROTO;
+  }
+  if (got >= 0)
+    *fd_out = got;
   return 0;
 }
 

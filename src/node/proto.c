@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "cogpu.h"
 #include "node/proto.h"
@@ -21,6 +23,52 @@ void cogpu__msg_init(cogpu__msg_t *m, int type, uint32_t seq) {
 
 bool cogpu__msg_str_ok(const char *s, size_t size) {
   return memchr(s, 0, size) != NULL;
+}
+
+/* Calls fn on each descriptor of mh's SCM_RIGHTS headers, bounded by the
+ * control data the kernel filled in; returns how many there were. */
+static int each_fd(const struct msghdr *mh, void (*fn)(int, void *),
+                   void *arg) {
+  int n = 0;
+  const char *end = (const char *)mh->msg_control + mh->msg_controllen;
+  for (struct cmsghdr *cm = CMSG_FIRSTHDR((struct msghdr *)mh); cm;
+       cm = CMSG_NXTHDR((struct msghdr *)mh, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS ||
+        cm->cmsg_len < CMSG_LEN(0))
+      continue;
+    const char *data = (const char *)CMSG_DATA(cm);
+    size_t len = cm->cmsg_len - CMSG_LEN(0);
+    if (len > (size_t)(end - data))
+      len = (size_t)(end - data);
+    for (size_t k = 0; k + sizeof(int) <= len; k += sizeof(int), n++) {
+      int fd;
+      memcpy(&fd, data + k, sizeof fd);
+      if (fn)
+        fn(fd, arg);
+    }
+  }
+  return n;
+}
+
+static void close_fd(int fd, void *arg) {
+  (void)arg;
+  close(fd);
+}
+
+static void take_fd(int fd, void *arg) {
+  *(int *)arg = fd;
+}
+
+int cogpu__msg_fds(const struct msghdr *mh, int *fd) {
+  if (!mh->msg_control || mh->msg_controllen < sizeof(struct cmsghdr))
+    return (mh->msg_flags & MSG_CTRUNC) ? -1 : 0;
+  int n = each_fd(mh, NULL, NULL);
+  bool cut = (mh->msg_flags & MSG_CTRUNC) != 0;
+  if (n == 1 && !cut && fd)
+    each_fd(mh, take_fd, fd);
+  else
+    each_fd(mh, close_fd, NULL);
+  return cut ? -1 : n;
 }
 
 #define STR_OK(field) cogpu__msg_str_ok((field), sizeof(field))

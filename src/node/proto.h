@@ -224,6 +224,18 @@ int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why,
 /* A string field holds a NUL within its size. */
 bool cogpu__msg_str_ok(const char *s, size_t size);
 
+struct msghdr;
+/* The descriptors that came with a received message (mh as recvmsg filled
+ * it in; only after a recvmsg that did not fail): the kernel installs
+ * every one that fits the control buffer, however many the sender put in
+ * however many headers, so each is either handed back or closed here. When
+ * exactly one came, the control data was whole and fd is not NULL, *fd
+ * gets it; every other is closed. Returns how many came, or -1 when the
+ * control data was cut short (MSG_CTRUNC: the sender sent more than the
+ * buffer holds, and what arrived is closed). The protocol passes at most
+ * one: a caller treats more, or -1, as a violation. */
+int cogpu__msg_fds(const struct msghdr *mh, int *fd);
+
 /* --- The status snapshot (STATUS's memfd) -------------------------------
  * A header, then ngpus GPU records, then nclients client records and
  * nwaiters waiter records, each naming its GPU. Read with bounds checks:

@@ -20,7 +20,13 @@
  *  - malformed and random messages end only their own connection
  *    (sec_malformed_messages, sec_random_messages_flood), and the message
  *    handler keeps its invariants on random input (sec_handler_random).
+ *
+ * And those of issue 23:
+ *  - every descriptor a message brings is used or closed, by the daemon
+ *    and by clients (sec_passed_descriptors_closed,
+ *    sec_client_passed_descriptors_closed).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -1087,4 +1093,179 @@ TEST_IMPL(sec_failed_reset_stops_cleanly) {
     th_fail(__FILE__, __LINE__, "cogpud exited %d: %s", code, slurp(log));
   ASSERT_CONTAINS(slurp(log), "a reset could not make a new node state");
   cogpu_detach(h);
+}
+
+/* --- 8. descriptors passed with messages (issue 23) ----------------------
+ */
+
+/* How many descriptors process pid has open. */
+static int fd_count(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *dir = opendir(path);
+  ASSERT(dir);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dir));)
+    n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+/* Sends len bytes of m on fd with nfds descriptors (of /dev/null, ours
+ * closed after) in one SCM_RIGHTS header. */
+static void send_fds(int fd, const void *m, size_t len, int nfds) {
+  int fds[16];
+  union {
+    char buf[CMSG_SPACE(sizeof fds)];
+    struct cmsghdr align;
+  } cb;
+  ASSERT(nfds >= 0 && nfds <= 16);
+  memset(&cb, 0, sizeof cb);
+  struct iovec iov = {.iov_base = (void *)m, .iov_len = len};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  for (int i = 0; i < nfds; i++)
+    ASSERT((fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0);
+  if (nfds) {
+    mh.msg_control = cb.buf;
+    mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+  }
+  ASSERT_EQ(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)len);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+}
+
+/* Sends m (len bytes, with nfds descriptors) on fd and reads until the
+ * reply to it or the connection's end: the reply's rc, or 1 when the
+ * daemon closed the connection without one. */
+static int fd_exchange(int fd, const cogpu__msg_t *m, size_t len, int nfds) {
+  send_fds(fd, m, len, nfds);
+  cogpu__msg_t r;
+  while (raw_recv(fd, &r) > 0)
+    if (r.type == COGPU_M_REPLY && r.seq == m->seq)
+      return r.rc;
+  return 1;
+}
+
+/* One round of messages carrying descriptors (none when `many` is 0, the
+ * warm-up): each kind the daemon receives. Returns how many answers were
+ * not the expected ones (checked after the descriptors are counted). */
+static int fd_round(int many) {
+  cogpu__msg_t m;
+  int wrong = 0, fd;
+  /* A request that takes none, with several: a violation. */
+  fd = raw_connect();
+  cogpu__msg_init(&m, COGPU_M_ATTACH, 1);
+  wrong += fd_exchange(fd, &m, sizeof m, 2 * many) != (many ? 1 : 0);
+  close(fd);
+  /* More than the daemon has room for (MSG_CTRUNC). */
+  fd = raw_connect();
+  cogpu__msg_init(&m, COGPU_M_STATUS, 1);
+  wrong += fd_exchange(fd, &m, sizeof m, 8 * many) != (many ? 1 : 0);
+  close(fd);
+  /* An empty message (recvmsg returns 0) with descriptors. */
+  fd = raw_connect();
+  send_fds(fd, &m, 0, 2 * many);
+  wrong += raw_recv(fd, &m) != 0;
+  close(fd);
+  /* The usage page, twice in one message, on a main connection. */
+  fd = raw_connect();
+  cogpu__msg_init(&m, COGPU_M_ATTACH, 1);
+  wrong += fd_exchange(fd, &m, sizeof m, 0) != 0;
+  cogpu__msg_init(&m, COGPU_M_USAGE, 2);
+  m.u.usage.size = (uint32_t)sizeof(cogpu__usage_t);
+  /* Without one the daemon refuses the page, and keeps the connection. */
+  wrong += fd_exchange(fd, &m, sizeof m, 2 * many) != (many ? 1 : -EINVAL);
+  close(fd);
+  /* One descriptor where none is expected: the daemon answers and closes
+   * it. */
+  fd = raw_connect();
+  cogpu__msg_init(&m, COGPU_M_STATUS, 1);
+  wrong += fd_exchange(fd, &m, sizeof m, many ? 1 : 0) != 0;
+  close(fd);
+  return wrong;
+}
+
+/* Waits (bounded) until the daemon has at most `want` descriptors open:
+ * its count then. */
+static int daemon_fds_settle(pid_t dp, int want) {
+  int n = fd_count(dp);
+  for (int t = 0; n > want && t < th_ms(2000); t += 10) {
+    th_sleep_ms(10);
+    n = fd_count(dp);
+  }
+  return n;
+}
+
+/* Every descriptor a message brings is used (one, where the protocol
+ * takes one) or closed: two in one SCM_RIGHTS header fitted the daemon's
+ * control buffer, were installed, and were never closed (issue 23: 200
+ * messages took cogpud from 12 to 412 descriptors). */
+TEST_IMPL(sec_passed_descriptors_closed) {
+  setenv("COGPU_NODE_MODE", "daemon", 1);
+  if (!th_node_mode())
+    th_daemon_start();
+  pid_t dp = th_daemon_pid();
+  ASSERT(dp > 0);
+  ASSERT_EQ(fd_round(0), 0);
+  daemon_serves();
+  th_sleep_ms(100);
+  int before = fd_count(dp), wrong = 0;
+  for (int i = 0; i < 25; i++)
+    wrong += fd_round(1);
+  int after = daemon_fds_settle(dp, before);
+  if (after > before)
+    th_fail(__FILE__, __LINE__,
+            "cogpud had %d descriptors open, %d after 125 messages carrying "
+            "275 descriptors",
+            before, after);
+  ASSERT_EQ(wrong, 0);
+  daemon_serves();
+}
+
+/* The client side: a reply that brings more than the one descriptor it
+ * takes (a status snapshot) is a protocol error, and none is kept. A fake
+ * daemon, a child of the test, answers each query with nfds descriptors. */
+TEST_IMPL_ONCE_T(sec_client_passed_descriptors_closed, 30) {
+  static const int nfds[] = {2, 8, 2, 8};
+  const int rounds = (int)(sizeof nfds / sizeof nfds[0]);
+  setenv("COGPU_NODE_MODE", "daemon", 1);
+  setenv("COGPU_SOCKET", th_path("fake.sock"), 1);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", getenv("COGPU_SOCKET"));
+  int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT(lfd >= 0);
+  ASSERT_EQ(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  ASSERT_EQ(listen(lfd, 16), 0);
+  pid_t srv = fork();
+  ASSERT(srv >= 0);
+  if (srv == 0) {
+    for (int i = 0; i < rounds; i++) {
+      int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+      cogpu__msg_t m, r;
+      if (c < 0 || recv(c, &m, sizeof m, 0) != (ssize_t)sizeof m)
+        _exit(1);
+      cogpu__msg_init(&r, COGPU_M_REPLY, m.seq);
+      send_fds(c, &r, sizeof r, nfds[i]);
+      /* Kept open until the client has read it and gone. */
+      recv(c, &m, sizeof m, 0);
+      close(c);
+    }
+    _exit(0);
+  }
+  close(lfd);
+  int before = fd_count(getpid());
+  for (int i = 0; i < rounds; i++) {
+    cogpu_status_t *st = NULL;
+    int rc = cogpu_status(NULL, &st);
+    if (rc == 0)
+      cogpu_status_free(st);
+    ASSERT_EQ(rc, -EPROTO);
+  }
+  ASSERT_EQ(th_exit_code(th_wait(srv, th_ms(10000))), 0);
+  ASSERT_EQ(fd_count(getpid()), before);
 }
