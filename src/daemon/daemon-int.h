@@ -57,12 +57,21 @@ typedef struct dconn_s {
   bool hist_pending;
   uint64_t id;
   int passed_fd;    /* a descriptor that came with the message (-1: none) */
+  bool counted;     /* in its user's count of connections (admins: not) */
   bool closing;     /* to be ended after this batch of events */
   bool dead;        /* ended: its record is freed after this batch */
   bool reap_listed; /* on the daemon's reap list */
   struct dconn_s *prev, *next; /* every connection, for reset and exit */
   struct dconn_s *reap_next;   /* the reap list: closing or dead ones */
 } dconn_t;
+
+/* A user's connections (daemon.c), for the per-user cap. */
+typedef struct duser_s {
+  uid_t uid;
+  uint32_t conns;
+  bool used; /* the entry names a uid */
+  bool said; /* a refusal was logged: not again until well under the cap */
+} duser_t;
 
 typedef struct cogpu__susp_s cogpu__susp_t;
 struct cogpu__drec_s;
@@ -105,6 +114,18 @@ typedef struct cogpu__daemon_s {
   uint64_t tick_ms, next_tick_ms;
   uint64_t nconns;
   dconn_t *conns;
+  /* Connections per user who is not an admin: open addressing by uid
+   * (users_cap a power of two, at most half full); an entry stays once
+   * made, so the table grows with the users the node has, not with their
+   * connections. */
+  duser_t *users;
+  uint32_t users_cap, users_used;
+  /* Out of descriptors (or another accept error): the listening socket
+   * is not polled until a connection ends or until accept_retry_ms
+   * (monotonic ms), so a socket that stays readable cannot spin the loop;
+   * fd_short until an accept succeeds again (said once per episode). */
+  bool accept_paused, fd_short;
+  uint64_t accept_retry_ms;
   bool stop;
   bool failed; /* stopped because it cannot keep a ledger: exit 1 */
   bool fuzz;   /* no sockets: replies are dropped (fuzzing, tests) */

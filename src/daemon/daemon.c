@@ -45,6 +45,72 @@ static uint64_t now_ms(void) {
 /* --- connections ------------------------------------------------------------
  */
 
+/* Each connection costs the daemon a descriptor, so a user's are capped,
+ * not only their slots and waits: each attached process has its main
+ * connection, each waiting request one of its own, and the rest are for
+ * queries (status, history, suspend) and connections not attached yet. */
+#define USER_CONN_SLACK 64
+
+static long user_max_conns(const cogpu__daemon_t *d) {
+  return d->cfg.v[COGPU_OPT_USER_MAX_CLIENTS].i +
+         d->cfg.v[COGPU_OPT_USER_MAX_WAITERS].i + USER_CONN_SLACK;
+}
+
+static uint32_t uid_hash(uid_t uid) {
+  uint32_t h = (uint32_t)uid;
+  h ^= h >> 16;
+  h *= 0x45d9f3bu;
+  h ^= h >> 16;
+  return h;
+}
+
+/* The entry of uid in the table (a free one, or NULL when !add). */
+static duser_t *user_slot(duser_t *t, uint32_t cap, uid_t uid, bool add) {
+  for (uint32_t i = uid_hash(uid) & (cap - 1);; i = (i + 1) & (cap - 1)) {
+    if (!t[i].used)
+      return add ? &t[i] : NULL;
+    if (t[i].uid == uid)
+      return &t[i];
+  }
+}
+
+/* uid's entry, made if needed; NULL when out of memory. */
+static duser_t *user_get(cogpu__daemon_t *d, uid_t uid) {
+  if ((d->users_used + 1) * 2 > d->users_cap) {
+    uint32_t cap = d->users_cap ? d->users_cap * 2 : 64;
+    duser_t *t = cap > d->users_cap ? calloc(cap, sizeof *t) : NULL;
+    if (t) {
+      for (uint32_t i = 0; i < d->users_cap; i++)
+        if (d->users[i].used)
+          *user_slot(t, cap, d->users[i].uid, true) = d->users[i];
+      free(d->users);
+      d->users = t;
+      d->users_cap = cap;
+    } else if (d->users_used + 1 >= d->users_cap) {
+      return NULL; /* no free entry left to probe for */
+    }
+  }
+  duser_t *u = user_slot(d->users, d->users_cap, uid, true);
+  if (!u->used) {
+    *u = (duser_t){.uid = uid, .used = true};
+    d->users_used++;
+  }
+  return u;
+}
+
+static void user_drop(cogpu__daemon_t *d, uid_t uid) {
+  duser_t *u =
+      d->users_cap ? user_slot(d->users, d->users_cap, uid, false) : NULL;
+  if (!u || !u->conns)
+    return;
+  u->conns--;
+  /* Well under the cap again: a new refusal is a new episode, said
+   * again. At the cap, a user who closes and opens in turn is told
+   * once. */
+  if (u->conns <= user_max_conns(d) / 2)
+    u->said = false;
+}
+
 static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
   dconn_t *c = calloc(1, sizeof *c);
   if (!c)
@@ -76,6 +142,13 @@ static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
       epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     c->fd = -1;
+    /* A descriptor is free: a paused listening socket is tried again
+     * after this batch. */
+    d->accept_retry_ms = 0;
+  }
+  if (c->counted) {
+    c->counted = false;
+    user_drop(d, c->uid);
   }
 }
 
@@ -130,17 +203,82 @@ static bool in_group(pid_t pid, gid_t gid, gid_t want) {
   return yes;
 }
 
+/* The listening socket is not polled for a while: it stays readable
+ * while connections wait, and returning at once to epoll_wait would
+ * spin. Tried again when a connection ends (a descriptor is free) or
+ * after ACCEPT_RETRY_MS. */
+#define ACCEPT_RETRY_MS 100u
+
+static void accept_pause(cogpu__daemon_t *d, int err) {
+  if (!d->accept_paused && epoll_ctl(d->epfd, EPOLL_CTL_DEL, d->lfd, NULL) == 0)
+    d->accept_paused = true;
+  d->accept_retry_ms = now_ms() + ACCEPT_RETRY_MS;
+  if (d->fd_short)
+    return;
+  d->fd_short = true;
+  struct rlimit rl = {0};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (err == EMFILE || err == ENFILE)
+    cogpu__log(COGPU_LOG_WARN,
+               "out of descriptors (%s; %llu connections, RLIMIT_NOFILE "
+               "%llu): not accepting connections until some close",
+               strerror(err), (unsigned long long)d->nconns,
+               (unsigned long long)rl.rlim_cur);
+  else
+    cogpu__log(COGPU_LOG_WARN,
+               "accept: %s: not accepting connections for a while",
+               strerror(err));
+}
+
+static void accept_resume(cogpu__daemon_t *d) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &mark_listen};
+  if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->lfd, &ev) == 0)
+    d->accept_paused = false;
+  else
+    d->accept_retry_ms = now_ms() + ACCEPT_RETRY_MS;
+}
+
 static void on_accept(cogpu__daemon_t *d) {
   for (;;) {
     int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0)
-      return; /* EAGAIN, or out of descriptors: the next event retries */
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      /* Out of descriptors or memory: the connection stays queued. */
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        accept_pause(d, errno);
+      return;
+    }
+    if (d->fd_short) {
+      d->fd_short = false;
+      cogpu__log(COGPU_LOG_INFO, "accepting connections again");
+    }
     struct ucred cr;
     socklen_t len = sizeof cr;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 ||
         cr.pid <= 0) {
       /* A peer whose PID this namespace cannot see (pid 0) is refused:
        * its process could not be told apart from another. */
+      close(fd);
+      continue;
+    }
+    bool admin = cr.uid == 0 || (d->have_admin_group &&
+                                 in_group(cr.pid, cr.gid, d->admin_gid));
+    duser_t *u = admin ? NULL : user_get(d, cr.uid);
+    long most = user_max_conns(d);
+    if (!admin && (!u || (long)u->conns >= most)) {
+      if (!u)
+        cogpu__log(COGPU_LOG_WARN,
+                   "out of memory: a connection of uid %u refused",
+                   (unsigned)cr.uid);
+      else if (!u->said)
+        cogpu__log(COGPU_LOG_WARN,
+                   "user %u has %ld connections to the daemon "
+                   "(user_max_clients + user_max_waiters + %d): refusing "
+                   "more until some close",
+                   (unsigned)cr.uid, most, USER_CONN_SLACK);
+      if (u)
+        u->said = true;
       close(fd);
       continue;
     }
@@ -152,8 +290,11 @@ static void on_accept(cogpu__daemon_t *d) {
     c->pid = cr.pid;
     c->uid = cr.uid;
     c->gid = cr.gid;
-    c->admin = cr.uid == 0 ||
-               (d->have_admin_group && in_group(cr.pid, cr.gid, d->admin_gid));
+    c->admin = admin;
+    if (u) {
+      u->conns++;
+      c->counted = true;
+    }
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
     if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
       conn_free(d, c);
@@ -735,7 +876,12 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
   while (!d->stop) {
     arm_timer(d);
     struct epoll_event evs[64];
-    int n = epoll_wait(d->epfd, evs, 64, -1);
+    int wait_ms = -1;
+    if (d->accept_paused) {
+      uint64_t now = now_ms();
+      wait_ms = now >= d->accept_retry_ms ? 0 : (int)(d->accept_retry_ms - now);
+    }
+    int n = epoll_wait(d->epfd, evs, 64, wait_ms);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0)
@@ -763,6 +909,8 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
     /* Connections that ended or must end (replies that could not be
      * sent), now that no event of this batch can name them. */
     cogpu__daemon_reap(d);
+    if (d->accept_paused && now_ms() >= d->accept_retry_ms)
+      accept_resume(d);
   }
   sd_notify(0, "STOPPING=1");
   if (d->failed)
@@ -849,6 +997,7 @@ void cogpu__daemon_fini(cogpu__daemon_t *d) {
   cogpu__ledger_close_trusted(d->dh);
   free(d->slot_conn);
   free(d->waiter_conn);
+  free(d->users);
   /* Last: the next daemon may start once this one no longer writes. */
   if (d->sock_lock_fd >= 0)
     close(d->sock_lock_fd);

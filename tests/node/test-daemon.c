@@ -3,9 +3,11 @@
  * restarts of cogpud under load, a client's own timeout while the daemon
  * does not answer, death of clients, an idle daemon, clients in another
  * PID namespace, and one daemon per socket and daemon_dir (a second one
- * refused, a removed socket not taken for "no daemon"). Each test runs against
+ * refused, a removed socket not taken for "no daemon"), and a daemon out of
+ * descriptors (it sleeps, and serves again). Each test runs against
  * a daemon of its own (the runner's in node mode, one it starts otherwise).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -640,4 +643,117 @@ TEST_IMPL(daemon_socket_activated_takes_locks) {
     kill(p, SIGTERM);
     ASSERT_EQ(th_exit_code(th_wait(p, th_ms(10000))), 0);
   }
+}
+
+/* --- out of descriptors ------------------------------------------------- */
+
+/* How many descriptors process pid has open. */
+static int nd_fds(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *dir = opendir(path);
+  ASSERT(dir);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dir));)
+    n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+static int nd_connect(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  ASSERT(strlen(path) < sizeof sa.sun_path);
+  strcpy(sa.sun_path, path);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT(fd >= 0);
+  ASSERT_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  return fd;
+}
+
+static char *nd_slurp(const char *path) {
+  static char buf[1 << 16];
+  buf[0] = 0;
+  FILE *f = fopen(path, "re");
+  if (f) {
+    buf[fread(buf, 1, sizeof buf - 1, f)] = 0;
+    fclose(f);
+  }
+  return buf;
+}
+
+static int nd_occurrences(const char *text, const char *needle) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+    n++;
+  return n;
+}
+
+/* With every descriptor it may open in use, cogpud stops accepting until
+ * one is freed: it used to return from accept on EMFILE, and its listening
+ * socket, still readable, woke the loop again at once, forever (86 % of a
+ * CPU, no client served; issue 23). A daemon started with a low
+ * RLIMIT_NOFILE gets more connections than it can take: it sleeps, says
+ * so once, keeps serving the clients it has, and takes new ones once
+ * connections close. */
+TEST_IMPL_ONCE_T(daemon_descriptor_limit_no_spin, 60) {
+  setenv("COGPU_NODE_MODE", "daemon", 1);
+  th_daemon_stop(SIGTERM);
+  const rlim_t limit = 64;
+  char bin[4200], sock[4200], dir[4200], log[4200];
+  snprintf(bin, sizeof bin, "%s/cogpud", th_build_dir());
+  snprintf(sock, sizeof sock, "%s", th_path("lim.sock"));
+  snprintf(dir, sizeof dir, "%s", th_path("lim-dir"));
+  snprintf(log, sizeof log, "%s", th_path("lim.log"));
+  pid_t d = fork();
+  if (d == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    struct rlimit rl = {limit, limit};
+    if (fd < 0 || dup2(fd, 2) != 2 || setrlimit(RLIMIT_NOFILE, &rl) != 0)
+      _exit(120);
+    unsetenv("COGPU_NODE_MODE");
+    setenv("COGPU_LOG", "info", 1);
+    execl(bin, "cogpud", "--socket", sock, "--state-dir", dir, (char *)NULL);
+    _exit(127);
+  }
+  setenv("COGPU_SOCKET", sock, 1);
+  setenv("COGPU_DAEMON_WAIT", "10s", 1);
+  for (int t = 0; !strstr(nd_slurp(log), "cogpud ready"); t += 10) {
+    ASSERT_LT(t, th_ms(10000));
+    th_sleep_ms(10);
+  }
+  cogpu_t *h = lt_attach(0);
+  /* More connections than it has descriptors left: the rest wait in the
+   * listening socket's backlog. */
+  int n = (int)limit - nd_fds(d) + 32;
+  ASSERT_GT(n, 32);
+  int *fds = calloc((size_t)n, sizeof *fds);
+  ASSERT(fds);
+  for (int i = 0; i < n; i++)
+    fds[i] = nd_connect(sock);
+  for (int t = 0; nd_fds(d) < (int)limit; t += 10) {
+    ASSERT_LT(t, th_ms(10000));
+    th_sleep_ms(10);
+  }
+  th_sleep_ms(200);
+  /* It sleeps: a spin costs about 200 ticks in 2 s. */
+  uint64_t t0 = cpu_ticks(d);
+  th_sleep_ms(2000);
+  uint64_t spent = cpu_ticks(d) - t0;
+  ASSERT_LT(spent, 50);
+  ASSERT_EQ(nd_occurrences(nd_slurp(log), "out of descriptors"), 1);
+  /* Its clients are served meanwhile. */
+  nd_reserve(h, 0, GiB);
+  ASSERT_OK(cogpu_release(h, 0, GiB));
+  /* Connections close: new clients are served again. */
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+  free(fds);
+  cogpu_t *h2 = lt_attach(0);
+  nd_reserve(h2, 0, GiB);
+  ASSERT_UEQ(reserved_now(), GiB);
+  cogpu_detach(h2);
+  cogpu_detach(h);
+  ASSERT_CONTAINS(nd_slurp(log), "accepting connections again");
+  kill(d, SIGTERM);
+  ASSERT_EQ(th_exit_code(th_wait(d, th_ms(10000))), 0);
 }

@@ -24,7 +24,9 @@
  * And those of issue 23:
  *  - every descriptor a message brings is used or closed, by the daemon
  *    and by clients (sec_passed_descriptors_closed,
- *    sec_client_passed_descriptors_closed).
+ *    sec_client_passed_descriptors_closed)
+ *  - a user's connections are capped, others are still served, and the
+ *    daemon does not spin refusing them (sec_user_max_connections).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -1268,4 +1270,136 @@ TEST_IMPL_ONCE_T(sec_client_passed_descriptors_closed, 30) {
   }
   ASSERT_EQ(th_exit_code(th_wait(srv, th_ms(10000))), 0);
   ASSERT_EQ(fd_count(getpid()), before);
+}
+
+/* --- 9. connections per user (issue 23) ------------------------------------
+ */
+
+/* The daemon's CPU time (utime + stime, in clock ticks). */
+static uint64_t cpu_ticks(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  ASSERT(f);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  unsigned long ut = 0, st = 0;
+  char *q = strrchr(buf, ')');
+  ASSERT(q &&
+         sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                &ut, &st) == 2);
+  return ut + st;
+}
+
+/* How often needle occurs in text. */
+static int occurrences(const char *text, const char *needle) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+    n++;
+  return n;
+}
+
+HELPER_IMPL(sec_conns_as) {
+  /* UID N STATUSFILE: as UID, opens N connections to the daemon and
+   * sends nothing; writes "open=X closed=Y" to STATUSFILE each time the
+   * count of those the daemon closed changes, until SIGTERM (60 s at
+   * most). */
+  if (argc != 3)
+    return 2;
+  signal(SIGTERM, on_term);
+  drop_to(argv[0]);
+  int n = atoi(argv[1]);
+  int *fds = calloc((size_t)n, sizeof *fds);
+  bool *gone = calloc((size_t)n, sizeof *gone);
+  if (!fds || !gone || n <= 0)
+    return 2;
+  for (int i = 0; i < n; i++)
+    fds[i] = raw_connect();
+  int closed = -1;
+  for (int t = 0; t < 6000 && !got_term; t++) {
+    int now = 0;
+    for (int i = 0; i < n; i++) {
+      struct pollfd p = {.fd = fds[i], .events = POLLIN};
+      char c;
+      if (!gone[i] && poll(&p, 1, 0) == 1 &&
+          recv(fds[i], &c, 1, MSG_DONTWAIT) <= 0)
+        gone[i] = true;
+      now += gone[i];
+    }
+    if (now != closed) {
+      char line[64];
+      snprintf(line, sizeof line, "open=%d closed=%d\n", n - now, now);
+      th_write_file(argv[2], line);
+      closed = now;
+    }
+    th_sleep_ms(10);
+  }
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+  free(fds);
+  free(gone);
+  return 0;
+}
+
+/* Every connection costs the daemon a descriptor, and a wait takes one of
+ * its own, so a user's connections are capped, not only their slots and
+ * waits: user_max_clients + user_max_waiters + 64 (for queries and
+ * connections that have not attached yet). B holds 80 connections that
+ * never attach; the daemon keeps 67 and closes the others, saying so once,
+ * and goes on serving A, root and waits. */
+TEST_IMPL_T(sec_user_max_connections, 60) {
+  sec_begin();
+  setenv("COGPU_LOG", "info", 1);
+  sec_daemon_config("user_max_clients = 2\nuser_max_waiters = 1\n");
+  setenv("COGPU_LOG", "error", 1);
+  pid_t dp = th_daemon_pid();
+  const char *log = tp("cogpud.log");
+  int said = occurrences(slurp(log), "connections to the daemon");
+  const char *bconns = tp("pub/b.conns");
+  pid_t b = th_spawn_helper("sec_conns_as",
+                            (const char *const[]){"65534", "80", bconns, NULL});
+  wait_for(bconns, "open=67 closed=13\n", 10000);
+  /* B at its cap: its next process is refused too. */
+  pid_t b2 = user_run("65534", th_path("b2.log"), "attach", NULL);
+  ASSERT_EQ(th_exit_code(th_wait(b2, th_ms(10000))), 0);
+  ASSERT(!strstr(slurp(th_path("b2.log")), "attach rc=0"));
+  th_sleep_ms(200);
+  ASSERT_STREQ(slurp(bconns), "open=67 closed=13\n");
+  /* Said once, for all 14 refusals. */
+  ASSERT_EQ(occurrences(slurp(log), "connections to the daemon"), said + 1);
+  ASSERT_CONTAINS(slurp(log), "user 65534");
+  /* Others are served: root holds most of GPU 0, A waits for it and gets
+   * it when root lets go. */
+  cogpu_t *h = NULL;
+  ASSERT_OK(cogpu_attach(NULL, &h));
+  cogpu_request_t q = {.gpu = 0,
+                       .bytes = 15 * GIB,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = COGPU_NOWAIT};
+  ASSERT_OK(cogpu_reserve(h, &q, NULL));
+  pid_t a = user_run("65533", th_path("a.log"), "attach",
+                     "reserve=0,4096,20000", NULL);
+  for (int t = 0; waiting_now() < 1; t += 10) {
+    ASSERT_LT(t, th_ms(10000));
+    th_sleep_ms(10);
+  }
+  ASSERT_OK(cogpu_release(h, 0, 15 * GIB));
+  ASSERT_EQ(th_exit_code(th_wait(a, th_ms(10000))), 0);
+  ASSERT_CONTAINS(slurp(th_path("a.log")), "reserve=0,4096,20000 rc=0");
+  ASSERT_OK(cogpu_detach(h));
+  daemon_serves();
+  /* Refusing is no spin: the daemon sleeps while B holds its connections
+   * (a busy loop costs about 200 ticks in 2 s). */
+  uint64_t t0 = cpu_ticks(dp);
+  th_sleep_ms(2000);
+  ASSERT_LT(cpu_ticks(dp) - t0, 50);
+  /* Once B's connections close, B is served again. */
+  kill(b, SIGTERM);
+  ASSERT_EQ(th_exit_code(th_wait(b, th_ms(10000))), 0);
+  th_sleep_ms(100);
+  pid_t b3 =
+      user_run("65534", th_path("b3.log"), "attach", "reserve=0,1024", NULL);
+  ASSERT_EQ(th_exit_code(th_wait(b3, th_ms(10000))), 0);
+  ASSERT_CONTAINS(slurp(th_path("b3.log")), "reserve=0,1024 rc=0");
 }
