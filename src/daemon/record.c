@@ -95,6 +95,15 @@ static uint64_t rd(const _Atomic uint64_t *p) {
   return atomic_load_explicit(p, memory_order_relaxed);
 }
 
+/* A page's figure on GPU g: the page is its process's to write, so what
+ * it says is taken as at most what the GPU holds (a forged 2^63 made the
+ * sums wrap, issue 23). */
+static uint64_t page_rd(const struct cogpu_s *h, const _Atomic uint64_t *p,
+                        uint32_t g) {
+  uint64_t v = rd(p), total = h->st->hdr.gpus[g].total;
+  return v < total ? v : total;
+}
+
 static void rec_sync(void *ctx, struct cogpu_s *h, uint32_t s) {
   struct cogpu__drec_s *r = ctx;
   ledger_slot_t *sl = &h->st->slots[s];
@@ -102,9 +111,9 @@ static void rec_sync(void *ctx, struct cogpu_s *h, uint32_t s) {
   if (!p || r->page_gen[s] != atomic_load(&sl->gen))
     return;
   for (uint32_t g = 0; g < h->st->hdr.ngpus; g++) {
-    atomic_store_explicit(&sl->usage.used[g], rd(&p->used[g]),
+    atomic_store_explicit(&sl->usage.used[g], page_rd(h, &p->used[g], g),
                           memory_order_relaxed);
-    atomic_store_explicit(&sl->usage.peak[g], rd(&p->peak[g]),
+    atomic_store_explicit(&sl->usage.peak[g], page_rd(h, &p->peak[g], g),
                           memory_order_relaxed);
   }
   atomic_store_explicit(&sl->usage.peak_ns, rd(&p->peak_ns),
@@ -194,8 +203,12 @@ void cogpu__daemon_rec_sample(cogpu__daemon_t *d) {
     if (j == h->slot)
       continue;
     rec_job_t *x = job_get(r, h, j, true);
-    for (uint32_t g = 0; x && g < ng; g++)
-      x->sum[g] += rd(&p->used[g]);
+    for (uint32_t g = 0; x && g < ng; g++) {
+      /* Each page at most the GPU's total, and so the job's sum. */
+      uint64_t v = page_rd(h, &p->used[g], g), total = st->hdr.gpus[g].total;
+      x->sum[g] =
+          x->sum[g] >= total || v >= total - x->sum[g] ? total : x->sum[g] + v;
+    }
   }
   /* Every job with a timeline gets this sample, 0 when none of its
    * processes is alive now (a script between two programs). */

@@ -55,7 +55,11 @@ static void status_clients(struct cogpu_s *h, uint32_t g, size_t max,
     c->suspensions = (unsigned)sl->susp_count;
     c->used_bytes = used[s];
     c->peak_bytes = peak[s];
-    gi->used_bytes += used[s];
+    /* Each job's is at most the GPU's total (usage.c), and so is the
+     * sum: forged usage pages made it wrap (issue 23). */
+    gi->used_bytes = used[s] >= gp->total - gi->used_bytes
+                         ? gp->total
+                         : gi->used_bytes + used[s];
     if (parked) {
       c->suspended_bytes = sl->parked;
       c->suspended_seconds = (double)(now - sl->susp_since_ns) / 1e9;

@@ -31,6 +31,31 @@ static uint64_t max_u(uint64_t a, uint64_t b) {
   return a > b ? a : b;
 }
 
+/* A process's figures are its own to write (its usage page, or its slot
+ * in single-user mode), so each is taken as at most what its GPU holds,
+ * and every sum stops there: two pages that claimed 2^63 bytes each added
+ * up to a job, and a GPU, using 0 (issue 23). */
+static uint64_t gpu_total(const struct cogpu_s *h, uint32_t g) {
+  return h->st->hdr.gpus[g].total;
+}
+
+static uint64_t used_of(const struct cogpu_s *h, const ledger_slot_t *sl,
+                        uint32_t g) {
+  uint64_t v = rd(&sl->usage.used[g]);
+  return v < gpu_total(h, g) ? v : gpu_total(h, g);
+}
+
+static uint64_t peak_of(const struct cogpu_s *h, const ledger_slot_t *sl,
+                        uint32_t g) {
+  uint64_t v = rd(&sl->usage.peak[g]);
+  return v < gpu_total(h, g) ? v : gpu_total(h, g);
+}
+
+/* a + b, at most max. */
+static uint64_t add_at(uint64_t a, uint64_t b, uint64_t max) {
+  return a >= max || b >= max - a ? max : a + b;
+}
+
 static void sync_slot(struct cogpu_s *h, uint32_t s) {
   const ledger_usage_hooks_t *uh = cogpu__ledger_usage_hooks;
   if (uh && uh->sync)
@@ -71,14 +96,14 @@ void cogpu__ledger_job_usage(struct cogpu_s *h, uint32_t s, uint32_t g,
                              uint64_t *used, uint64_t *peak) {
   ledger_slot_t *js = &h->st->slots[s];
   sync_slot(h, s);
-  uint64_t u = rd(&js->usage.used[g]);
-  uint64_t p = max_u(rd(&js->usage.peak[g]), js->job_peak[g]);
+  uint64_t u = used_of(h, js, g);
+  uint64_t p = max_u(peak_of(h, js, g), js->job_peak[g]);
   for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
     if (m == s || h->st->slots[m].state != SLOT_ACTIVE || job_of(h, m) != s)
       continue;
     sync_slot(h, m);
-    u += rd(&h->st->slots[m].usage.used[g]);
-    p = max_u(p, rd(&h->st->slots[m].usage.peak[g]));
+    u = add_at(u, used_of(h, &h->st->slots[m], g), gpu_total(h, g));
+    p = max_u(p, peak_of(h, &h->st->slots[m], g));
   }
   *used = u;
   *peak = max_u(p, u);
@@ -92,8 +117,8 @@ void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,
       continue;
     sync_slot(h, s);
     uint32_t j = job_of(h, s);
-    used[j] += rd(&sl->usage.used[g]);
-    peak[j] = max_u(peak[j], max_u(rd(&sl->usage.peak[g]), sl->job_peak[g]));
+    used[j] = add_at(used[j], used_of(h, sl, g), gpu_total(h, g));
+    peak[j] = max_u(peak[j], max_u(peak_of(h, sl, g), sl->job_peak[g]));
   }
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
     peak[s] = max_u(peak[s], used[s]);
@@ -121,7 +146,7 @@ void cogpu__ledger_job_report(struct cogpu_s *h, uint32_t s,
   for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
     const ledger_slot_t *ms = &h->st->slots[m];
     if (ms->state == SLOT_ACTIVE && job_of(h, m) == s && out->gpu >= 0 &&
-        rd(&ms->usage.peak[out->gpu]) == best)
+        peak_of(h, ms, (uint32_t)out->gpu) == best)
       best_ns = rd(&ms->usage.peak_ns);
   }
   out->peak = best;
@@ -146,7 +171,7 @@ void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s) {
     /* A process of a job leaves its peaks with the job. */
     ledger_slot_t *js = &h->st->slots[j];
     for (uint32_t g = 0; g < ng; g++)
-      raise_job_peak(js, g, rd(&sl->usage.peak[g]), rd(&sl->usage.peak_ns));
+      raise_job_peak(js, g, peak_of(h, sl, g), rd(&sl->usage.peak_ns));
     return;
   }
   /* A process whose job ended before it (slot_orphan_members made it a
@@ -160,11 +185,11 @@ void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s) {
       continue;
     sync_slot(h, m);
     for (uint32_t g = 0; g < ng; g++)
-      raise_job_peak(sl, g, rd(&h->st->slots[m].usage.peak[g]),
+      raise_job_peak(sl, g, peak_of(h, &h->st->slots[m], g),
                      rd(&h->st->slots[m].usage.peak_ns));
   }
   for (uint32_t g = 0; g < ng; g++)
-    raise_job_peak(sl, g, rd(&sl->usage.peak[g]), rd(&sl->usage.peak_ns));
+    raise_job_peak(sl, g, peak_of(h, sl, g), rd(&sl->usage.peak_ns));
   const ledger_usage_hooks_t *uh = cogpu__ledger_usage_hooks;
   if (uh && uh->ended)
     uh->ended(uh->ctx, h, s);
@@ -212,7 +237,7 @@ int cogpu__job_sample(cogpu_t *h, uint64_t *used, unsigned *ngpus,
     if (ms->state != SLOT_ACTIVE || job_of(h, m) != s)
       continue;
     for (uint32_t g = 0; g < ng; g++)
-      used[g] += rd(&ms->usage.used[g]);
+      used[g] = add_at(used[g], used_of(h, ms, g), gpu_total(h, g));
   }
   uint64_t now = realtime_ns(), start = h->st->slots[s].attached_ns;
   cogpu__ledger_unlock(h);

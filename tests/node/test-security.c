@@ -26,7 +26,9 @@
  *    and by clients (sec_passed_descriptors_closed,
  *    sec_client_passed_descriptors_closed)
  *  - a user's connections are capped, others are still served, and the
- *    daemon does not spin refusing them (sec_user_max_connections).
+ *    daemon does not spin refusing them (sec_user_max_connections)
+ *  - a forged usage page is taken as at most the GPU's total, and no sum
+ *    wraps (sec_forged_usage_page).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -199,6 +201,25 @@ HELPER_IMPL(sec_user) {
           fprintf(f, "%s", tok);
           fclose(f);
         }
+      }
+    } else if (strcmp(op, "join") == 0) {
+      /* Another process of the last handle's job (its token). */
+      char tok[64];
+      cogpu_attach_opts_t o = {.priority = prio, .join = tok};
+      cogpu_t *x = NULL;
+      rc = nh ? cogpu_job_token(h[nh - 1], tok, sizeof tok) : -EINVAL;
+      if (rc == 0)
+        rc = cogpu_attach(&o, &x);
+      if (rc == 0 && nh < 64)
+        h[nh++] = x;
+    } else if (sscanf(op, "usage=%u,%llu", &g, &mib) == 2) {
+      /* Forges the last handle's usage page (the daemon maps it): used
+       * and peak bytes (not MiB) on GPU g. */
+      cogpu__usage_t *u = nh ? cogpu__usage_page(h[nh - 1]) : NULL;
+      rc = u && g < COGPU_USAGE_GPUS ? 0 : -EINVAL;
+      if (rc == 0) {
+        atomic_store(&u->used[g], (uint64_t)mib);
+        atomic_store(&u->peak[g], (uint64_t)mib);
       }
     } else if (strcmp(op, "hold") == 0) {
       fprintf(log, "holding\n");
@@ -1402,4 +1423,80 @@ TEST_IMPL_T(sec_user_max_connections, 60) {
       user_run("65534", th_path("b3.log"), "attach", "reserve=0,1024", NULL);
   ASSERT_EQ(th_exit_code(th_wait(b3, th_ms(10000))), 0);
   ASSERT_CONTAINS(slurp(th_path("b3.log")), "reserve=0,1024 rc=0");
+}
+
+/* --- 10. forged usage pages (issue 23) ---------------------------------------
+ */
+
+/* Every "KEY": N in text is at most max; how many there were. */
+static int json_all_at_most(const char *text, const char *key, uint64_t max) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, k)); p += strlen(k), n++) {
+    unsigned long long v = strtoull(p + strlen(k), NULL, 10);
+    if (v > max)
+      th_fail(__FILE__, __LINE__, "%s %llu above %llu in: %s", key, v,
+              (unsigned long long)max, text);
+  }
+  return n;
+}
+
+/* A process's usage page is its own to write: one that claims 2^63 bytes
+ * (twice in one job, so that the job's sum wraps to 0, and once more in a
+ * job of its own, so that the GPU's does) is taken as at most what the GPU
+ * holds, and every sum stops there: status and metrics never read a wrapped
+ * "used 0 B". */
+TEST_IMPL(sec_forged_usage_page) {
+  sec_begin();
+  const char *big = "usage=0,9223372036854775808";
+  pid_t b = user_run("65534", th_path("b.log"), "attach", "reserve=0,1024", big,
+                     "join", big, "attach", "reserve=0,1024",
+                     "usage=0,18446744073709551615", "hold", NULL);
+  wait_for(th_path("b.log"), "holding", 10000);
+  const char *bl = slurp(th_path("b.log"));
+  ASSERT(!strstr(bl, "rc=-"));
+  cogpu_status_t *st = NULL;
+  ASSERT_OK(cogpu_status(NULL, &st));
+  const cogpu_gpu_info_t *g = &st->gpus[0];
+  uint64_t total = g->total_bytes;
+  ASSERT_EQ(g->nclients, 2);
+  for (size_t i = 0; i < g->nclients; i++) {
+    ASSERT_UEQ(g->clients[i].used_bytes, total);
+    ASSERT_UEQ(g->clients[i].peak_bytes, total);
+  }
+  ASSERT_UEQ(g->used_bytes, total);
+  cogpu_status_free(st);
+  static char out[1 << 15], err[1 << 13];
+  ASSERT_EQ(cli_as("0", (const char *const[]){"status", "--json", NULL}, out,
+                   sizeof out, err, sizeof err),
+            0);
+  ASSERT_GE(json_all_at_most(out, "used_bytes", total), 3);
+  ASSERT_GE(json_all_at_most(out, "peak_bytes", total), 2);
+  char want[96];
+  snprintf(want, sizeof want, "\"used_bytes\":%llu", (unsigned long long)total);
+  ASSERT_CONTAINS(out, want);
+  ASSERT_EQ(cli_as("0", (const char *const[]){"metrics", NULL}, out, sizeof out,
+                   err, sizeof err),
+            0);
+  snprintf(want, sizeof want, "} %llu\n", (unsigned long long)total);
+  const char *used = strstr(out, "\ncogpu_gpu_used_bytes{");
+  ASSERT(used);
+  ASSERT(strncmp(strchr(used, '}'), want, strlen(want)) == 0);
+  user_end(b);
+  /* The jobs' records (written by the daemon's history thread; the
+   * joined process, left alone when the job's first one detached, may
+   * have one of its own): their peaks are the GPU's total too. */
+  for (int t = 0;; t += 20) {
+    ASSERT_EQ(cli_as("0", (const char *const[]){"history", "--json", NULL}, out,
+                     sizeof out, err, sizeof err),
+              0);
+    if (occurrences(out, "\"peak_bytes\":") >= 2)
+      break;
+    ASSERT_LT(t, th_ms(10000));
+    th_sleep_ms(20);
+  }
+  int records = json_all_at_most(out, "peak_bytes", total);
+  snprintf(want, sizeof want, "\"peak_bytes\":%llu", (unsigned long long)total);
+  ASSERT_EQ(occurrences(out, want), records);
 }
