@@ -56,4 +56,9 @@ pid_t lt_spawn_logged(const char *tag, const char *const argv[]);
 /* What th_path(tag) holds (the first 64 KiB; a static buffer). */
 char *lt_slurp(const char *tag);
 
+/* CPU time (user + system, clock ticks) process pid has used. */
+uint64_t lt_cpu_ticks(pid_t pid);
+/* How many descriptors process pid has open. */
+int lt_fd_count(pid_t pid);
+
 #endif

@@ -252,23 +252,6 @@ TEST_IMPL(daemon_client_death_frees_at_once) {
   }
 }
 
-static uint64_t cpu_ticks(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  ASSERT(f);
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  unsigned long ut = 0, stime = 0;
-  char *q = strrchr(buf, ')');
-  ASSERT(q && sscanf(q + 2,
-                     "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu "
-                     "%lu",
-                     &ut, &stime) == 2);
-  return ut + stime;
-}
-
 /* With clients attached and nothing changing, the daemon sleeps: no CPU
  * time in two seconds (it has no timer while nobody waits). A tick or two
  * is the machine's noise (a loaded host, TSan's runtime), not a wake-up
@@ -281,9 +264,9 @@ TEST_IMPL(daemon_idle_uses_no_cpu) {
     nd_reserve(h[i], 0, GiB);
   }
   th_sleep_ms(200);
-  uint64_t before = cpu_ticks(th_daemon_pid());
+  uint64_t before = lt_cpu_ticks(th_daemon_pid());
   th_sleep_ms(2000);
-  uint64_t after = cpu_ticks(th_daemon_pid());
+  uint64_t after = lt_cpu_ticks(th_daemon_pid());
   ASSERT_LE(after - before, 2);
   for (int i = 0; i < 8; i++)
     cogpu_detach(h[i]);
@@ -647,19 +630,6 @@ TEST_IMPL(daemon_socket_activated_takes_locks) {
 
 /* --- out of descriptors ------------------------------------------------- */
 
-/* How many descriptors process pid has open. */
-static int nd_fds(pid_t pid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-  DIR *dir = opendir(path);
-  ASSERT(dir);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(dir));)
-    n += e->d_name[0] != '.';
-  closedir(dir);
-  return n;
-}
-
 static int nd_connect(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   ASSERT(strlen(path) < sizeof sa.sun_path);
@@ -724,21 +694,21 @@ TEST_IMPL_ONCE_T(daemon_descriptor_limit_no_spin, 60) {
   cogpu_t *h = lt_attach(0);
   /* More connections than it has descriptors left: the rest wait in the
    * listening socket's backlog. */
-  int n = (int)limit - nd_fds(d) + 32;
+  int n = (int)limit - lt_fd_count(d) + 32;
   ASSERT_GT(n, 32);
   int *fds = calloc((size_t)n, sizeof *fds);
   ASSERT(fds);
   for (int i = 0; i < n; i++)
     fds[i] = nd_connect(sock);
-  for (int t = 0; nd_fds(d) < (int)limit; t += 10) {
+  for (int t = 0; lt_fd_count(d) < (int)limit; t += 10) {
     ASSERT_LT(t, th_ms(10000));
     th_sleep_ms(10);
   }
   th_sleep_ms(200);
   /* It sleeps: a spin costs about 200 ticks in 2 s. */
-  uint64_t t0 = cpu_ticks(d);
+  uint64_t t0 = lt_cpu_ticks(d);
   th_sleep_ms(2000);
-  uint64_t spent = cpu_ticks(d) - t0;
+  uint64_t spent = lt_cpu_ticks(d) - t0;
   ASSERT_LT(spent, 50);
   ASSERT_EQ(nd_occurrences(nd_slurp(log), "out of descriptors"), 1);
   /* Its clients are served meanwhile. */

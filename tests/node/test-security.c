@@ -47,6 +47,7 @@
 
 #include "fuzz-harness.h"
 #include "internal.h"
+#include "ledger-helpers.h"
 #include "ledger/ledger-int.h"
 #include "node/proto.h"
 #include "task.h"
@@ -1121,19 +1122,6 @@ TEST_IMPL(sec_failed_reset_stops_cleanly) {
 /* --- 8. descriptors passed with messages (issue 23) ----------------------
  */
 
-/* How many descriptors process pid has open. */
-static int fd_count(pid_t pid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-  DIR *dir = opendir(path);
-  ASSERT(dir);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(dir));)
-    n += e->d_name[0] != '.';
-  closedir(dir);
-  return n;
-}
-
 /* Sends len bytes of m on fd with nfds descriptors (of /dev/null, ours
  * closed after) in one SCM_RIGHTS header. */
 static void send_fds(int fd, const void *m, size_t len, int nfds) {
@@ -1216,10 +1204,10 @@ static int fd_round(int many) {
 /* Waits (bounded) until the daemon has at most `want` descriptors open:
  * its count then. */
 static int daemon_fds_settle(pid_t dp, int want) {
-  int n = fd_count(dp);
+  int n = lt_fd_count(dp);
   for (int t = 0; n > want && t < th_ms(2000); t += 10) {
     th_sleep_ms(10);
-    n = fd_count(dp);
+    n = lt_fd_count(dp);
   }
   return n;
 }
@@ -1237,7 +1225,7 @@ TEST_IMPL(sec_passed_descriptors_closed) {
   ASSERT_EQ(fd_round(0), 0);
   daemon_serves();
   th_sleep_ms(100);
-  int before = fd_count(dp), wrong = 0;
+  int before = lt_fd_count(dp), wrong = 0;
   for (int i = 0; i < 25; i++)
     wrong += fd_round(1);
   int after = daemon_fds_settle(dp, before);
@@ -1281,7 +1269,7 @@ TEST_IMPL_ONCE_T(sec_client_passed_descriptors_closed, 30) {
     _exit(0);
   }
   close(lfd);
-  int before = fd_count(getpid());
+  int before = lt_fd_count(getpid());
   for (int i = 0; i < rounds; i++) {
     cogpu_status_t *st = NULL;
     int rc = cogpu_status(NULL, &st);
@@ -1290,28 +1278,11 @@ TEST_IMPL_ONCE_T(sec_client_passed_descriptors_closed, 30) {
     ASSERT_EQ(rc, -EPROTO);
   }
   ASSERT_EQ(th_exit_code(th_wait(srv, th_ms(10000))), 0);
-  ASSERT_EQ(fd_count(getpid()), before);
+  ASSERT_EQ(lt_fd_count(getpid()), before);
 }
 
 /* --- 9. connections per user (issue 23) ------------------------------------
  */
-
-/* The daemon's CPU time (utime + stime, in clock ticks). */
-static uint64_t cpu_ticks(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "re");
-  ASSERT(f);
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  unsigned long ut = 0, st = 0;
-  char *q = strrchr(buf, ')');
-  ASSERT(q &&
-         sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
-                &ut, &st) == 2);
-  return ut + st;
-}
 
 /* How often needle occurs in text. */
 static int occurrences(const char *text, const char *needle) {
@@ -1412,9 +1383,9 @@ TEST_IMPL_T(sec_user_max_connections, 60) {
   daemon_serves();
   /* Refusing is no spin: the daemon sleeps while B holds its connections
    * (a busy loop costs about 200 ticks in 2 s). */
-  uint64_t t0 = cpu_ticks(dp);
+  uint64_t t0 = lt_cpu_ticks(dp);
   th_sleep_ms(2000);
-  ASSERT_LT(cpu_ticks(dp) - t0, 50);
+  ASSERT_LT(lt_cpu_ticks(dp) - t0, 50);
   /* Once B's connections close, B is served again. */
   kill(b, SIGTERM);
   ASSERT_EQ(th_exit_code(th_wait(b, th_ms(10000))), 0);

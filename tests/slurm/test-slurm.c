@@ -1635,19 +1635,49 @@ TEST_IMPL_ONCE_T(slurm_export_none_still_under_cogpu, 240) {
   stop_cluster(); /* tests end with _exit: no atexit */
 }
 
-/* A job whose step waits for its memory at start (memory held outside
- * Slurm) shows as waiting to its user, and scancel ends the wait at once,
- * for sbatch and srun alike. */
-TEST_IMPL_ONCE_T(slurm_cancel_while_waiting_at_start, 240) {
-  start_cluster("16G");
-  char out[OUT_MAX], cmd[PATH_MAX * 3];
-  /* Root holds 14G of the 16G GPU outside Slurm. */
+/* Root holds 14G of the 16G GPU outside Slurm, so that a job Slurm packed
+ * there waits for its memory at start. */
+static cogpu_t *hold_outside_slurm(void) {
   cogpu_t *h = lt_attach(0);
   cogpu_request_t req = {.gpu = 0,
                          .bytes = 14 * GiB,
                          .priority = COGPU_PRIORITY_DEFAULT,
                          .timeout_ms = COGPU_NOWAIT};
   ASSERT_OK(cogpu_reserve(h, &req, NULL));
+  return h;
+}
+
+/* Waits (bounded) until job `id` waits at start, as its user sees it. */
+static void wait_shown_waiting(const char *id) {
+  for (int t = 0; waiters_of_job(USER1, id) != 1; t += 100) {
+    if (t > th_ms(30000))
+      th_fail(__FILE__, __LINE__, "job %s never shown waiting", id);
+    th_sleep_ms(100);
+  }
+}
+
+/* The waits of jobs ids[] must be gone within 2 s of what ended them. */
+static void waits_end_within_2s(const char *const ids[], const char *why) {
+  uint64_t t0 = cogpu__now_ns();
+  for (;;) {
+    int left = 0;
+    for (int i = 0; ids[i]; i++)
+      left += waiters_of_job(USER1, ids[i]);
+    if (left == 0)
+      return;
+    if (cogpu__now_ns() - t0 > (uint64_t)th_ms(2000) * 1000000u)
+      th_fail(__FILE__, __LINE__, "the waits outlived %s by 2 s", why);
+    th_sleep_ms(50);
+  }
+}
+
+/* A job whose step waits for its memory at start (memory held outside
+ * Slurm) shows as waiting to its user, and scancel ends the wait at once,
+ * for sbatch and srun alike. */
+TEST_IMPL_ONCE_T(slurm_cancel_while_waiting_at_start, 240) {
+  start_cluster("16G");
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  cogpu_t *h = hold_outside_slurm();
   snprintf(cmd, sizeof cmd,
            "sbatch -D %s -o %s/w.out --gpu-mem=8G --wrap 'echo started'",
            th_tmpdir(), th_tmpdir());
@@ -1657,22 +1687,10 @@ TEST_IMPL_ONCE_T(slurm_cancel_while_waiting_at_start, 240) {
            "echo $!",
            th_tmpdir());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
-  for (int job = 1; job <= 2; job++) {
-    char id[8];
-    snprintf(id, sizeof id, "%d", job);
-    for (int t = 0; waiters_of_job(USER1, id) != 1; t += 100) {
-      if (t > th_ms(30000))
-        th_fail(__FILE__, __LINE__, "job %s never shown waiting", id);
-      th_sleep_ms(100);
-    }
-  }
+  wait_shown_waiting("1");
+  wait_shown_waiting("2");
   ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(20000)), 0);
-  uint64_t t0 = cogpu__now_ns();
-  while (waiters_of_job(USER1, "1") + waiters_of_job(USER1, "2") > 0) {
-    if (cogpu__now_ns() - t0 > (uint64_t)th_ms(2000) * 1000000u)
-      th_fail(__FILE__, __LINE__, "the waits outlived scancel by 2 s");
-    th_sleep_ms(50);
-  }
+  waits_end_within_2s((const char *const[]){"1", "2", NULL}, "scancel");
   wait_jobs_done(30000);
   ASSERT(strstr(file("w.out"), "started") == NULL);
   ASSERT_OK(cogpu_detach(h));
@@ -1687,29 +1705,15 @@ TEST_IMPL_ONCE_T(slurm_cancel_while_waiting_at_start, 240) {
 TEST_IMPL_ONCE_T(slurm_time_limit_ends_wait_at_start, 240) {
   start_cluster("16G");
   char out[OUT_MAX], cmd[PATH_MAX * 3];
-  cogpu_t *h = lt_attach(0);
-  cogpu_request_t req = {.gpu = 0,
-                         .bytes = 14 * GiB,
-                         .priority = COGPU_PRIORITY_DEFAULT,
-                         .timeout_ms = COGPU_NOWAIT};
-  ASSERT_OK(cogpu_reserve(h, &req, NULL));
+  cogpu_t *h = hold_outside_slurm();
   snprintf(cmd, sizeof cmd,
            "sbatch -t 1 -D %s -o %s/t.out --gpu-mem=8G --wrap 'echo started'",
            th_tmpdir(), th_tmpdir());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
-  for (int t = 0; waiters_of_job(USER1, "1") != 1; t += 100) {
-    if (t > th_ms(30000))
-      th_fail(__FILE__, __LINE__, "job 1 never shown waiting");
-    th_sleep_ms(100);
-  }
+  wait_shown_waiting("1");
   wait_output("scontrol show job 1 | grep -o 'JobState=[A-Z]*'",
               "JobState=TIMEOUT", 150000);
-  uint64_t t0 = cogpu__now_ns();
-  while (waiters_of_job(USER1, "1") > 0) {
-    if (cogpu__now_ns() - t0 > (uint64_t)th_ms(2000) * 1000000u)
-      th_fail(__FILE__, __LINE__, "the wait outlived the time limit by 2 s");
-    th_sleep_ms(50);
-  }
+  waits_end_within_2s((const char *const[]){"1", NULL}, "the time limit");
   wait_jobs_done(30000);
   ASSERT(strstr(file("t.out"), "started") == NULL);
   ASSERT_OK(cogpu_detach(h));

@@ -24,6 +24,7 @@
 
 #include "../fakes/cuda/fake-cuda-state.h"
 #include "../fakes/cuda/fake-cuda.h"
+#include "ledger-helpers.h"
 #include "nvml/nvml.h"
 #include "task.h"
 
@@ -86,26 +87,6 @@ static int get_byte_within(int fd, int ms) {
   if (poll(&p, 1, ms) != 1 || read(fd, &c, 1) != 1)
     return -1;
   return (unsigned char)c;
-}
-
-/* CPU time (user + system, clock ticks) process pid has used. */
-static uint64_t cpu_ticks(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "re");
-  ASSERT(f);
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char *s = strrchr(buf, ')');
-  ASSERT(s);
-  unsigned long long ut = 0, st = 0;
-  /* Fields 14 and 15, counted from the state (field 3). */
-  ASSERT_EQ(sscanf(s + 2,
-                   "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-                   &st),
-            2);
-  return ut + st;
 }
 
 /* --- Checkpoint calls ----------------------------------------------------- */
@@ -399,11 +380,11 @@ TEST_IMPL(fakeckpt_lock_blocks_calls) {
   ASSERT_EQ(ck_restore(k.pid), CUDA_ERROR_ILLEGAL_STATE);
 
   /* Two threads and the main thread call; none returns, none spins. */
-  uint64_t cpu0 = cpu_ticks(k.pid);
+  uint64_t cpu0 = lt_cpu_ticks(k.pid);
   put_byte(k.cmd, 'T');
   put_byte(k.cmd, 'c');
   ASSERT_EQ(get_byte_within(k.rep, 500), -1);
-  ASSERT_LE(cpu_ticks(k.pid) - cpu0, 10);
+  ASSERT_LE(lt_cpu_ticks(k.pid) - cpu0, 10);
   ASSERT_EQ(used(0), 64 * MIB + 100 * MIB); /* a lock moves nothing */
 
   CU_OK(ck_unlock(k.pid));
