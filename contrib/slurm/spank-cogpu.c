@@ -162,8 +162,9 @@ static bool gres_count(const char *list, const char *name, uint64_t *n) {
        tok = strtok_r(NULL, ",", &save)) {
     if (strncmp(tok, name, len) != 0 || tok[len] != ':')
       continue;
+    /* A suffix ("(S:0-1)", "(CNT:...)") has colons of its own. */
+    tok[strcspn(tok, "(")] = 0;
     char *count = strrchr(tok, ':') + 1; /* past a type, if any */
-    count[strcspn(count, "(")] = 0;
     return cogpu__parse_size(name, count, n) == 0;
   }
   return false;
@@ -398,29 +399,19 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
  * the job's --gpu-mem. */
 
 /* The count of GRES `name` in one of slurmctld's per-node allocation
- * strings: "cogpumem(CNT:3221225472)" or "gpu:2(IDX:0-1),cogpumem:3G". */
+ * strings: "cogpumem(CNT:3221225472)", or a node list's form
+ * ("gpu:2(IDX:0-1),cogpumem:3G"). */
 static bool alloc_count(const char *list, const char *name, uint64_t *n) {
   size_t len = strlen(name);
-  for (const char *p = list; p && *p; p++) {
-    if ((p != list && p[-1] != ',') || strncmp(p, name, len) != 0 ||
-        (p[len] != '(' && p[len] != ':'))
+  for (const char *p = list; p && (p = strstr(p, name)); p += len) {
+    if ((p != list && p[-1] != ',') || strncmp(p + len, "(CNT:", 5) != 0)
       continue;
-    const char *end = p + len + strcspn(p + len, ",");
-    const char *cnt = strstr(p + len, "CNT:");
     char num[64];
-    if (p[len] == '(' && cnt && cnt < end + strcspn(end, ")")) {
-      snprintf(num, sizeof num, "%.*s", (int)strcspn(cnt + 4, ")"), cnt + 4);
-    } else {
-      size_t l = strcspn(p + len, "(,");
-      snprintf(num, sizeof num, "%.*s", (int)l, p + len);
-      char *last = strrchr(num, ':'); /* past a type, if any */
-      if (!last)
-        continue;
-      memmove(num, last + 1, strlen(last + 1) + 1);
-    }
+    const char *c = p + len + 5;
+    snprintf(num, sizeof num, "%.*s", (int)strcspn(c, ")"), c);
     return cogpu__parse_size(name, num, n) == 0;
   }
-  return false;
+  return gres_count(list, name, n);
 }
 
 /* The job's `cogpumem` (or old `gpumem`) allocation on node `node`, from

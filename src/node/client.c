@@ -150,14 +150,12 @@ static int msg_recv(int fd, cogpu__msg_t *m, uint64_t deadline, int *fd_out) {
    * even with an empty message; more than one is a violation. */
   int got = -1;
   int nfds = cogpu__msg_fds(&mh, fd_out && *fd_out < 0 ? &got : NULL);
-  if (n == 0)
-    return -EPIPE;
   char why[64];
-  if (nfds < 0 || nfds > 1 || (mh.msg_flags & MSG_TRUNC) ||
+  if (n == 0 || nfds < 0 || nfds > 1 || (mh.msg_flags & MSG_TRUNC) ||
       cogpu__msg_check(m, (size_t)n, why, sizeof why) != 0) {
     if (got >= 0)
       close(got);
-    return -EPROTO;
+    return n == 0 ? -EPIPE : -EPROTO; /* n == 0: the daemon went away */
   }
   if (got >= 0)
     *fd_out = got;

@@ -327,16 +327,25 @@ static int nd_cogpud(const char *const args[], char *err, size_t len) {
                 sizeof out, err, len, th_ms(10000));
 }
 
-/* A listening socket at path, as a daemon of another kind would hold it. */
-static int nd_listen(const char *path) {
+/* A socket at path: listening (as a daemon of another kind would hold
+ * it), or connected to whoever listens there. */
+static int nd_socket(const char *path, bool listening) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   ASSERT(strlen(path) < sizeof sa.sun_path);
   strcpy(sa.sun_path, path);
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   ASSERT(fd >= 0);
-  ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  ASSERT_EQ(listen(fd, 16), 0);
+  if (listening) {
+    ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ASSERT_EQ(listen(fd, 16), 0);
+  } else {
+    ASSERT_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  }
   return fd;
+}
+
+static int nd_listen(const char *path) {
+  return nd_socket(path, true);
 }
 
 static bool nd_is_socket(const char *path) {
@@ -631,13 +640,7 @@ TEST_IMPL(daemon_socket_activated_takes_locks) {
 /* --- out of descriptors ------------------------------------------------- */
 
 static int nd_connect(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  ASSERT(strlen(path) < sizeof sa.sun_path);
-  strcpy(sa.sun_path, path);
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  ASSERT(fd >= 0);
-  ASSERT_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  return fd;
+  return nd_socket(path, false);
 }
 
 static char *nd_slurp(const char *path) {
