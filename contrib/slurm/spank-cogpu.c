@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <slurm/slurm.h>
@@ -517,6 +518,9 @@ static void hold_reservation(uint32_t id, const char *job_id, const char *cmd,
     cogpu_detach(holder);
     ao.join = token;
     rc = cogpu__attach_as(&ao, job_uid, &holder);
+    /* The tasks join through the step, so that its report is its own. */
+    if (rc == 0)
+      rc = cogpu__step_token(holder, token, sizeof token);
     if (rc == 0) {
       job_gpu = joined_gpu();
       return;
@@ -864,6 +868,42 @@ static void report_capture(spank_t sp) {
  * entry per step and node, appended to those already there (a comment that
  * is not cogpu's is kept, with ours after it). Read, then written: two nodes
  * ending the same instant may lose one entry (Slurm offers no append). */
+/* Steps of one job that end together on a node would each read the
+ * comment and write it back with their entry, and all but one entry would
+ * be lost: on a node they take turns, under an flock in the node's daemon
+ * directory (root's, 0755, made by cogpud: a lock in a directory users
+ * can write would let one of them hold every job's report back). At most
+ * 5 s: an entry written without the lock is better than a step that hangs.
+ * Returns the lock's descriptor, or -1. */
+static int comment_lock(void) {
+  cogpu__config_t cfg;
+  struct stat sb;
+  char path[PATH_MAX + 32];
+  if (cogpu__config_load(&cfg) != 0)
+    return -1;
+  const char *dir = cfg.v[COGPU_OPT_DAEMON_DIR].s;
+  if (!dir || !*dir || lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
+      sb.st_uid != 0 || (sb.st_mode & 022))
+    return -1;
+  snprintf(path, sizeof path, "%s/slurm-comment.lock", dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return -1;
+  for (int i = 0; i < 500; i++) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+      return fd;
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      break;
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  slurm_info("cogpu: %s: not taken in 5 s: the AdminComment is written "
+             "without it",
+             path);
+  close(fd);
+  return -1;
+}
+
 static void report_admin_comment(uint32_t id, uint32_t step, const char *node,
                                  const cogpu__job_report_t *r) {
   char entry[512], *old = NULL, msg[4096];
@@ -879,6 +919,7 @@ static void report_admin_comment(uint32_t id, uint32_t step, const char *node,
       (double)r->run_ms / 1e3, r->suspensions, r->guard_failures);
   if (n < 0 || (size_t)n >= sizeof entry)
     return;
+  int lock = comment_lock();
   job_info_msg_t *ji = NULL;
   if (slurm_load_job(&ji, id, SHOW_DETAIL) == SLURM_SUCCESS && ji &&
       ji->record_count > 0 && ji->job_array[0].admin_comment)
@@ -899,9 +940,12 @@ static void report_admin_comment(uint32_t id, uint32_t step, const char *node,
   slurm_init_job_desc_msg(&d);
   d.job_id = id;
   d.admin_comment = msg;
-  if (slurm_update_job(&d) == SLURM_SUCCESS)
-    return;
+  int rc = slurm_update_job(&d);
   int err = slurm_get_errno();
+  if (lock >= 0)
+    close(lock); /* drops the flock */
+  if (rc == SLURM_SUCCESS)
+    return;
   if (err == ESLURM_JOB_FINISHED)
     /* Cancelled or out of time: slurmctld changes no finished job, so the
      * figures stay where they were written (the job's output) and go to
@@ -1030,8 +1074,9 @@ static void report_step(spank_t sp) {
   spank_get_item(sp, S_JOB_NNODES, &nnodes);
   if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof node) != ESPANK_SUCCESS)
     gethostname(node, sizeof node - 1);
+  /* The step's own figures: its tasks joined through its token. */
   cogpu__job_report_t r;
-  if (cogpu__job_end(holder, report_status, &r) != 0)
+  if (cogpu__step_end(holder, report_status, &r) != 0)
     return;
   if (nnodes > 1)
     snprintf(job, sizeof job, "job %u on %s", id, node);

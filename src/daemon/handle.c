@@ -241,8 +241,11 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
         atomic_load(&st->slots[job].gen) != job_gen || job == d->dh->slot)
       return fail(d, c, m, -ESRCH, "the job of token '%s' has ended", a->join) -
              1;
-    /* A token is not a key: only the job's own user joins it. */
-    if (st->slots[job].uid != owner && !c->admin)
+    /* A token is not a key: only the job's own user joins it (and the
+     * job's, when the token is a step's). */
+    uint32_t root = cogpu__ledger_job_of(d->dh, job);
+    if ((st->slots[job].uid != owner || st->slots[root].uid != owner) &&
+        !c->admin)
       return fail(d, c, m, -EPERM,
                   "job token '%s' belongs to another user: refused", a->join) -
              1;
@@ -284,7 +287,7 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__ledger_tx_set(h, &sl->state, SLOT_ACTIVE);
   cogpu__ledger_tx_commit(h);
   if (a->join[0]) {
-    cogpu__ledger_slot_join(h, s, job, job_gen);
+    cogpu__ledger_slot_join(h, s, &job, &job_gen);
     c->res_slot = job;
     c->res_gen = job_gen;
   }
@@ -292,6 +295,7 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__ledger_unlock(h);
   c->kind = DC_MAIN;
   d->slot_conn[s] = c;
+  cogpu__daemon_watch_process(d, c);
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
   identity_reply(d, c, &r);
@@ -345,6 +349,7 @@ static int on_resume(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   }
   c->kind = DC_MAIN;
   d->slot_conn[c->slot] = c;
+  cogpu__daemon_watch_process(d, c);
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
   identity_reply(d, c, &r);
@@ -623,10 +628,11 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   c->op_seq = m->seq;
   /* Only for the counters; after a daemon restart a client sends its
    * whole bound again, so its closing then counts as a cancel. */
-  c->wait_deadline_ns =
-      wm->req.timeout_ms > 0
-          ? cogpu__now_ns() + cogpu__ms_to_ns((uint64_t)wm->req.timeout_ms)
-          : UINT64_MAX;
+  /* Saturated: a bound of 30,000 years must not wrap to "already past"
+   * and count its cancel as a timeout. */
+  c->wait_deadline_ns = wm->req.timeout_ms > 0
+                            ? cogpu__deadline_ns(wm->req.timeout_ms)
+                            : UINT64_MAX;
   ledger_state_t *st = d->dh->st;
   /* After a daemon restart: a request already granted is handed its grant
    * again (the client never saw it), never granted twice. */
@@ -897,8 +903,6 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   return c->kind == DC_MAIN ? 0 : -1;
 }
 
-int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
-
 static int on_reset(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   if (!c->admin)
     return fail(d, c, m, -EPERM,
@@ -954,7 +958,10 @@ static int on_job_end(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     js->exit_status = m->u.job_end.exit_status >= 0
                           ? (uint64_t)m->u.job_end.exit_status + 1
                           : 0;
-  cogpu__ledger_job_report(h, h->res_slot, &rep);
+  if (m->u.job_end.flags & COGPU_JOB_END_STEP)
+    cogpu__ledger_step_report(h, h->slot, &rep);
+  else
+    cogpu__ledger_job_report(h, h->res_slot, &rep);
   cogpu__ledger_unlock(h);
   r.u.reply.gpu = rep.gpu;
   r.u.reply.a = rep.peak;
@@ -1093,6 +1100,13 @@ void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
   if (!d->dh)
     return;
   ledger_state_t *st = d->dh->st;
+  if (c->watch) {
+    /* A MAIN connection's watcher, or a watcher's MAIN connection: the
+     * other ends with it (a watcher fired unlinks itself first). */
+    c->watch->watch = NULL;
+    cogpu__daemon_end_later(d, c->watch);
+    c->watch = NULL;
+  }
   if (c->kind == DC_MAIN || c->kind == DC_PIDFD) {
     if (d->slot_conn[c->slot] == c) {
       d->slot_conn[c->slot] = NULL;

@@ -78,6 +78,7 @@ struct cogpu__drec_s {
   pthread_cond_t cv;
   pthread_cond_t done_cv; /* a batch was written (or dropped) */
   cogpu__hist_rec_t *queue;
+  cogpu__hist_rec_t *batch; /* the writer's copy of the queue, made at start */
   size_t nqueue;
   uint64_t queued, handled;  /* records given to the writer, and done by it */
   uint64_t written, dropped; /* for tests and the log */
@@ -321,7 +322,12 @@ static void run_query(struct cogpu__drec_s *r, hq_t *q) {
                           .rec_size = sizeof *v};
   int mfd = memfd_create("cogpu-history", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   size_t bytes = n * sizeof *v;
-  if (mfd < 0 || write(mfd, &hh, sizeof hh) != (ssize_t)sizeof hh ||
+  /* A short write (a fault test's) sets no errno: its error is EIO, not
+   * whatever an earlier call left there. */
+  size_t hlen =
+      cogpu__fault_fails(COGPU_FP_HIST_WRITE) ? sizeof hh / 2 : sizeof hh;
+  errno = 0;
+  if (mfd < 0 || write(mfd, &hh, hlen) != (ssize_t)sizeof hh ||
       (bytes && write(mfd, v, bytes) != (ssize_t)bytes) ||
       fcntl(mfd, F_ADD_SEALS,
             F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
@@ -339,7 +345,7 @@ static void run_query(struct cogpu__drec_s *r, hq_t *q) {
 static void *writer(void *arg) {
   struct cogpu__drec_s *r = arg;
   cogpu__hist_t *db = NULL;
-  cogpu__hist_rec_t *batch = malloc(REC_QUEUE_MAX * sizeof *batch);
+  cogpu__hist_rec_t *batch = r->batch;
   pthread_mutex_lock(&r->mu);
   for (;;) {
     while (!r->nqueue && !r->hq && !r->stop)
@@ -347,8 +353,7 @@ static void *writer(void *arg) {
     if (!r->nqueue && !r->hq && r->stop)
       break;
     size_t n = r->nqueue;
-    if (batch)
-      memcpy(batch, r->queue, n * sizeof *batch);
+    memcpy(batch, r->queue, n * sizeof *batch);
     r->nqueue = 0;
     /* The queries asked so far, taken with the records queued before
      * them: answered once those are written. */
@@ -356,7 +361,7 @@ static void *writer(void *arg) {
     r->hq = NULL;
     r->hq_tail = &r->hq;
     pthread_mutex_unlock(&r->mu);
-    for (size_t i = 0; batch && i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
       cogpu__user_name(batch[i].uid, batch[i].user, sizeof batch[i].user);
       int rc = db ? 0 : cogpu__hist_open(r->path, true, &db);
       if (rc == 0)
@@ -392,7 +397,6 @@ static void *writer(void *arg) {
   }
   pthread_mutex_unlock(&r->mu);
   cogpu__hist_close(db);
-  free(batch);
   return NULL;
 }
 
@@ -443,6 +447,17 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
     if (rc != 0)
       say_off(r, rc); /* its cause: the first record's failure is not news */
     cogpu__hist_close(db);
+    /* The writer's batch, before it starts: without it every record
+     * would be dropped, and said nowhere. */
+    if (!cogpu__fault_fails(COGPU_FP_HIST_BATCH))
+      r->batch = malloc(REC_QUEUE_MAX * sizeof *r->batch);
+    if (!r->batch) {
+      r->history_on = false;
+      cogpu__log(COGPU_LOG_WARN,
+                 "job history is off: out of memory for the writer");
+    }
+  }
+  if (r->history_on) {
     r->started = pthread_create(&r->thread, NULL, writer, r) == 0;
     if (!r->started) {
       r->history_on = false;
@@ -488,6 +503,7 @@ void cogpu__daemon_rec_stop(cogpu__daemon_t *d) {
   free(r->page_gen);
   free(r->job);
   free(r->queue);
+  free(r->batch);
   free(r);
   d->rec = NULL;
 }

@@ -3,7 +3,6 @@
  * (core.h). The ledger and the cluster simulator both call these; what
  * they hold the state in is behind cogpu__core_ops_t.
  */
-#include <assert.h>
 #include <string.h>
 
 #include "cogpu.h"
@@ -102,7 +101,9 @@ size_t cogpu__core_candidates(const cogpu__core_entry_t *e, uint32_t ngpus,
 void cogpu__core_serve(const cogpu__core_rules_t *r, uint64_t now,
                        uint32_t ngpus, uint32_t *ids, size_t n,
                        const cogpu__core_ops_t *ops, void *ctx) {
-  assert(ngpus <= COGPU_CORE_MAX_GPUS);
+  cogpu__assert(ngpus <= COGPU_CORE_MAX_GPUS);
+  if (ngpus > COGPU_CORE_MAX_GPUS) /* a release build: never past the arrays */
+    ngpus = COGPU_CORE_MAX_GPUS;
   int64_t starving = cogpu__core_starving(r, now, ids, n, ops, ctx);
   int64_t starving_id = -1;
   if (starving > 0) {

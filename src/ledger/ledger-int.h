@@ -30,7 +30,7 @@
 #include "nvml/nvml.h"
 
 #define LEDGER_MAGIC "COGPUST\0"
-#define LEDGER_VERSION 5u
+#define LEDGER_VERSION 6u
 #define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
 /* Enough for the node daemon's 10,000 connected clients; a slot costs
  * nothing until it is used (the file's pages are touched on use). */
@@ -147,6 +147,16 @@ typedef struct ledger_slot_s {
   uint64_t waited_ns;
   uint64_t guard_fails;
   uint64_t exit_status;
+  /* A step of a job (a Slurm step's slurmstepd): a process that joined the
+   * job through the step's own token (cogpu__step_token) belongs to the
+   * job, for its bookings and the job's figures, and to the step, for the
+   * step's report: group is the step's slot+1 (0: it joined the job
+   * itself), group_gen that slot's generation. group_peak is a step's
+   * job_peak: the peaks of the step's processes that have ended. */
+  uint64_t group;
+  uint64_t group_gen;
+  uint64_t group_peak[LEDGER_MAX_GPUS];
+  uint64_t group_peak_ns;
 } ledger_slot_t;
 _Static_assert(COGPU_USAGE_GPUS == LEDGER_MAX_GPUS,
                "a usage page has a word per ledger GPU");
@@ -435,9 +445,11 @@ void cogpu__ledger_slot_fill(cogpu_t *h, uint32_t slot, int pid, uint32_t uid,
 /* The daemon's own attachment (trusted mode), recovered; and its end. */
 int cogpu__ledger_open_trusted(const cogpu__config_t *cfg, cogpu_t **out);
 void cogpu__ledger_close_trusted(cogpu_t *h);
-/* The slot's owner joins the job of slot job/gen (lock held). */
-void cogpu__ledger_slot_join(cogpu_t *h, uint32_t slot, uint32_t job,
-                             uint32_t job_gen);
+/* Lock held: the slot's owner joins the job of slot *job (generation *job_gen).
+ * If that slot is itself a member of a live job (a step's token), the owner
+ * joins that job, in the step: *job and *job_gen then name the job. */
+void cogpu__ledger_slot_join(cogpu_t *h, uint32_t slot, uint32_t *job,
+                             uint32_t *job_gen);
 
 /* --- wait.c: sleeping and waking ----------------------------------------- */
 /* Sleep until *word != val or timeout_ms passes (-1 = no bound). */
@@ -471,9 +483,13 @@ typedef struct ledger_susp_op_s {
 } ledger_susp_op_t;
 /* Suspensions and resumes the ledger decided since the last call. */
 size_t cogpu__ledger_take_susp_ops(ledger_susp_op_t *out, size_t max);
-/* The pids of the job of slot s that use CUDA. */
+/* The pids of the job of slot s that use CUDA, and (starts, if not NULL)
+ * each one's start time as it attached (node mode). */
 size_t cogpu__ledger_job_pids(struct cogpu_s *h, uint32_t s, int32_t *pids,
-                              size_t max);
+                              uint64_t *starts, size_t max);
+/* The slots of the job of slot s whose processes use CUDA. */
+size_t cogpu__ledger_job_members(struct cogpu_s *h, uint32_t s, uint32_t *slots,
+                                 size_t max);
 /* 0 and the job's GPU if the job of slot s could be suspended; otherwise
  * a negative code and why. Lock held. */
 int cogpu__ledger_suspendable(struct cogpu_s *h, uint32_t s, int *gpu,
@@ -549,6 +565,11 @@ void cogpu__ledger_job_usage(struct cogpu_s *h, uint32_t s, uint32_t g,
 /* Lock held: the report of job slot s (cogpu__job_end's figures). */
 void cogpu__ledger_job_report(struct cogpu_s *h, uint32_t s,
                               cogpu__job_report_t *out);
+/* Lock held: the report of the step of slot s (cogpu__step_end's
+ * figures): the peak, its time and the run time of the processes that
+ * joined through s (s itself included); the rest is its job's. */
+void cogpu__ledger_step_report(struct cogpu_s *h, uint32_t s,
+                               cogpu__job_report_t *out);
 /* Lock held: per job slot, used and peak on GPU g (arrays of
  * LEDGER_MAX_SLOTS), for snapshots: one pass over the slots. */
 void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,

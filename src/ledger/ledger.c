@@ -119,6 +119,8 @@ void cogpu__ledger_slot_fill(struct cogpu_s *h, uint32_t slot, int pid,
   memset(s->job_peak, 0, sizeof s->job_peak);
   s->job_peak_ns = s->held_max = s->held_max_gpu = s->waited_ns = 0;
   s->guard_fails = s->exit_status = 0;
+  s->group = s->group_gen = s->group_peak_ns = 0;
+  memset(s->group_peak, 0, sizeof s->group_peak);
 }
 
 static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {
@@ -313,9 +315,9 @@ static int attach_join(struct cogpu_s *h, const char *token) {
   bool live = s->state == SLOT_ACTIVE && atomic_load(&s->gen) == gen &&
               cogpu__ledger_slot_alive(h, slot, gen);
   if (live) {
+    cogpu__ledger_slot_join(h, h->slot, &slot, &gen);
     h->res_slot = slot;
     h->res_gen = gen;
-    cogpu__ledger_slot_join(h, h->slot, slot, gen);
   }
   cogpu__ledger_unlock(h);
   if (!live)
@@ -323,11 +325,20 @@ static int attach_join(struct cogpu_s *h, const char *token) {
   return 0;
 }
 
-void cogpu__ledger_slot_join(struct cogpu_s *h, uint32_t slot, uint32_t job,
-                             uint32_t job_gen) {
+void cogpu__ledger_slot_join(struct cogpu_s *h, uint32_t slot, uint32_t *job,
+                             uint32_t *job_gen) {
   ledger_slot_t *me = &h->st->slots[slot];
-  cogpu__ledger_tx_set(h, &me->job, job + 1);
-  cogpu__ledger_tx_set(h, &me->job_gen, job_gen);
+  uint32_t root = cogpu__ledger_job_of(h, *job);
+  if (root != *job) {
+    /* A step's token: the job is the step's, the step is the figures'.
+     * Jobs nest one level only: a member's claims come from a job slot. */
+    me->group = *job + 1u;
+    me->group_gen = *job_gen;
+    *job_gen = atomic_load(&h->st->slots[root].gen);
+    *job = root;
+  }
+  cogpu__ledger_tx_set(h, &me->job, *job + 1);
+  cogpu__ledger_tx_set(h, &me->job_gen, *job_gen);
   cogpu__ledger_tx_commit(h);
 }
 
@@ -391,6 +402,18 @@ int cogpu_job_token(cogpu_t *h, char *buf, size_t len) {
     return cogpu__seterr(-EINVAL, "cogpu_job_token: buffer too small");
   snprintf(buf, len, "%u.%u", h->res_slot,
            h->res_slot == h->slot ? h->gen : h->res_gen);
+  return 0;
+}
+
+int cogpu__step_token(cogpu_t *h, char *buf, size_t len) {
+  if (h && h->node)
+    return cogpu__node_step_token(h->node, buf, len);
+  int rc = check_handle(h);
+  if (rc)
+    return rc;
+  if (!buf || len < 24)
+    return cogpu__seterr(-EINVAL, "cogpu__step_token: buffer too small");
+  snprintf(buf, len, "%u.%u", h->slot, h->gen);
   return 0;
 }
 

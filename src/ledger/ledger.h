@@ -114,6 +114,15 @@ typedef struct cogpu__job_report_s {
  * history record and fills *out. Called by the job's own slot (cogpu run)
  * before it detaches. */
 int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out);
+/* cogpu__job_end for one step of a job (a Slurm step): *out has the
+ * figures of the processes that joined through this handle's step token
+ * (its peak, when, how long the step ran) and the job's reservation,
+ * wait and suspensions. */
+int cogpu__step_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out);
+/* The token (cogpu_attach_opts_t.join) that makes a process part of this
+ * handle's job and of its step: the step's report counts it. It is the
+ * job's token when this handle holds the job's reservation itself. */
+int cogpu__step_token(cogpu_t *h, char *buf, size_t len);
 /* Single-user mode: what the handle's job uses now on each GPU (its live
  * processes' used bytes, summed; used[COGPU_USAGE_GPUS], *ngpus filled),
  * and *at_ms, how long since the job started: a sample of its memory

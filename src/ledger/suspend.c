@@ -23,7 +23,6 @@
  * restore. The job's own requests are held back while it is suspended and
  * granted together with its resume.
  */
-#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,11 +69,23 @@ static bool of_job(const ledger_state_t *st, uint32_t s, uint32_t m) {
 }
 
 size_t cogpu__ledger_job_pids(struct cogpu_s *h, uint32_t s, int32_t *pids,
-                              size_t max) {
+                              uint64_t *starts, size_t max) {
+  size_t n = 0;
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS && n < max; m++)
+    if (of_job(h->st, s, m) && (h->st->slots[m].flags & COGPU_MARK_CUDA)) {
+      if (starts)
+        starts[n] = h->st->slots[m].starttime;
+      pids[n++] = h->st->slots[m].pid;
+    }
+  return n;
+}
+
+size_t cogpu__ledger_job_members(struct cogpu_s *h, uint32_t s, uint32_t *slots,
+                                 size_t max) {
   size_t n = 0;
   for (uint32_t m = 0; m < LEDGER_MAX_SLOTS && n < max; m++)
     if (of_job(h->st, s, m) && (h->st->slots[m].flags & COGPU_MARK_CUDA))
-      pids[n++] = h->st->slots[m].pid;
+      slots[n++] = m;
   return n;
 }
 
@@ -323,7 +334,9 @@ void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w) {
   ledger_waiter_t *wt = &h->st->waiters[w];
   uint32_t s = (uint32_t)wt->slot, g = (uint32_t)wt->gpu;
   ledger_slot_t *sl = &h->st->slots[s];
-  assert(sl->susp == SUSP_SUSPENDED);
+  cogpu__assert(sl->susp == SUSP_SUSPENDED);
+  if (sl->susp != SUSP_SUSPENDED)
+    return; /* a release build: no resume of what is not parked */
   /* Booked first: the daemon restores only what the ledger holds. */
   if (sl->parked && !cogpu__ledger_grant(h, g, s, s, sl->parked, false))
     return;

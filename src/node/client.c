@@ -811,6 +811,13 @@ int cogpu__node_job_token(cogpu__node_t *n, char *buf, size_t len) {
   return 0;
 }
 
+int cogpu__node_step_token(cogpu__node_t *n, char *buf, size_t len) {
+  if (!buf || len < 24)
+    return cogpu__seterr(-EINVAL, "cogpu__step_token: buffer too small");
+  snprintf(buf, len, "%u.%u", n->slot, n->gen);
+  return 0;
+}
+
 int cogpu__node_gpu_count(cogpu__node_t *n) {
   return (int)n->ngpus;
 }
@@ -865,11 +872,12 @@ cogpu__usage_t *cogpu__node_usage_page(cogpu__node_t *n) {
   return u;
 }
 
-int cogpu__node_job_end(cogpu__node_t *n, int exit_status,
+int cogpu__node_job_end(cogpu__node_t *n, int exit_status, bool step,
                         cogpu__job_report_t *out) {
   cogpu__msg_t m, r;
   cogpu__msg_init(&m, COGPU_M_JOB_END, 0);
   m.u.job_end.exit_status = exit_status < 0 ? -1 : exit_status;
+  m.u.job_end.flags = step ? COGPU_JOB_END_STEP : 0;
   int rc = rpc(n, &m, &r);
   if (rc)
     return rc;

@@ -79,8 +79,10 @@ int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu);
 struct cogpu__usage_s *cogpu__node_usage_page(cogpu__node_t *n);
 /* cogpu__job_end through the daemon. */
 struct cogpu__job_report_s;
-int cogpu__node_job_end(cogpu__node_t *n, int exit_status,
+int cogpu__node_job_end(cogpu__node_t *n, int exit_status, bool step,
                         struct cogpu__job_report_s *out);
+/* This process's own token (cogpu__step_token). */
+int cogpu__node_step_token(cogpu__node_t *n, char *buf, size_t len);
 
 /* HISTORY: the daemon's answer, a memfd (*mfd) of history records. */
 int cogpu__node_history(const cogpu__config_t *cfg, bool has_uid, uint32_t uid,

@@ -156,7 +156,8 @@ int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why, size_t wl) {
       return bad(why, wl, "usage: bad padding");
     return 0; /* the size is checked against the passed memfd */
   case COGPU_M_JOB_END:
-    if (m->u.job_end.pad || m->u.job_end.exit_status < -1)
+    if ((m->u.job_end.flags & ~COGPU_JOB_END_STEP) ||
+        m->u.job_end.exit_status < -1)
       return bad(why, wl, "job_end: bad fields");
     return 0;
   case COGPU_M_HISTORY:

@@ -135,8 +135,10 @@ typedef struct cogpu__m_usage_s {
 
 typedef struct cogpu__m_job_end_s {
   int32_t exit_status; /* a wait(2) status, or -1: unknown */
-  uint32_t pad;
+  uint32_t flags;      /* COGPU_JOB_END_* */
 } cogpu__m_job_end_t;
+/* The report of the sender's step (cogpu__step_end), not its job's. */
+#define COGPU_JOB_END_STEP 1u
 
 /* HISTORY: the records the asking user may see (all for root and the
  * admin group), newest first; answered with a sealed memfd of

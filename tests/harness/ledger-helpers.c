@@ -5,8 +5,12 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ledger-helpers.h"
@@ -228,4 +232,43 @@ int lt_fd_count(pid_t pid) {
     n += e->d_name[0] != '.';
   closedir(dir);
   return n;
+}
+
+#ifndef SYS_clone3
+#define SYS_clone3 435
+#endif
+
+/* clone3 with set_tid (Linux 5.5) asks for the PID itself, which processes
+ * forking beside us (tests run in parallel) cannot take first;
+ * ns_last_pid, its older way, is tried where clone3 is missing. */
+pid_t lt_fork_as_pid(pid_t pid) {
+  for (int t = 0; t < th_ms(10000); t += 10) {
+    struct clone_args ca = {.exit_signal = SIGCHLD,
+                            .set_tid = (uint64_t)(uintptr_t)&pid,
+                            .set_tid_size = 1};
+    long c = syscall(SYS_clone3, &ca, sizeof ca);
+    if (c >= 0)
+      return (pid_t)c;     /* 0 in the child; pid in the parent */
+    if (errno == EEXIST) { /* still taken: the old one not reaped yet */
+      th_sleep_ms(10);
+      continue;
+    }
+    if (errno != ENOSYS)
+      return -1;
+    break;
+  }
+  for (int tries = 0; tries < 2000; tries++) {
+    FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
+    if (!f)
+      return -1;
+    fprintf(f, "%d", pid - 1);
+    fclose(f);
+    pid_t c = fork();
+    if (c == 0 && getpid() != pid)
+      _exit(0);
+    if (c == 0 || c == pid || c < 0)
+      return c;
+    waitpid(c, NULL, 0);
+  }
+  return -1;
 }

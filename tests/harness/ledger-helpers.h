@@ -48,6 +48,11 @@ unsigned long long lt_fake_wedged(void);
 pid_t lt_hold(const char *name, int gpu, uint64_t bytes, int prio,
               int64_t timeout_ms, int hold_ms);
 
+/* fork(), as PID `pid` (root): 0 in the child, pid in the parent, -1 if
+ * that PID could not be had. The child must only exec or _exit (clone3's
+ * child runs no fork handlers). */
+pid_t lt_fork_as_pid(pid_t pid);
+
 /* The path of tests/cudaprog in the build directory. */
 const char *lt_cudaprog(void);
 /* Starts argv (NULL-ended, argv[0] from PATH) with stdout and stderr in

@@ -6,6 +6,7 @@
  * every allocation route.
  */
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "history/history.h"
 #include "internal.h"
 #include "ledger-helpers.h"
+#include "ledger/ledger.h"
 
 static void hist_env(void) {
   if (th_sanitizer_runtime()[0])
@@ -586,4 +588,124 @@ TEST_IMPL(history_context_cost_measured) {
   setenv("COGPU_CONTEXT_MEASURE", "no", 1);
   ASSERT_NE(run_logged("job2", argv), 0);
   ASSERT_CONTAINS(lt_slurp("job2"), "alloc: error 2"); /* out of memory */
+}
+
+/* A process's handle with `bytes` used (and peak) on GPU 0, as the preload
+ * library would publish them. */
+static cogpu_t *member_using(const char *token, const char *cmd,
+                             uint64_t bytes) {
+  cogpu_attach_opts_t o = {.join = token, .command = cmd, .job_id = "steps"};
+  cogpu_t *h = NULL;
+  if (cogpu_attach(&o, &h) != 0)
+    th_fail(__FILE__, __LINE__, "join %s: %s", token, cogpu_last_error());
+  cogpu__usage_t *u = cogpu__usage_page(h);
+  if (!u)
+    th_fail(__FILE__, __LINE__, "no usage page: %s", cogpu_last_error());
+  atomic_store(&u->peak[0], bytes);
+  atomic_store(&u->used[0], bytes);
+  return h;
+}
+
+static uint64_t job_used_now(void) {
+  cogpu_status_t *st = lt_status();
+  uint64_t u = st->gpus[0].nclients ? st->gpus[0].clients[0].used_bytes : 0;
+  cogpu_status_free(st);
+  return u;
+}
+
+/* Issue 22 (a Slurm step's report is its own). A process that joins a job
+ * through a step's token (cogpu__step_token) is the job's (its token is
+ * the job's, the job's report counts it) and the step's: the step's
+ * report counts its processes only, live or ended, and the job's own
+ * (its processes that joined the job itself) does not count them. */
+TEST_IMPL(history_step_report_is_the_steps) {
+  hist_env();
+  cogpu_attach_opts_t o = {.job_id = "steps", .command = "job"};
+  cogpu_t *job = NULL, *step = NULL;
+  ASSERT_EQ(cogpu_attach(&o, &job), 0);
+  cogpu_request_t q = {.gpu = 0,
+                       .bytes = 4 * GiB,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = COGPU_NOWAIT};
+  ASSERT_EQ(cogpu_reserve(job, &q, NULL), 0);
+  char jt[64], st[64], t[64];
+  ASSERT_EQ(cogpu_job_token(job, jt, sizeof jt), 0);
+  ASSERT_EQ(cogpu__step_token(job, t, sizeof t), 0);
+  ASSERT_STREQ(t, jt); /* the job's own step: its token is the job's */
+  o.join = jt;
+  o.command = "step";
+  ASSERT_EQ(cogpu_attach(&o, &step), 0);
+  ASSERT_EQ(cogpu__step_token(step, st, sizeof st), 0);
+  ASSERT_NE(strcmp(st, jt), 0);
+  cogpu_t *direct = member_using(jt, "direct", 2 * GiB);
+  cogpu_t *task = member_using(st, "task", 1 * GiB);
+  ASSERT_EQ(cogpu_job_token(task, t, sizeof t), 0);
+  ASSERT_STREQ(t, jt); /* the task is the job's */
+  cogpu__job_report_t r;
+  ASSERT_EQ(cogpu__step_end(step, -1, &r), 0);
+  ASSERT_UEQ(r.peak, 1 * GiB);
+  ASSERT_UEQ(r.reserved, 4 * GiB); /* the job's reservation */
+  ASSERT_EQ(cogpu__step_end(job, -1, &r), 0);
+  ASSERT_UEQ(r.peak, 2 * GiB); /* the job's own step: not the task */
+  ASSERT_EQ(cogpu__job_end(job, -1, &r), 0);
+  ASSERT_UEQ(r.peak, 3 * GiB); /* direct and task at once, counted now */
+  /* The task ends: its peak stays with its step, not the job's own. */
+  ASSERT_EQ(cogpu_detach(task), 0);
+  for (int i = 0; job_used_now() != 2 * GiB; i++) {
+    if (i > th_ms(10000) / 20)
+      th_fail(__FILE__, __LINE__, "the task never left: %llu used",
+              (unsigned long long)job_used_now());
+    th_sleep_ms(20);
+  }
+  ASSERT_EQ(cogpu__step_end(step, -1, &r), 0);
+  ASSERT_UEQ(r.peak, 1 * GiB);
+  ASSERT_EQ(cogpu__step_end(job, -1, &r), 0);
+  ASSERT_UEQ(r.peak, 2 * GiB);
+  ASSERT_EQ(cogpu_detach(direct), 0);
+  ASSERT_EQ(cogpu_detach(step), 0);
+  ASSERT_EQ(cogpu_detach(job), 0);
+}
+
+/* The node daemon, started again with fault `spec` in its environment
+ * (its clients' stays clean). */
+static void daemon_with_fault(const char *spec) {
+  setenv("COGPU_NODE_MODE", "daemon", 1);
+  th_daemon_stop(SIGTERM);
+  setenv("COGPU_FAULT", spec, 1);
+  th_daemon_start();
+  unsetenv("COGPU_FAULT");
+}
+
+/* cogpud cannot allocate its history writer's batch: it says history is
+ * off, at start, and serves jobs (before, every record was dropped and
+ * nothing said so). */
+TEST_IMPL(history_writer_out_of_memory_says_so) {
+  hist_env();
+  daemon_with_fault("history_batch:1:fail");
+  /* Said as it starts (it may answer its socket a moment before). */
+  const char *want = "job history is off: out of memory for the writer";
+  for (int t = 0; !strstr(lt_slurp("cogpud.log"), want); t += 10) {
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "cogpud never said '%s': %s", want,
+              lt_slurp("cogpud.log"));
+    th_sleep_ms(10);
+  }
+  const char *job[] = {"cogpu", "run", "--mem", "1G", "--", "true", NULL};
+  ASSERT_EQ(run_logged("job", job), 0);
+}
+
+/* A history answer written short: that `cogpu history` fails with the
+ * write's own error (EIO), not one an earlier call left in errno; the
+ * daemon lives, and the next query is answered whole. */
+TEST_IMPL(history_short_answer_fails_cleanly) {
+  hist_env();
+  daemon_with_fault("history_write:1:fail");
+  const char *job[] = {"cogpu", "run", "--mem", "1G", "--", "true", NULL};
+  ASSERT_EQ(run_logged("job", job), 0);
+  const char *q[] = {"cogpu", "history", "--json", NULL};
+  ASSERT_NE(run_logged("q1", q), 0);
+  ASSERT_CONTAINS(lt_slurp("q1"),
+                  "cannot pass the history: Input/output error");
+  /* The job's record is written before the next query is answered. */
+  ASSERT_CONTAINS(history_json(NULL, NULL), "\"exit_status\":0");
 }
