@@ -1,14 +1,17 @@
 /*
  * fault.c: fault points for crash tests (sqlite's sqlite3FaultSim). Code
  * calls cogpu__fault(COGPU_FP_X) at places where a crash must be survivable;
- * COGPU_FAULT="NAME[:count[:stall]]" makes the process SIGKILL itself at the
- * count-th pass of point NAME (default 1), or sleep 2 s there with "stall"
- * so that a test can catch a slow holder. The configuration is read once and
- * the call costs one relaxed load and a branch when COGPU_FAULT is unset.
+ * COGPU_FAULT="NAME[:count[:stall|fail]]" makes the process SIGKILL itself at
+ * the count-th pass of point NAME (default 1), or sleep 2 s there with
+ * "stall" so that a test can catch a slow holder, or, with "fail", makes the
+ * operation at a point that can fail (cogpu__fault_fails) fail there once. The
+ * configuration is read once and the call costs one relaxed load and a branch
+ * when COGPU_FAULT is unset.
  */
 #include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -23,15 +26,11 @@
 
 /* Point names as COGPU_FAULT spells them, indexed by enum
  * cogpu__fault_point. */
-static const char *const fault_names[COGPU_FP__COUNT] = {
-    [COGPU_FP_NONE] = "none",
-    [COGPU_FP_LOCK_HELD] = "lock_held",
-    [COGPU_FP_TX_MIDDLE] = "tx_middle",
-    [COGPU_FP_BEFORE_UNLOCK] = "before_unlock",
-    [COGPU_FP_WAITING] = "waiting",
-    [COGPU_FP_GRANTED] = "granted",
-    [COGPU_FP_ATTACH] = "attach",
-    [COGPU_FP_CREATE] = "create",
+static const char *const fault_names[COGPU_FP__COUNT] = {[COGPU_FP_NONE] =
+                                                             "none",
+#define X(id, name, where) [COGPU_FP_##id] = #name,
+                                                         COGPU_FAULT_POINTS(X)
+#undef X
 };
 
 /* The whole configuration in one word, so that it is published atomically
@@ -39,8 +38,11 @@ static const char *const fault_names[COGPU_FP__COUNT] = {
 static atomic_llong fault_conf = FAULT_UNREAD;
 static atomic_llong fault_passes;
 
-static long long fault_pack(int point, bool stall, long count) {
-  return (long long)point | (stall ? 1LL << 8 : 0) | ((long long)count << 16);
+#define FAULT_STALL (1LL << 8)
+#define FAULT_FAIL (1LL << 9)
+
+static long long fault_pack(int point, long long mode, long count) {
+  return (long long)point | mode | ((long long)count << 16);
 }
 
 static int fault_point_by_name(const char *s, size_t len) {
@@ -58,7 +60,7 @@ static long long fault_parse(const char *s) {
   if (point < 0)
     return -1;
   long count = 1;
-  bool stall = false;
+  long long mode = 0;
   const char *p = s + nlen;
   if (*p == ':') {
     char *end;
@@ -70,12 +72,14 @@ static long long fault_parse(const char *s) {
   }
   if (*p == ':') {
     if (strcasecmp(p + 1, "stall") == 0)
-      stall = true;
+      mode = FAULT_STALL;
+    else if (strcasecmp(p + 1, "fail") == 0)
+      mode = FAULT_FAIL;
     else if (strcasecmp(p + 1, "kill") != 0)
       return -1;
     p += strlen(p);
   }
-  return *p ? -1 : fault_pack(point, stall, count);
+  return *p ? -1 : fault_pack(point, mode, count);
 }
 
 static long long fault_init(void) {
@@ -84,11 +88,14 @@ static long long fault_init(void) {
   if (s && *s) {
     conf = fault_parse(s);
     if (conf < 0) {
+      char names[512] = "";
+      for (int i = COGPU_FP_NONE + 1; i < COGPU_FP__COUNT; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                 i > COGPU_FP_NONE + 1 ? ", " : "", fault_names[i]);
       cogpu__log(COGPU_LOG_ERROR,
                  "invalid COGPU_FAULT '%.64s' (ignored); expected "
-                 "POINT[:COUNT[:stall]] with POINT one of lock_held, "
-                 "tx_middle, before_unlock, waiting, granted, attach, create",
-                 s);
+                 "POINT[:COUNT[:kill|stall|fail]] with POINT one of %s",
+                 s, names);
       conf = FAULT_OFF;
     }
   }
@@ -104,17 +111,22 @@ static void fault_stall(void) {
   }
 }
 
-/* Out of line, so that cogpu__fault itself stays a load and a branch. */
-static __attribute__((noinline)) void fault_hit(int point, long long conf) {
+/* Out of line, so that cogpu__fault itself stays a load and a branch.
+ * True when the pass is to fail (mode "fail"). */
+static __attribute__((noinline)) bool fault_hit(int point, long long conf) {
   if (conf == FAULT_UNREAD)
     conf = fault_init();
   if (conf == FAULT_OFF || (conf & 0xff) != point)
-    return;
+    return false;
   long long n = atomic_fetch_add(&fault_passes, 1) + 1;
   if (n != conf >> 16)
-    return;
+    return false;
+  if (conf & FAULT_FAIL) {
+    cogpu__log(COGPU_LOG_INFO, "fault point %s: failing", fault_names[point]);
+    return true;
+  }
   int saved = errno;
-  if (conf & (1LL << 8)) {
+  if (conf & FAULT_STALL) {
     cogpu__log(COGPU_LOG_INFO, "fault point %s: stalling %d ms",
                fault_names[point], FAULT_STALL_MS);
     fault_stall();
@@ -122,6 +134,7 @@ static __attribute__((noinline)) void fault_hit(int point, long long conf) {
     kill(getpid(), SIGKILL);
   }
   errno = saved;
+  return false;
 }
 
 void cogpu__fault(int point) {
@@ -129,4 +142,11 @@ void cogpu__fault(int point) {
   if (__builtin_expect(conf == FAULT_OFF, 1))
     return;
   fault_hit(point, conf);
+}
+
+bool cogpu__fault_fails(int point) {
+  long long conf = atomic_load_explicit(&fault_conf, memory_order_relaxed);
+  if (__builtin_expect(conf == FAULT_OFF, 1))
+    return false;
+  return fault_hit(point, conf);
 }

@@ -170,22 +170,36 @@ enum cogpu__policy {
 };
 
 /* --- Fault points (fault.c) --------------------------------------------
- * Named points where tests can make the process die (SIGKILL itself) or
- * stall. Driven by COGPU_FAULT="NAME[:count]" (die at the count-th pass,
- * default 1) read once; costs one predictable branch when unset. IDs are
- * stable and never reused. */
+ * Named points where tests can make the process die (SIGKILL itself),
+ * stall, or fail the operation there. Driven by
+ * COGPU_FAULT="NAME[:count[:kill|stall|fail]]" (at the count-th pass,
+ * default 1; kill by default) read once; costs one predictable branch when
+ * unset. One list (X(ID, name, where)); IDs are stable, never reused, and
+ * new points go at the end. */
+#define COGPU_FAULT_POINTS(X)                                                  \
+  X(LOCK_HELD, lock_held, "just after taking the ledger lock")                 \
+  X(TX_MIDDLE, tx_middle, "between two stores of one transaction")             \
+  X(BEFORE_UNLOCK, before_unlock, "transaction committed, lock still held")    \
+  X(WAITING, waiting, "enqueued, lock released, before sleeping")              \
+  X(GRANTED, granted, "woken with a grant, before returning")                  \
+  X(ATTACH, attach, "slot claimed, not yet initialised")                       \
+  X(CREATE, create, "state file half written")                                 \
+  X(HIST_BATCH, history_batch,                                                 \
+    "cogpud: the history writer's batch allocated (fail: out of memory)")      \
+  X(HIST_WRITE, history_write,                                                 \
+    "cogpud: a history answer written to its memfd (fail: a short write)")
 enum cogpu__fault_point {
   COGPU_FP_NONE = 0,
-  COGPU_FP_LOCK_HELD,     /* just after taking the ledger lock */
-  COGPU_FP_TX_MIDDLE,     /* between two stores of one transaction */
-  COGPU_FP_BEFORE_UNLOCK, /* transaction committed, lock still held */
-  COGPU_FP_WAITING,       /* enqueued, lock released, before sleeping */
-  COGPU_FP_GRANTED,       /* woken with a grant, before returning */
-  COGPU_FP_ATTACH,        /* slot claimed, not yet initialised */
-  COGPU_FP_CREATE,        /* state file half written */
-  COGPU_FP__COUNT
+#define X(id, name, where) COGPU_FP_##id,
+  COGPU_FAULT_POINTS(X)
+#undef X
+      COGPU_FP__COUNT
 };
 void cogpu__fault(int point);
+/* At a point where an operation can fail: true when COGPU_FAULT says
+ * "NAME:count:fail" and this is the count-th pass (once); otherwise as
+ * cogpu__fault. */
+bool cogpu__fault_fails(int point);
 
 /* The calling process's command line, arguments joined by spaces,
  * truncated to len (proc.c). */

@@ -61,6 +61,13 @@ typedef struct dconn_s {
   bool closing;     /* to be ended after this batch of events */
   bool dead;        /* ended: its record is freed after this batch */
   bool reap_listed; /* on the daemon's reap list */
+  /* MAIN: the PIDFD connection watching its process (NULL: none); that
+   * PIDFD connection: the MAIN one it watches for. A registration lasts as
+   * long as the process that made it: its connection handed to another
+   * process (SCM_RIGHTS, a child made without fork's handlers) no longer
+   * holds it once that process has exited, so that its PID, free for
+   * anyone's next process, names nothing (issue 23). */
+  struct dconn_s *watch;
   struct dconn_s *prev, *next; /* every connection, for reset and exit */
   struct dconn_s *reap_next;   /* the reap list: closing or dead ones */
 } dconn_t;
@@ -230,6 +237,13 @@ int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
 /* A process's start time (clock ticks since boot; 0 if it is gone): with
  * its PID, it names the process without ambiguity. */
 uint64_t cogpu__daemon_starttime(pid_t pid);
+/* Watches the process of MAIN connection c (its slot's PID and start
+ * time) through a pidfd: when it exits, c is ended (see dconn_t.watch).
+ * Without pidfds (kernel < 5.3), nothing: its connection alone holds it. */
+void cogpu__daemon_watch_process(cogpu__daemon_t *d, dconn_t *c);
+/* `cogpu reset`: forgets the node state (force: though processes are
+ * attached; *live: how many were). */
+int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
 
 /* Checks the ledger's invariants; returns 0 or a description's length. */
 int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len);

@@ -32,8 +32,6 @@
 #define SYS_pidfd_open 434
 #endif
 
-int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
-
 static dconn_t mark_listen, mark_timer, mark_signal, mark_susp, mark_hist;
 static int sigfd = -1;
 static uint64_t watchdog_us;
@@ -301,9 +299,65 @@ static void on_accept(cogpu__daemon_t *d) {
   }
 }
 
+/* A PIDFD connection for process pid of slot/gen (pidfd pfd, which it
+ * owns from here), watched by the loop; NULL (pfd closed) if it cannot be
+ * made. pidfd_open's descriptors are close-on-exec. */
+static dconn_t *pidfd_conn(cogpu__daemon_t *d, int pfd, pid_t pid, uid_t uid,
+                           uint32_t slot, uint32_t gen) {
+  dconn_t *c = conn_new(d, pfd, DC_PIDFD);
+  if (!c) {
+    close(pfd);
+    return NULL;
+  }
+  c->pid = pid;
+  c->uid = uid;
+  c->slot = c->res_slot = slot;
+  c->gen = c->res_gen = gen;
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+  if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, pfd, &ev) != 0) {
+    conn_free(d, c);
+    return NULL;
+  }
+  return c;
+}
+
+void cogpu__daemon_watch_process(cogpu__daemon_t *d, dconn_t *c) {
+  if (d->fuzz || c->kind != DC_MAIN || c->watch || !d->dh)
+    return;
+  const ledger_slot_t *sl = &d->dh->st->slots[c->slot];
+  int pfd = (int)syscall(SYS_pidfd_open, c->pid, 0);
+  if (pfd < 0)
+    return;
+  /* The pidfd is of the process that attached, or that one has gone. */
+  if (cogpu__daemon_starttime(c->pid) != sl->starttime) {
+    close(pfd);
+    cogpu__daemon_end_later(d, c);
+    return;
+  }
+  dconn_t *w = pidfd_conn(d, pfd, c->pid, c->uid, c->slot, c->gen);
+  if (w) {
+    w->watch = c;
+    c->watch = w;
+  }
+}
+
 static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
   if (c->dead)
     return; /* ended earlier in this batch */
+  if (c->kind == DC_PIDFD && c->watch) {
+    /* The process of a live registration exited: whoever holds its
+     * connection now does not hold its registration. */
+    dconn_t *m = c->watch;
+    cogpu__log(COGPU_LOG_INFO,
+               "client pid %d exited while another process held its "
+               "connection: its slot %u is freed",
+               (int)c->pid, c->slot);
+    m->watch = NULL;
+    c->watch = NULL;
+    cogpu__daemon_end_later(d, m);
+    conn_free(d, c);
+    return;
+  }
   if (c->kind == DC_PIDFD) {
     cogpu__log(COGPU_LOG_INFO,
                "client pid %d ended while the daemon was away: its slot %u "
@@ -378,20 +432,9 @@ static void recover(cogpu__daemon_t *d) {
     int pfd = (int)syscall(SYS_pidfd_open, sl->pid, 0);
     if (pfd < 0)
       continue; /* no pidfd (kernel < 5.3): the timer checks it */
-    dconn_t *c = conn_new(d, pfd, DC_PIDFD);
-    if (!c) {
-      close(pfd);
-      continue;
-    }
-    c->pid = sl->pid;
-    c->uid = sl->uid;
-    c->slot = s;
-    c->gen = atomic_load(&sl->gen);
-    c->res_slot = s;
-    c->res_gen = c->gen;
-    d->slot_conn[s] = c;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-    epoll_ctl(d->epfd, EPOLL_CTL_ADD, pfd, &ev);
+    /* Not watched (no memory): the timer checks it. */
+    d->slot_conn[s] =
+        pidfd_conn(d, pfd, sl->pid, sl->uid, s, atomic_load(&sl->gen));
   }
   /* Queue entries, waiting or answered, wait for their clients to come
    * back and ask again (answered ones are answered then); those whose
@@ -826,7 +869,8 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
     return rc;
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max; /* one descriptor per client */
+    rl.rlim_cur = rl.rlim_max; /* two descriptors per client: its socket
+                                  and a pidfd of its process */
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   d->epfd = epoll_create1(EPOLL_CLOEXEC);

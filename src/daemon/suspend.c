@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,6 +37,10 @@
 #include "daemon-int.h"
 #include "nvml/nvml.h"
 
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434 /* the same on every architecture (Linux 5.3) */
+#endif
+
 #define SUSP_MAX_PIDS 64
 #define OP_UNDO                                                                \
   3 /* recovery: a suspension a previous daemon left half done                 \
@@ -47,8 +52,14 @@
 typedef struct sjob_s {
   uint32_t slot, gen;
   int op;
+  /* The job's processes, each named by its PID, its start time and a
+   * pidfd taken when the operation was queued (-1: none; start time
+   * only): a PID reused by another process, another user's, is never
+   * locked, checkpointed, restored or unlocked (issue 23). */
   int npids;
   int32_t pids[SUSP_MAX_PIDS];
+  uint64_t starts[SUSP_MAX_PIDS];
+  int pidfds[SUSP_MAX_PIDS];
   uint64_t bytes;
   unsigned lock_ms;
   /* Resume: the footprint the restore puts back on the GPU (NVML index
@@ -78,10 +89,13 @@ typedef struct cu_api_s {
   CUresult (*unlock)(int, CUcheckpointUnlockArgs *);
 } cu_api_t;
 
-/* Idle tracking: when each pid last did GPU work (monotonic ns). */
-#define IDLE_SLOTS 8192u
+/* Idle tracking (max_idle): when each registration's process last did GPU
+ * work (monotonic ns), by slot and generation. A process new in a slot, or
+ * one that has an old process's PID, starts afresh, and there is nothing
+ * to fill up or to forget (issue 23: a PID-keyed table handed a reused
+ * PID its old time, and stopped working once 8,192 PIDs had been seen). */
 typedef struct idle_ent_s {
-  int32_t pid;
+  uint32_t gen; /* the slot's generation this entry is of */
   uint64_t last_ns;
 } idle_ent_t;
 
@@ -164,6 +178,46 @@ static void load_cuda(cogpu__susp_t *s) {
     cogpu__log(COGPU_LOG_WARN, "jobs cannot be suspended: %s", why);
 }
 
+/* Is process i of the job still the one that attached? Not once it has
+ * exited (its pidfd says so, and stays valid whatever later takes its
+ * PID), nor when its PID now names a process started at another time. */
+static bool same_process(const sjob_t *j, int i) {
+  if (j->pids[i] <= 0)
+    return false;
+  if (j->pidfds[i] >= 0) {
+    struct pollfd p = {.fd = j->pidfds[i], .events = POLLIN};
+    return poll(&p, 1, 0) == 0;
+  }
+  return cogpu__daemon_starttime(j->pids[i]) == j->starts[i];
+}
+
+static void sjob_free(sjob_t *j) {
+  for (int i = 0; i < j->npids; i++)
+    if (j->pidfds[i] >= 0)
+      close(j->pidfds[i]);
+  free(j);
+}
+
+/* The job's processes as the ledger names them now, each checked against
+ * its start time once its pidfd is held (so that the pidfd is of the
+ * process that attached, or of none). */
+static void sjob_take_pids(struct cogpu_s *h, sjob_t *j) {
+  j->npids = (int)cogpu__ledger_job_pids(h, j->slot, j->pids, j->starts,
+                                         SUSP_MAX_PIDS);
+  for (int i = 0; i < j->npids; i++) {
+    j->pidfds[i] = -1;
+    j->pidfds[i] = (int)syscall(SYS_pidfd_open, j->pids[i], 0);
+    if (j->pidfds[i] >= 0)
+      fcntl(j->pidfds[i], F_SETFD, FD_CLOEXEC);
+    if (cogpu__daemon_starttime(j->pids[i]) != j->starts[i]) {
+      if (j->pidfds[i] >= 0)
+        close(j->pidfds[i]);
+      j->pidfds[i] = -1;
+      j->pids[i] = 0; /* gone, or its PID is another's now */
+    }
+  }
+}
+
 /* Puts every process of the job back to RUNNING, restoring those that were
  * checkpointed: used when a suspension fails half-way and by recovery.
  * Only ever called while the ledger still books the job's footprint. */
@@ -171,6 +225,8 @@ static void undo(cogpu__susp_t *s, sjob_t *j) {
   for (int i = 0; i < j->npids; i++) {
     CUcheckpointRestoreArgs ra = {0};
     CUcheckpointUnlockArgs ua = {0};
+    if (!same_process(j, i))
+      continue; /* gone: nothing of it to put back */
     CUresult r = s->cu.restore(j->pids[i], &ra);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_ILLEGAL_STATE &&
         r != CUDA_ERROR_INVALID_VALUE) {
@@ -187,6 +243,14 @@ static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
   int locked = 0;
   for (; locked < j->npids; locked++) {
     CUcheckpointLockArgs la = {.timeoutMs = j->lock_ms};
+    if (!same_process(j, locked)) {
+      j->rc = -ESRCH;
+      snprintf(j->msg, sizeof j->msg,
+               "process %d of the job has ended (its PID may be another "
+               "process's now)",
+               j->pids[locked] > 0 ? j->pids[locked] : 0);
+      break;
+    }
     CUresult r = s->cu.lock(j->pids[locked], &la);
     if (r != CUDA_SUCCESS) {
       j->rc = r == CUDA_ERROR_NOT_READY ? -EBUSY : -EIO;
@@ -198,6 +262,12 @@ static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
   if (j->rc == 0)
     for (int i = 0; i < j->npids; i++) {
       CUcheckpointCheckpointArgs ca = {0};
+      if (!same_process(j, i)) {
+        j->rc = -ESRCH;
+        snprintf(j->msg, sizeof j->msg, "process %d of the job has ended",
+                 j->pids[i]);
+        break;
+      }
       CUresult r = s->cu.checkpoint(j->pids[i], &ca);
       if (r != CUDA_SUCCESS) {
         j->rc = -EIO;
@@ -247,6 +317,8 @@ static void run_resume(cogpu__susp_t *s, sjob_t *j) {
   for (int i = 0; i < j->npids; i++) {
     CUcheckpointRestoreArgs ra = {0};
     CUcheckpointUnlockArgs ua = {0};
+    if (!same_process(j, i))
+      continue; /* the process is gone (its PID may be another's) */
     CUresult r = s->cu.restore(j->pids[i], &ra);
     if (r == CUDA_ERROR_INVALID_VALUE)
       continue; /* the process is gone */
@@ -438,33 +510,37 @@ void cogpu__susp_status(cogpu__daemon_t *d, cogpu_status_t *st) {
                                 : "yes");
 }
 
-static idle_ent_t *idle_find(cogpu__susp_t *s, int32_t pid, bool add) {
-  uint32_t i = (uint32_t)pid * 2654435761u % IDLE_SLOTS;
-  for (uint32_t k = 0; k < IDLE_SLOTS; k++, i = (i + 1) % IDLE_SLOTS) {
-    if (s->idle[i].pid == pid)
-      return &s->idle[i];
-    if (s->idle[i].pid == 0) {
-      if (!add)
-        return NULL;
-      s->idle[i].pid = pid;
-      s->idle[i].last_ns = cogpu__now_ns(); /* idle from when first seen */
-      return &s->idle[i];
-    }
+/* Slot m's entry, fresh (idle from now) if it was of an earlier
+ * registration. */
+static idle_ent_t *idle_of(cogpu__susp_t *s, struct cogpu_s *h, uint32_t m) {
+  idle_ent_t *e = &s->idle[m];
+  uint32_t gen = atomic_load(&h->st->slots[m].gen);
+  if (e->gen != gen) {
+    e->gen = gen;
+    e->last_ns = cogpu__now_ns(); /* idle from when first seen */
   }
-  return NULL; /* full: the sample pass clears it */
+  return e;
 }
 
 static uint64_t hook_idle_ms(void *ctx, struct cogpu_s *h, uint32_t slot) {
   cogpu__susp_t *s = ctx;
-  int32_t pids[SUSP_MAX_PIDS];
-  size_t n = cogpu__ledger_job_pids(h, slot, pids, SUSP_MAX_PIDS);
-  uint64_t now = cogpu__now_ns(), least = UINT64_MAX;
+  uint32_t members[SUSP_MAX_PIDS];
+  size_t n = cogpu__ledger_job_members(h, slot, members, SUSP_MAX_PIDS);
+  uint64_t least = UINT64_MAX;
   for (size_t i = 0; i < n; i++) {
-    idle_ent_t *e = idle_find(s, pids[i], true);
-    uint64_t idle = e ? now - e->last_ns : 0;
+    /* Read after the entry: a fresh one is stamped now, and a time taken
+     * before it made it look idle for 584 years (every new process was
+     * suspended at once). */
+    uint64_t last = idle_of(s, h, members[i])->last_ns, now = cogpu__now_ns();
+    uint64_t idle = now > last ? now - last : 0;
     least = idle < least ? idle : least;
   }
   return n == 0 ? 0 : least / 1000000u;
+}
+
+static int cmp_unsigned(const void *a, const void *b) {
+  unsigned x = *(const unsigned *)a, y = *(const unsigned *)b;
+  return x < y ? -1 : x > y;
 }
 
 /* On the timer, while jobs may be preempted for idleness: which pids did
@@ -481,8 +557,10 @@ void cogpu__susp_sample(cogpu__daemon_t *d) {
   uint64_t since = s->sampled_us ? s->sampled_us : now_us - 1000000u;
   s->sampled_us = now_us;
   ledger_hdr_t *hd = &d->dh->st->hdr;
+  static unsigned busy[LEDGER_MAX_GPUS * 256];
+  size_t nbusy = 0;
   for (uint32_t g = 0; g < hd->ngpus; g++) {
-    unsigned pids[256];
+    unsigned *pids = busy + nbusy;
     size_t n = 0;
     if (cogpu__nvml_busy_pids(hd->gpus[g].index, since, pids, 256, &n)) {
       if (!s->idle_warned)
@@ -491,11 +569,16 @@ void cogpu__susp_sample(cogpu__daemon_t *d) {
       s->idle_warned = true;
       continue;
     }
-    for (size_t i = 0; i < n; i++) {
-      idle_ent_t *e = idle_find(s, (int32_t)pids[i], true);
-      if (e)
-        e->last_ns = cogpu__now_ns();
-    }
+    nbusy += n;
+  }
+  /* The registrations of the busy PIDs did GPU work now. */
+  qsort(busy, nbusy, sizeof *busy, cmp_unsigned);
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS && nbusy; m++) {
+    unsigned pid = (unsigned)st->slots[m].pid;
+    if (st->slots[m].state == SLOT_ACTIVE &&
+        bsearch(&pid, busy, nbusy, sizeof *busy, cmp_unsigned))
+      idle_of(s, d->dh, m)->last_ns = cogpu__now_ns();
   }
 }
 
@@ -507,7 +590,7 @@ int cogpu__susp_start(cogpu__daemon_t *d) {
   if (!s)
     return cogpu__seterr(-ENOMEM, "out of memory");
   s->d = d;
-  s->idle = calloc(IDLE_SLOTS, sizeof *s->idle);
+  s->idle = calloc(LEDGER_MAX_SLOTS, sizeof *s->idle);
   s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   pthread_mutex_init(&s->mu, NULL);
   pthread_condattr_t ca;
@@ -560,12 +643,12 @@ void cogpu__susp_stop(cogpu__daemon_t *d) {
   while (s->todo) {
     sjob_t *j = s->todo;
     s->todo = j->next;
-    free(j);
+    sjob_free(j);
   }
   while (s->done) {
     sjob_t *j = s->done;
     s->done = j->next;
-    free(j);
+    sjob_free(j);
   }
   close(s->efd);
   free(s->idle);
@@ -589,7 +672,7 @@ static void submit(cogpu__daemon_t *d, uint32_t slot, uint32_t gen, int op) {
   j->gen = gen;
   j->op = op;
   const ledger_slot_t *sl = &h->st->slots[slot];
-  j->npids = (int)cogpu__ledger_job_pids(h, slot, j->pids, SUSP_MAX_PIDS);
+  sjob_take_pids(h, j);
   /* The footprint: still in held while suspending, booked back into held
    * when resuming. */
   j->bytes = sl->susp_gpu < LEDGER_MAX_GPUS ? sl->held[sl->susp_gpu] : 0;
@@ -745,7 +828,7 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
   for (sjob_t *j = list, *next; j; j = next) {
     next = j->next;
     if (!h) {
-      free(j);
+      sjob_free(j);
       continue;
     }
     ledger_slot_t *sl = &h->st->slots[j->slot];
@@ -789,7 +872,7 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
         end_stuck_job(d, j->slot, j->gen, j->msg);
     } else if (j->op == LEDGER_OP_RESUME && j->rc == -EAGAIN) {
       if (!same || sl->susp != SUSP_RESUMING) {
-        free(j); /* the job ended while it waited */
+        sjob_free(j); /* the job ended while it waited */
         continue;
       }
       /* The driver does not have the room yet: try again soon (20 ms,
@@ -855,7 +938,7 @@ void cogpu__susp_completed(cogpu__daemon_t *d) {
                    "suspension: %s",
                    j->msg);
     }
-    free(j);
+    sjob_free(j);
   }
   cogpu__daemon_answer_waiters(d);
 }
@@ -889,7 +972,11 @@ static int64_t find_job(cogpu__daemon_t *d, const cogpu__m_suspend_t *q) {
     const ledger_slot_t *sl = &st->slots[s];
     if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
       continue;
-    bool hit = q->pid ? sl->pid == q->pid
+    /* A PID names a registration only while it is the registered
+     * process's (its start time): once that process has ended, its PID
+     * may be another user's process. */
+    bool hit = q->pid ? sl->pid == q->pid &&
+                            cogpu__daemon_starttime(q->pid) == sl->starttime
                       : strcmp(sl->job_id, q->job_id) == 0 &&
                             (!sl->job || sl->job == (uint64_t)s + 1);
     if (!hit)

@@ -92,21 +92,71 @@ static uint64_t realtime_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void cogpu__ledger_job_usage(struct cogpu_s *h, uint32_t s, uint32_t g,
-                             uint64_t *used, uint64_t *peak) {
+/* The step slot s's processes belong to for its report: the live step it
+ * joined through, else its job (s itself for a job). */
+static uint32_t step_of(struct cogpu_s *h, uint32_t s) {
+  const ledger_slot_t *sl = &h->st->slots[s];
+  if (sl->group == 0 || sl->group > LEDGER_MAX_SLOTS)
+    return job_of(h, s);
+  uint32_t g = (uint32_t)(sl->group - 1);
+  const ledger_slot_t *gs = &h->st->slots[g];
+  if (gs->state != SLOT_ACTIVE || atomic_load(&gs->gen) != sl->group_gen)
+    return job_of(h, s);
+  return g;
+}
+
+static void raise_step_peak(ledger_slot_t *gs, uint32_t g, uint64_t v,
+                            uint64_t at_ns) {
+  if (v > gs->group_peak[g]) {
+    gs->group_peak[g] = v;
+    gs->group_peak_ns = at_ns;
+  }
+}
+
+/* Slot m's processes counted in slot s's figures: the job's or the
+ * step's. */
+static bool counts_in(struct cogpu_s *h, uint32_t m, uint32_t s, bool step) {
+  return step ? step_of(h, m) == s : job_of(h, m) == s;
+}
+
+/* The job (or step) of slot s on GPU g: its live processes' used bytes
+ * and its peak, with *peak_ns when that peak was reached (0: unknown). */
+static void set_usage(struct cogpu_s *h, uint32_t s, uint32_t g, bool step,
+                      uint64_t *used, uint64_t *peak, uint64_t *peak_ns) {
   ledger_slot_t *js = &h->st->slots[s];
   sync_slot(h, s);
   uint64_t u = used_of(h, js, g);
-  uint64_t p = max_u(peak_of(h, js, g), js->job_peak[g]);
+  uint64_t folded = step ? js->group_peak[g] : js->job_peak[g];
+  uint64_t p = peak_of(h, js, g), at = rd(&js->usage.peak_ns);
+  if (folded > p) {
+    p = folded;
+    at = step ? js->group_peak_ns : js->job_peak_ns;
+  }
   for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
-    if (m == s || h->st->slots[m].state != SLOT_ACTIVE || job_of(h, m) != s)
+    if (m == s || h->st->slots[m].state != SLOT_ACTIVE ||
+        !counts_in(h, m, s, step))
       continue;
     sync_slot(h, m);
-    u = add_at(u, used_of(h, &h->st->slots[m], g), gpu_total(h, g));
-    p = max_u(p, peak_of(h, &h->st->slots[m], g));
+    const ledger_slot_t *ms = &h->st->slots[m];
+    u = add_at(u, used_of(h, ms, g), gpu_total(h, g));
+    if (peak_of(h, ms, g) > p) {
+      p = peak_of(h, ms, g);
+      at = rd(&ms->usage.peak_ns);
+    }
   }
   *used = u;
-  *peak = max_u(p, u);
+  if (u > p) {
+    p = u;
+    at = realtime_ns();
+  }
+  *peak = p;
+  *peak_ns = at;
+}
+
+void cogpu__ledger_job_usage(struct cogpu_s *h, uint32_t s, uint32_t g,
+                             uint64_t *used, uint64_t *peak) {
+  uint64_t at;
+  set_usage(h, s, g, false, used, peak, &at);
 }
 
 void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,
@@ -124,42 +174,49 @@ void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,
     peak[s] = max_u(peak[s], used[s]);
 }
 
-void cogpu__ledger_job_report(struct cogpu_s *h, uint32_t s,
-                              cogpu__job_report_t *out) {
-  ledger_slot_t *js = &h->st->slots[s];
+/* The report of slot s's job (step false) or step (step true): a step's
+ * peak, its time and run time are its own processes'; what the job
+ * reserved, waited and was suspended is the job's (a step's processes
+ * share the job's reservation). */
+static void report(struct cogpu_s *h, uint32_t s, bool step,
+                   cogpu__job_report_t *out) {
+  ledger_slot_t *ss = &h->st->slots[s];
+  ledger_slot_t *js = &h->st->slots[step ? job_of(h, s) : s];
   memset(out, 0, sizeof *out);
   out->gpu = -1;
   uint64_t best = 0, best_ns = 0;
   for (uint32_t g = 0; g < h->st->hdr.ngpus; g++) {
-    uint64_t used, peak;
-    cogpu__ledger_job_usage(h, s, g, &used, &peak);
+    uint64_t used, peak, at;
+    set_usage(h, s, g, step, &used, &peak, &at);
     if (peak > best) {
       best = peak;
+      best_ns = at;
       out->gpu = (int)g;
     }
   }
   if (out->gpu < 0 && js->held_max)
     out->gpu = (int)js->held_max_gpu;
-  /* When the peak was reached: the job's own record of its processes'
-   * peaks, or its live processes' pages. */
-  best_ns = js->job_peak_ns;
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
-    const ledger_slot_t *ms = &h->st->slots[m];
-    if (ms->state == SLOT_ACTIVE && job_of(h, m) == s && out->gpu >= 0 &&
-        peak_of(h, ms, (uint32_t)out->gpu) == best)
-      best_ns = rd(&ms->usage.peak_ns);
-  }
   out->peak = best;
   out->reserved = out->gpu >= 0 && js->held_max_gpu == (uint64_t)out->gpu
                       ? js->held_max
                       : 0;
   uint64_t now = realtime_ns();
-  out->run_ms = now > js->attached_ns ? (now - js->attached_ns) / 1000000u : 0;
+  out->run_ms = now > ss->attached_ns ? (now - ss->attached_ns) / 1000000u : 0;
   out->peak_after_ms =
-      best_ns > js->attached_ns ? (best_ns - js->attached_ns) / 1000000u : 0;
+      best_ns > ss->attached_ns ? (best_ns - ss->attached_ns) / 1000000u : 0;
   out->waited_ms = js->waited_ns / 1000000u;
   out->suspensions = (unsigned)js->susp_count;
   out->guard_failures = (unsigned)js->guard_fails;
+}
+
+void cogpu__ledger_job_report(struct cogpu_s *h, uint32_t s,
+                              cogpu__job_report_t *out) {
+  report(h, s, false, out);
+}
+
+void cogpu__ledger_step_report(struct cogpu_s *h, uint32_t s,
+                               cogpu__job_report_t *out) {
+  report(h, s, true, out);
 }
 
 void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s) {
@@ -168,10 +225,13 @@ void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s) {
   uint32_t j = job_of(h, s);
   uint32_t ng = h->st->hdr.ngpus;
   if (j != s) {
-    /* A process of a job leaves its peaks with the job. */
-    ledger_slot_t *js = &h->st->slots[j];
-    for (uint32_t g = 0; g < ng; g++)
+    /* A process of a job leaves its peaks with the job, and with its
+     * step (the job itself when it joined the job). */
+    ledger_slot_t *js = &h->st->slots[j], *gs = &h->st->slots[step_of(h, s)];
+    for (uint32_t g = 0; g < ng; g++) {
       raise_job_peak(js, g, peak_of(h, sl, g), rd(&sl->usage.peak_ns));
+      raise_step_peak(gs, g, peak_of(h, sl, g), rd(&sl->usage.peak_ns));
+    }
     return;
   }
   /* A process whose job ended before it (slot_orphan_members made it a
@@ -203,20 +263,31 @@ cogpu__usage_t *cogpu__usage_page(cogpu_t *h) {
   return h->st ? &h->st->slots[h->slot].usage : NULL;
 }
 
-int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out) {
+static int job_end(cogpu_t *h, int exit_status, bool step,
+                   cogpu__job_report_t *out) {
   cogpu__clearerr();
   if (!h || !out)
     return cogpu__seterr(-EINVAL, "cogpu__job_end: no handle");
   if (h->node)
-    return cogpu__node_job_end(h->node, exit_status, out);
+    return cogpu__node_job_end(h->node, exit_status, step, out);
   int rc = cogpu__ledger_lock_live(h);
   if (rc)
     return rc;
+  /* Only the job's own process says how it ended (as the daemon). */
   ledger_slot_t *js = &h->st->slots[h->res_slot];
-  js->exit_status = exit_status >= 0 ? (uint64_t)exit_status + 1 : 0;
-  cogpu__ledger_job_report(h, h->res_slot, out);
+  if (!step || h->res_slot == h->slot)
+    js->exit_status = exit_status >= 0 ? (uint64_t)exit_status + 1 : 0;
+  report(h, step ? h->slot : h->res_slot, step, out);
   cogpu__ledger_unlock(h);
   return 0;
+}
+
+int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out) {
+  return job_end(h, exit_status, false, out);
+}
+
+int cogpu__step_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out) {
+  return job_end(h, exit_status, true, out);
 }
 
 int cogpu__job_sample(cogpu_t *h, uint64_t *used, unsigned *ngpus,

@@ -174,6 +174,25 @@ TEST_IMPL(metrics_admissions_by_result) {
   ASSERT(sample(m, "cogpu_wait_seconds_sum") >= 0.2);
 }
 
+/* A request with a bound longer than the clock can count (30,000 years)
+ * that is cancelled is counted as cancelled: its deadline saturates, it
+ * does not wrap to "already past" and count as a timeout (issue 23). */
+TEST_IMPL(metrics_cancel_with_huge_bound) {
+  pid_t h = lt_hold("holder", 0, 10 * GIB, 0, -1, -1);
+  lt_wait_nclients(0, 1, th_ms(5000));
+  pid_t c = lt_hold("cancelled", 0, 10 * GIB, 0, 1000000000000000ll, 0);
+  lt_wait_nwaiting(0, 1, th_ms(5000));
+  kill(c, SIGKILL);
+  th_wait(c, th_ms(5000));
+  lt_wait_nwaiting(0, 0, th_ms(5000));
+  const char *m = metrics();
+  CHECK_PROM(m);
+  ASSERT_EQ(admissions(m, "cancelled"), 1);
+  ASSERT_EQ(admissions(m, "timeout"), 0);
+  kill(h, SIGKILL);
+  th_wait(h, th_ms(5000));
+}
+
 /* Two jobs each hold 8G of 16G and each wait for 4G more: with suspension
  * off the guard fails one request, and says so in its counters. */
 TEST_IMPL(metrics_deadlock_guard_failure) {
@@ -397,6 +416,37 @@ TEST_IMPL(exporter_http_scrapes) {
   close(idle);
   kill(h, SIGTERM);
   th_wait(h, th_ms(5000));
+  kill(e, SIGTERM);
+  ASSERT_EQ(th_exit_code(th_wait(e, th_ms(5000))), 0);
+}
+
+/* Connections that never finish asking (slow-loris: half a request line)
+ * and idle ones, hundreds of them, do not lock a scrape out: when all
+ * slots are taken, the oldest that has not asked yet makes room (issue
+ * 23 item 5). */
+TEST_IMPL(exporter_survives_connection_floods) {
+  pid_t e =
+      exporter_spawn((const char *[]){"--listen", "127.0.0.1:0", NULL}, "exp");
+  int port = exporter_port("exp");
+  const char *get = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  enum { FLOOD = 300 };
+  static int slow[FLOOD], idle[FLOOD];
+  for (int i = 0; i < FLOOD; i++) {
+    slow[i] = http_connect(port);
+    send_all(slow[i], "GET /metr", 9);
+    idle[i] = http_connect(port);
+  }
+  for (int i = 0; i < 5; i++) {
+    char *resp = http(port, get);
+    if (strncmp(resp, "HTTP/1.1 200 OK", 15) != 0)
+      th_fail(__FILE__, __LINE__, "scrape %d after the flood: '%.80s'", i,
+              resp);
+    ASSERT_EQ(sample(body_of(resp), "cogpu_up"), 1);
+  }
+  for (int i = 0; i < FLOOD; i++) {
+    close(slow[i]);
+    close(idle[i]);
+  }
   kill(e, SIGTERM);
   ASSERT_EQ(th_exit_code(th_wait(e, th_ms(5000))), 0);
 }

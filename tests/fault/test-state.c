@@ -234,27 +234,13 @@ TEST_IMPL_SINGLE(state_pid_reuse) {
   lt_wait_nclients(0, 1, 5000);
   kill(victim, SIGKILL);
   th_wait(victim, th_ms(5000));
-  pid_t reuse = -1;
-  for (int tries = 0; tries < 20 && reuse != victim; tries++) {
-    if (reuse > 0) {
-      kill(reuse, SIGKILL);
-      waitpid(reuse, NULL, 0);
-    }
-    FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
-    if (!f)
-      SKIP("cannot write ns_last_pid");
-    fprintf(f, "%d", victim - 1);
-    fclose(f);
-    reuse = fork();
-    if (reuse == 0) {
-      pause();
-      _exit(0);
-    }
+  pid_t reuse = lt_fork_as_pid(victim);
+  if (reuse == 0) {
+    pause();
+    _exit(0);
   }
-  if (reuse != victim) {
-    kill(reuse, SIGKILL);
-    SKIP("could not get PID %d again", victim);
-  }
+  if (reuse != victim)
+    th_fail(__FILE__, __LINE__, "could not get PID %d again", victim);
   /* PID `victim` is alive again, as another process. */
   ASSERT_EQ(kill(victim, 0), 0);
   cogpu_status_t *st = lt_status();

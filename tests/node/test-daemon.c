@@ -26,6 +26,10 @@
 #include "ledger-helpers.h"
 #include "node/node.h"
 
+/* Every test here runs against a node daemon it starts itself when the
+ * runner gives none: once per build. */
+TEST_FILE_ONCE()
+
 /* Reserves bytes on gpu at once, or fails the test. */
 static void nd_reserve(cogpu_t *h, int gpu, uint64_t bytes) {
   cogpu_request_t r = {.gpu = gpu,

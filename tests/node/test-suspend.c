@@ -7,6 +7,7 @@
  * against a node daemon (the runner's in node mode, one it starts
  * otherwise): suspension needs the daemon.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -14,11 +15,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "cuda/cuda-abi.h"
 #include "internal.h"
 #include "ledger-helpers.h"
+#include "ledger/ledger.h"
+
+/* Every test here runs against a node daemon it starts itself when the
+ * runner gives none: once per build. */
+TEST_FILE_ONCE()
 
 /* The node for these tests: a 16 GiB fake GPU, no margin, a fast tick,
  * and host-memory bounds that the fake's footprints (which cost the host
@@ -790,4 +799,193 @@ TEST_IMPL_T(susp_restore_refused_ends_the_job, 60) {
     th_sleep_ms(50);
   }
   lt_check_invariants();
+}
+
+/* --- PID reuse (issue 23) -------------------------------------------------
+ */
+
+/* As uid 65534: attaches with job id argv[0], reserves 1 GiB, says it uses
+ * CUDA, then hands its connection to a child made without fork's handlers
+ * (so the library does not close it there) and exits: the registration
+ * lives on, naming a PID that is free for anyone's next process. */
+HELPER_IMPL(susp_stale_registration) {
+  if (argc != 1 || setresgid(65534, 65534, 65534) != 0 ||
+      setresuid(65534, 65534, 65534) != 0)
+    return 2;
+  cogpu_attach_opts_t o = {.job_id = argv[0], .command = "stale"};
+  cogpu_t *h = NULL;
+  cogpu_request_t q = {.gpu = 0,
+                       .bytes = GiB,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = COGPU_NOWAIT};
+  if (cogpu_attach(&o, &h) != 0 || cogpu_reserve(h, &q, NULL) != 0 ||
+      cogpu__mark(h, COGPU_MARK_CUDA) != 0) {
+    fprintf(stderr, "stale: %s\n", cogpu_last_error());
+    return 3;
+  }
+  long child = syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, NULL);
+  if (child == 0) {
+    for (;;)
+      pause(); /* holds the connection; ended with the test */
+  }
+  _exit(child > 0 ? 0 : 4);
+}
+
+/* Starts argv (as root) as PID `pid`, or returns -1 if that PID could not
+ * be had. */
+static pid_t spawn_as_pid(pid_t pid, const char *const argv[]) {
+  pid_t c = lt_fork_as_pid(pid);
+  if (c == 0) {
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  return c;
+}
+
+static int ckpt_state_of(pid_t pid) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  int (*state)(int) =
+      lib ? (int (*)(int))dlsym(lib, "fake_cuda_ckpt_state") : NULL;
+  if (!state)
+    th_fail(__FILE__, __LINE__, "the fake driver's fake_cuda_ckpt_state");
+  return state(pid);
+}
+
+static bool listed(int pid) {
+  cogpu_status_t *st;
+  bool r = su_client(&st, pid) != NULL;
+  cogpu_status_free(st);
+  return r;
+}
+
+/* A user's process registers (1 GiB, uses CUDA), hands its connection to
+ * a child and exits; its PID is then taken by root's CUDA process. The
+ * registration ends with the process that made it (the daemon watches
+ * each client's pidfd), so neither the user's `cogpu suspend PID` nor
+ * `cogpu suspend JOB` (the registration's job id) finds anything, and
+ * root's process is never touched. (Besides, a PID names a registration
+ * only while its start time is the registered one, and the suspender
+ * checks each process through a pidfd before every driver call.) */
+TEST_IMPL_T(susp_pid_reuse_never_hits_another_process, 60) {
+  if (geteuid() != 0)
+    SKIP("needs root: runs clients as another user, chooses PIDs "
+         "(ns_last_pid)");
+  ASSERT(chmod(th_tmpdir(), 0711) == 0);
+  su_begin();
+  const char *args[] = {"stalejob", NULL};
+  pid_t stale = th_spawn_helper("susp_stale_registration", args);
+  ASSERT_EQ(th_exit_code(th_wait(stale, th_ms(20000))), 0);
+  /* Its registration ends with it, though its connection lives on. */
+  for (int t = 0; listed(stale); t += 20) {
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the exited process is still booked");
+    th_sleep_ms(20);
+  }
+  const char *victim_argv[] = {lt_cudaprog(), "direct",     "init", "ctx",
+                               "alloc:512M",  "hold:60000", NULL};
+  pid_t victim = spawn_as_pid(stale, victim_argv);
+  if (victim < 0)
+    th_fail(__FILE__, __LINE__, "PID %d could not be had again", stale);
+  for (int t = 0; ckpt_state_of(victim) != CU_PROCESS_STATE_RUNNING; t += 20) {
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "root's CUDA process never started");
+    th_sleep_ms(20);
+  }
+  char pidtxt[16], out[4096], err[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", stale);
+  const char *const by_pid[] = {
+      "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+      "cogpu",   "suspend",       pidtxt,          NULL};
+  ASSERT_NE(
+      th_run(by_pid, NULL, out, sizeof out, err, sizeof err, th_ms(20000)), 0);
+  ASSERT_CONTAINS(err, "no process");
+  const char *const by_job[] = {"setpriv",       "--reuid=65534",
+                                "--regid=65534", "--clear-groups",
+                                "cogpu",         "suspend",
+                                "stalejob",      "--timeout",
+                                "10s",           NULL};
+  ASSERT_NE(
+      th_run(by_job, NULL, out, sizeof out, err, sizeof err, th_ms(20000)), 0);
+  ASSERT_CONTAINS(err, "no job 'stalejob'");
+  ASSERT_EQ(ckpt_state_of(victim), CU_PROCESS_STATE_RUNNING);
+  kill(victim, SIGKILL);
+  waitpid(victim, NULL, 0);
+}
+
+/* A CUDA program under the preload library alone (a job of its own, no
+ * cogpu run), holding 8 GiB until killed; as PID `pid` if pid > 0. */
+static pid_t preloaded_holder(pid_t pid) {
+  char pre[4200];
+  const char *rt = th_sanitizer_runtime();
+  snprintf(pre, sizeof pre, "%s%s%s/libcogpu-preload.so", rt, rt[0] ? " " : "",
+           th_build_dir());
+  const char *argv[] = {lt_cudaprog(), "direct",      "init", "ctx",
+                        "alloc:8G",    "hold:600000", NULL};
+  char *old = getenv("LD_PRELOAD") ? strdup(getenv("LD_PRELOAD")) : NULL;
+  setenv("LD_PRELOAD", pre, 1);
+  pid_t p = pid > 0 ? spawn_as_pid(pid, argv) : -1;
+  if (pid <= 0 && (p = fork()) == 0) {
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  if (old)
+    setenv("LD_PRELOAD", old, 1);
+  else
+    unsetenv("LD_PRELOAD");
+  free(old);
+  return p;
+}
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static unsigned suspensions_of(int pid) {
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, pid);
+  unsigned n = c ? c->suspensions : 0;
+  cogpu_status_free(st);
+  return n;
+}
+
+/* max_idle keeps its time per registration: a process that takes the PID
+ * of one that sat idle (and was suspended for it) starts afresh; it is
+ * idle only once it has been idle for max_idle itself (issue 23: it
+ * inherited the old process's time and was suspended at once). */
+TEST_IMPL_T(susp_idle_time_not_inherited_by_pid, 90) {
+  if (geteuid() != 0)
+    SKIP("needs root to choose PIDs (ns_last_pid)");
+  /* Idleness alone: no suspension to break a wait that holds memory. */
+  th_setenv("COGPU_SUSPEND", "no");
+  th_setenv("COGPU_MAX_IDLE", "3s");
+  su_begin();
+  pid_t a = preloaded_holder(0);
+  ASSERT_EQ(su_holder(8 * GiB), a);
+  pid_t w = su_job("w", "0", "alloc:10G", "hold:100");
+  su_wait_suspensions(a, 1, 30000); /* idle 3 s while w waited */
+  ASSERT_EQ(su_finish(w, "w", 30000), 0);
+  kill(a, SIGKILL);
+  waitpid(a, NULL, 0);
+  for (int t = 0; listed(a); t += 20) {
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the killed job stayed listed");
+    th_sleep_ms(20);
+  }
+  pid_t b = preloaded_holder(a);
+  if (b < 0)
+    th_fail(__FILE__, __LINE__, "PID %d could not be had again", a);
+  ASSERT_EQ(su_holder(8 * GiB), b);
+  int64_t t0 = mono_ms();
+  pid_t w2 = su_job("w2", "0", "alloc:10G", "hold:100");
+  /* Not before it has been idle for max_idle itself. */
+  while (mono_ms() - t0 < 1500) {
+    ASSERT_EQ(suspensions_of(b), 0);
+    th_sleep_ms(50);
+  }
+  su_wait_suspensions(b, 1, 30000); /* then it is */
+  ASSERT_EQ(su_finish(w2, "w2", 30000), 0);
+  kill(b, SIGKILL);
+  waitpid(b, NULL, 0);
 }

@@ -6,11 +6,15 @@
  *
  * The HTTP side is a small poll loop in one thread: connections are
  * non-blocking, a request may be at most EXP_REQ_MAX bytes and must arrive,
- * and its answer leave, within EXP_CONN_MS; at most EXP_CONNS at once (a
- * further one is closed at once). Each scrape takes one status snapshot
- * (one daemon round trip, or one short hold of the ledger lock in
- * single-user mode) and renders it afterwards; scrapes that arrive
- * together share a snapshot. SIGTERM and SIGINT end it cleanly.
+ * and its answer leave, within EXP_CONN_MS; at most EXP_CONNS at once.
+ * When all are taken, a new connection takes the place of the oldest that
+ * has not finished asking (idle, or slow-loris), else of the oldest slow to
+ * read its answer, so that no number of such connections locks a scrape
+ * out. A request that came with the connection is read at once,
+ * so that a scrape is never the one that makes room. Each scrape takes one
+ * status snapshot (one daemon round trip, or one short hold of the ledger lock
+ * in single-user mode) and renders it afterwards; scrapes that arrive together
+ * share a snapshot. SIGTERM and SIGINT end it cleanly.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -312,6 +316,24 @@ static void on_writable(conn_t *c) {
   conn_close(c);
 }
 
+/* All connections taken: the one a new connection replaces. The oldest
+ * that has not finished asking; else the oldest whose answer its peer is
+ * slow to read (a scrape reads it at once); never one whose request waits
+ * for this round's snapshot. NULL if none. */
+static conn_t *make_room(exporter_t *e) {
+  conn_t *best = NULL;
+  for (int pass = 0; pass < 2 && !best; pass++)
+    for (size_t i = 0; i < EXP_CONNS; i++) {
+      conn_t *q = &e->conns[i];
+      bool asking = !q->want_metrics && !q->out;
+      if (q->fd < 0 || q->want_metrics || (pass == 0) != asking)
+        continue;
+      if (!best || q->deadline_ns < best->deadline_ns)
+        best = q;
+    }
+  return best;
+}
+
 static void on_accept(exporter_t *e) {
   for (;;) {
     int fd = accept4(e->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -321,8 +343,10 @@ static void on_accept(exporter_t *e) {
     for (size_t i = 0; i < EXP_CONNS && !c; i++)
       if (e->conns[i].fd < 0)
         c = &e->conns[i];
+    if (!c && (c = make_room(e)) != NULL)
+      conn_close(c);
     if (!c) {
-      close(fd); /* full: Prometheus retries at its next interval */
+      close(fd); /* all are being answered: Prometheus retries */
       continue;
     }
     c->fd = fd;
@@ -332,6 +356,7 @@ static void on_accept(exporter_t *e) {
     c->out = NULL;
     c->out_len = c->out_off = 0;
     c->deadline_ns = cogpu__now_ns() + cogpu__ms_to_ns(EXP_CONN_MS);
+    on_readable(c); /* a request already here: asked, so kept */
   }
 }
 
