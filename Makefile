@@ -291,33 +291,47 @@ TEST_MULT := $(if $(SAN),4,1)
 SAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
+# J=N runs N tests at once (run-tests -j; default: twice the CPUs, at
+# most 8).
+TEST_J := $(if $(J),-j$(J))
+
 check: all
-	$(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) $(TEST_WRAP) $(B)/tests/run-tests $(T)
+	$(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) $(TEST_WRAP) $(B)/tests/run-tests $(TEST_J) $(T)
 
 # The plain and ASan builds run the suite twice: daemonless (single-user
 # mode) and in node mode, each test against a private cogpud (tests of the
 # daemonless state file only run in the first pass). TSan runs it
 # daemonless, and in node mode only the tests where threads of one process
-# share a connection to the daemon, and those where the daemon's suspender
-# thread works beside its loop.
-TSAN_NODE_TESTS := threads another_thread concurrent_members daemon_kill9 \
-                   susp_growing_jobs_on_demand susp_daemon_killed_mid_resume
+# share a connection to the daemon. The tests that start a daemon of their
+# own (tests/node: suspension, where the daemon's suspender thread works
+# beside its loop; the daemon's; security) run once per build, in the
+# daemonless pass (TEST_FILE_ONCE).
+TSAN_NODE_TESTS := threads another_thread concurrent_members
 check-node: all
 	COGPU_TEST_NODE=1 $(SAN_ENV) COGPU_TEST_TIMEOUT_MULTIPLIER=$(TEST_MULT) \
-	    $(TEST_WRAP) $(B)/tests/run-tests $(T)
+	    $(TEST_WRAP) $(B)/tests/run-tests $(TEST_J) $(T)
 
+# Every build and pass; the Slurm tests' pass beside the others
+# (scripts/check-all.sh).
+.PHONY: check-all print-tsan-node-tests
 check-all:
-	$(MAKE) check
-	$(MAKE) check-node
-	$(MAKE) SAN=asan check
-	$(MAKE) SAN=asan check-node
-	$(MAKE) SAN=tsan check
-	$(MAKE) SAN=tsan check-node T="$(TSAN_NODE_TESTS)"
+	scripts/check-all.sh
+
+print-tsan-node-tests:
+	@echo $(TSAN_NODE_TESTS)
 
 # The benchmarks, built only (CI: nothing else builds them, and an API
 # change must not leave them broken).
 .PHONY: bench-build
 bench-build: $(BENCH_BINS) $(B)/bench/libcogpu-preload-nousage.so
+
+# Every benchmark end to end, with a hundredth of its counts (CI: they
+# must still run, not only build); the figures mean nothing.
+.PHONY: bench-smoke
+bench-smoke: lib cli preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
+       $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog \
+       $(B)/bench/libcogpu-preload-nousage.so
+	BENCH_SMOKE=1 B=$(B) bench/run.sh >/dev/null
 
 bench: lib cli preload daemon $(BENCH_BINS) $(B)/tests/fakes/libnvidia-ml.so.1 \
        $(B)/tests/fakes/libcuda.so.1 $(B)/tests/cudaprog \
@@ -391,6 +405,14 @@ format:
 	clang-format -i $(FORMAT_FILES)
 format-check:
 	clang-format --dry-run -Werror $(FORMAT_FILES)
+
+# One assertion vocabulary (docs/architecture.md): cogpu__assert, checked
+# in debug builds only. libc's assert() would abort the host application
+# (PyTorch under the preload library) in a release build.
+.PHONY: lint
+lint:
+	@if grep -rnE '(^|[^_a-z])assert\(' src tools contrib --include=*.c --include=*.h; then \
+	  echo "lint: use cogpu__assert (debug builds), not assert()" >&2; exit 1; fi
 
 clean:
 	rm -rf build build-asan build-tsan build-debug

@@ -48,7 +48,7 @@ static uint64_t clock_ns;
 static pid_t find_daemon(void) {
   const char *e = getenv("BENCH_DAEMON_PID");
   if (e && *e)
-    return (pid_t)bench_env_long("BENCH_DAEMON_PID", 1);
+    return (pid_t)bench_env_exact("BENCH_DAEMON_PID", 1);
   const char *path = getenv("COGPU_SOCKET");
   if (!path || !*path)
     path = "/run/cogpu/cogpu.sock";

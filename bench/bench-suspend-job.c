@@ -322,7 +322,7 @@ static void one_size(const char *cudaprog, long gib, long reps, double gbps) {
       (long)((double)reps *
              (2.0 * (double)gib * (double)GIB / (bw * 1e6) + 1000.0)) +
       3000;
-  hold_ms = bench_env_long("BENCH_SUSPEND_HOLD_MS", hold_ms);
+  hold_ms = bench_env_exact("BENCH_SUSPEND_HOLD_MS", hold_ms);
   job_t j;
   job_start(&j, cudaprog, gib, hold_ms);
   job_wait_ready(&j);

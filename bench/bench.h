@@ -43,9 +43,16 @@ static inline void bench_die(const char *what, int rc) {
 }
 
 /* A positive integer knob from the environment, or def. Bad values are
- * fatal: a silently ignored knob would make a run look like another. */
-static inline long bench_env_long(const char *name, long def) {
+ * fatal: a silently ignored knob would make a run look like another.
+ * BENCH_SMOKE=1 (CI's smoke run: does every benchmark still run end to
+ * end?) makes each default a hundredth of itself, at least 1: counts,
+ * rounds and durations shrink to a second or so, and the figures mean
+ * nothing. */
+static inline long bench_env_knob(const char *name, long def, bool scale) {
   const char *s = getenv(name);
+  const char *smoke = getenv("BENCH_SMOKE");
+  if (scale && smoke && !strcmp(smoke, "1"))
+    def = def / 100 > 0 ? def / 100 : 1;
   if (!s || !*s)
     return def;
   char *end;
@@ -57,6 +64,16 @@ static inline long bench_env_long(const char *name, long def) {
     exit(2);
   }
   return v;
+}
+
+/* A count, a number of rounds or a duration: smaller in a smoke run. */
+static inline long bench_env_long(const char *name, long def) {
+  return bench_env_knob(name, def, true);
+}
+
+/* A value the run needs as it is (a time derived from the others). */
+static inline long bench_env_exact(const char *name, long def) {
+  return bench_env_knob(name, def, false);
 }
 
 /* Zero-filled memory shared with children forked afterwards. MAP_NORESERVE:

@@ -13,6 +13,9 @@
 #   BENCH_CKPT_GBPS  the fake driver's checkpoint copy bandwidth in GB/s
 #              for bench-suspend-job (10)
 #   BENCH_TIMEOUT  seconds one benchmark run may take (300)
+#   BENCH_SMOKE=1  a smoke run (CI, `make bench-smoke`): every benchmark
+#              end to end with a hundredth of its default counts (bench.h),
+#              two process counts; the figures mean nothing
 #   BENCH_CPUS, BENCH_DAEMON_CPUS  pin the benchmarks, the daemon, to these
 #              CPUs (taskset -c LIST): on a VM, a wake-up of another vCPU
 #              costs tens of us, and an unpinned daemon's round trips mix
@@ -46,6 +49,11 @@ stop_daemon() {
 }
 trap 'stop_daemon; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
+
+if [ "${BENCH_SMOKE:-}" = 1 ]; then
+	export BENCH_SMOKE BENCH_PROCS=${BENCH_PROCS:-1,2}
+	BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
+fi
 
 export LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export COGPU_STATE_DIR="$tmp/state"

@@ -455,20 +455,98 @@ static void test_env(void) {
   sanitizer_env();
 }
 
-static int run_one(const test_t *t) {
+/* --- running tests, several at once ---------------------------------------
+ *
+ * Each test runs in its own process group with its own directory, state,
+ * socket, daemon and history (test_env), so tests share the machine and
+ * nothing else; `-j N` runs N at once (default: twice the CPUs, capped at
+ * 8: most tests wait on events, not on the CPU). Tests that share
+ * something outside their directory are grouped (TEST_FILE_GROUP): no two
+ * tests of one group run at once, and a test of group "alone" runs with
+ * nothing else. A test's output (stdout and stderr, its programs' too)
+ * goes to a log beside its directory and is printed when it ends if it
+ * failed or was skipped (COGPU_TEST_VERBOSE=1: always), so the outputs of
+ * concurrent tests never interleave. */
+
+typedef struct {
+  const test_t *t;
+  pid_t pid;
+  int64_t t0;
+  char dir[PATH_MAX];
+} running_t;
+
+#define MAX_JOBS 64
+#define MAX_GROUPS 32
+
+static struct {
+  const char *file;
+  const char *group;
+  int most;
+} groups[MAX_GROUPS];
+static int ngroups;
+
+void th_register_group(const char *file, const char *group, int most) {
+  if (ngroups < MAX_GROUPS)
+    groups[ngroups++] = (typeof(groups[0])){file, group, most < 1 ? 1 : most};
+}
+
+static const char *group_of(const test_t *t) {
+  for (int i = 0; i < ngroups; i++)
+    if (strcmp(groups[i].file, t->file) == 0)
+      return groups[i].group;
+  return NULL;
+}
+
+static const char *once_files[MAX_GROUPS];
+static int nonce;
+
+void th_register_file_once(const char *file) {
+  if (nonce < MAX_GROUPS)
+    once_files[nonce++] = file;
+}
+
+static bool file_once(const test_t *t) {
+  for (int i = 0; i < nonce; i++)
+    if (strcmp(once_files[i], t->file) == 0)
+      return true;
+  return false;
+}
+
+static int group_most(const char *g) {
+  int most = 1;
+  for (int i = 0; i < ngroups; i++)
+    if (strcmp(groups[i].group, g) == 0)
+      most = groups[i].most;
+  return most;
+}
+
+static void log_path(const char *dir, char *buf, size_t len) {
+  snprintf(buf, len, "%s.log", dir);
+}
+
+static int start_one(const test_t *t, running_t *r) {
   snprintf(tmpdir, sizeof tmpdir, "%s/cogpu-test-%d-%s",
            getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid(),
            t->name);
+  snprintf(r->dir, sizeof r->dir, "%s", tmpdir);
   rm_rf(tmpdir);
-  if (mkdir(tmpdir, 0700) != 0) {
+  char log[PATH_MAX + 8];
+  log_path(tmpdir, log, sizeof log);
+  int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (mkdir(tmpdir, 0700) != 0 || fd < 0) {
     fprintf(stderr, "mkdir %s: %s\n", tmpdir, strerror(errno));
-    return 1;
+    if (fd >= 0)
+      close(fd);
+    return -1;
   }
   fflush(NULL);
-  int64_t t0 = now_ms();
+  r->t = t;
+  r->t0 = now_ms();
   pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
+    dup2(fd, 1);
+    dup2(fd, 2);
     test_env();
     /* Whatever a test or a program it starts writes by a relative path
      * (sbatch's slurm-<job>.out, a core file) lands in the test's own
@@ -483,40 +561,77 @@ static int run_one(const test_t *t) {
     fflush(NULL);
     _exit(0);
   }
-  int limit = th_ms(t->timeout_s * 1000);
-  int st = 0;
-  bool timed_out = false;
-  for (;;) {
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid)
-      break;
-    if (now_ms() - t0 > limit) {
-      timed_out = true;
-      kill(-pid, SIGKILL);
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      break;
-    }
-    th_sleep_ms(5);
+  close(fd);
+  if (pid < 0) {
+    fprintf(stderr, "fork: %s\n", strerror(errno));
+    return -1;
   }
+  setpgid(pid, pid); /* before the runner may signal the group */
+  r->pid = pid;
+  return 0;
+}
+
+/* The last `max` bytes of the test's log, on stderr, each line marked
+ * with the test's name; the first line starting with "skip: " goes to
+ * reason (the test's SKIP). */
+static void show_log(const running_t *r, bool print, char *reason,
+                     size_t rlen) {
+  char path[PATH_MAX + 8], buf[65536];
+  log_path(r->dir, path, sizeof path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  off_t size = lseek(fd, 0, SEEK_END);
+  off_t from = size > (off_t)sizeof buf - 1 ? size - (off_t)sizeof buf + 1 : 0;
+  ssize_t n = pread(fd, buf, sizeof buf - 1, from);
+  close(fd);
+  unlink(path);
+  if (n <= 0)
+    return;
+  buf[n] = 0;
+  if (reason) {
+    const char *k = strstr(buf, "skip: ");
+    if (k && (k == buf || k[-1] == '\n'))
+      snprintf(reason, rlen, "%.*s", (int)strcspn(k + 6, "\n"), k + 6);
+  }
+  if (!print)
+    return;
+  if (from)
+    fprintf(stderr, "# %s: ... (%lld bytes before)\n", r->t->name,
+            (long long)from);
+  for (char *line = buf, *nl; *line; line = nl) {
+    nl = strchr(line, '\n');
+    nl = nl ? nl + 1 : line + strlen(line);
+    fprintf(stderr, "# %s: %.*s%s", r->t->name, (int)(nl - line), line,
+            nl[-1] == '\n' ? "" : "\n");
+  }
+}
+
+/* The test's result, once its process is reaped (st) or it timed out. */
+static int finish_one(running_t *r, int st, bool timed_out, char *reason,
+                      size_t rlen) {
   /* Whatever the test left running (helpers) is ended with it. */
-  kill(-pid, SIGKILL);
+  kill(-r->pid, SIGKILL);
   int code = timed_out ? 124 : th_exit_code(st);
+  const char *v = getenv("COGPU_TEST_VERBOSE");
+  show_log(r, code != 0 || (v && *v == '1'), reason, rlen);
   /* COGPU_TEST_KEEP=1 keeps every test's files, passed or not (to study
    * a run that passed, e.g. the real-run replay's record). */
   const char *keep = getenv("COGPU_TEST_KEEP");
   if ((code == 0 || code == TH_SKIP) && !(keep && *keep == '1'))
-    rm_rf(tmpdir);
+    rm_rf(r->dir);
   else
-    fprintf(stderr, "# kept %s for inspection\n", tmpdir);
+    fprintf(stderr, "# kept %s for inspection\n", r->dir);
   if (timed_out)
-    fprintf(stderr, "# %s timed out after %d ms\n", t->name, limit);
+    fprintf(stderr, "# %s timed out after %d ms\n", r->t->name,
+            th_ms(r->t->timeout_s * 1000));
+  fflush(stderr);
   return code;
 }
 
 static bool selected(const test_t *t, int nf, char **filters) {
   const char *name = t->name;
-  if (t->single && node_mode())
+  if ((t->single || file_once(t)) && node_mode())
     return false;
   if (nf == 0)
     return true;
@@ -524,6 +639,113 @@ static bool selected(const test_t *t, int nf, char **filters) {
     if (strstr(name, filters[i]))
       return true;
   return false;
+}
+
+/* COGPU_TEST_JOBS, else twice the CPUs, at most 8. */
+static int default_jobs(void) {
+  const char *e = getenv("COGPU_TEST_JOBS");
+  if (e && atoi(e) >= 1)
+    return atoi(e) < MAX_JOBS ? atoi(e) : MAX_JOBS;
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  n = n < 1 ? 1 : n * 2;
+  return n > 8 ? 8 : (int)n;
+}
+
+/* May test t start beside the running ones? */
+static bool may_start(const test_t *t, const running_t *run, int nrun) {
+  const char *g = group_of(t);
+  if (g && strcmp(g, "alone") == 0 && nrun > 0)
+    return false;
+  int same = 0;
+  for (int i = 0; i < nrun; i++) {
+    const char *o = group_of(run[i].t);
+    if (o && strcmp(o, "alone") == 0)
+      return false;
+    same += o && g && strcmp(o, g) == 0;
+  }
+  return !g || same < group_most(g);
+}
+
+static int run_all(int jobs, int nf, char **filters) {
+  static const test_t *todo[MAX_TESTS];
+  static char why[MAX_TESTS][160]; /* by skip */
+  static const char *skipped[MAX_TESTS];
+  running_t run[MAX_JOBS];
+  int n = 0, nrun = 0, k = 0, pass = 0, fail = 0, skip = 0;
+  for (int i = 0; i < ntests; i++)
+    if (selected(&tests[i], nf, filters))
+      todo[n++] = &tests[i];
+  /* Longest first (a test's timeout says how long it may be), so that no
+   * long test starts last and runs on alone; otherwise in file order. */
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && todo[j]->timeout_s > todo[j - 1]->timeout_s; j--) {
+      const test_t *x = todo[j];
+      todo[j] = todo[j - 1];
+      todo[j - 1] = x;
+    }
+  printf("TAP version 13\n1..%d\n", n);
+  fflush(stdout);
+  int64_t t_all = now_ms();
+  for (int left = n; left > 0 || nrun > 0;) {
+    /* Grouped tests first: a group's tests run one after another, so the
+     * longest chain (the Slurm tests) starts at once. */
+    for (int pick = 0; pick < 2; pick++)
+      for (int i = 0; i < n && nrun < jobs; i++) {
+        if (!todo[i] || (pick == 0) != (group_of(todo[i]) != NULL) ||
+            !may_start(todo[i], run, nrun))
+          continue;
+        if (start_one(todo[i], &run[nrun]) == 0) {
+          nrun++;
+        } else {
+          k++;
+          fail++;
+          printf("not ok %d - %s (cannot start)\n", k, todo[i]->name);
+        }
+        todo[i] = NULL;
+        left--;
+      }
+    /* Reap what ended; kill what ran past its time. */
+    bool any = false;
+    for (int i = 0; i < nrun; i++) {
+      int st = 0;
+      pid_t r = waitpid(run[i].pid, &st, WNOHANG);
+      int64_t took = now_ms() - run[i].t0;
+      bool late = r == 0 && took > th_ms(run[i].t->timeout_s * 1000);
+      if (r == 0 && !late)
+        continue;
+      if (late) {
+        kill(-run[i].pid, SIGKILL);
+        kill(run[i].pid, SIGKILL);
+        waitpid(run[i].pid, &st, 0);
+      }
+      why[skip][0] = 0;
+      int code = finish_one(&run[i], st, late, why[skip], sizeof why[0]);
+      k++;
+      if (code == 0) {
+        pass++;
+        printf("ok %d - %s (%" PRId64 " ms)\n", k, run[i].t->name, took);
+      } else if (code == TH_SKIP) {
+        printf("ok %d - %s # SKIP %s\n", k, run[i].t->name, why[skip]);
+        skipped[skip++] = run[i].t->name;
+      } else {
+        fail++;
+        printf("not ok %d - %s (exit %d)\n", k, run[i].t->name, code);
+      }
+      fflush(stdout);
+      run[i--] = run[--nrun];
+      any = true;
+    }
+    if (!any && nrun > 0)
+      th_sleep_ms(5);
+  }
+  /* Skips are listed with their reasons: a green run that skipped what
+   * matters is not a green run. */
+  for (int i = 0; i < skip; i++)
+    printf("# skipped %s: %s\n", skipped[i],
+           why[i][0] ? why[i] : "(no reason)");
+  printf("%d passed, %d failed, %d skipped in %.0f s (-j %d)\n", pass, fail,
+         skip, (double)(now_ms() - t_all) / 1e3, jobs);
+  return fail ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
@@ -563,29 +785,18 @@ int main(int argc, char **argv) {
     return 0;
   }
   signal(SIGPIPE, SIG_IGN);
-  int nf = argc - 1, n = 0, pass = 0, fail = 0, skip = 0;
-  for (int i = 0; i < ntests; i++)
-    n += selected(&tests[i], nf, argv + 1);
-  printf("TAP version 13\n1..%d\n", n);
-  int k = 0;
-  for (int i = 0; i < ntests; i++) {
-    if (!selected(&tests[i], nf, argv + 1))
-      continue;
-    int64_t t0 = now_ms();
-    int code = run_one(&tests[i]);
-    k++;
-    if (code == 0) {
-      pass++;
-      printf("ok %d - %s (%" PRId64 " ms)\n", k, tests[i].name, now_ms() - t0);
-    } else if (code == TH_SKIP) {
-      skip++;
-      printf("ok %d - %s # SKIP\n", k, tests[i].name);
-    } else {
-      fail++;
-      printf("not ok %d - %s (exit %d)\n", k, tests[i].name, code);
+  int jobs = default_jobs();
+  int first = 1;
+  if (argc >= 2 && strncmp(argv[1], "-j", 2) == 0) {
+    const char *v = argv[1][2] ? argv[1] + 2 : argc >= 3 ? argv[2] : "";
+    char *end;
+    long j = strtol(v, &end, 10);
+    if (!*v || *end || j < 1 || j > MAX_JOBS) {
+      fprintf(stderr, "run-tests: -j takes a number from 1 to %d\n", MAX_JOBS);
+      return 2;
     }
-    fflush(stdout);
+    jobs = (int)j;
+    first += argv[1][2] ? 1 : 2;
   }
-  printf("%d passed, %d failed, %d skipped\n", pass, fail, skip);
-  return fail ? 1 : 0;
+  return run_all(jobs, argc - first, argv + first);
 }

@@ -26,6 +26,8 @@ void th_register_test(const char *name, th_test_fn fn, const char *file,
 void th_register_single(const char *name, th_test_fn fn, const char *file,
                         int timeout_s);
 void th_register_helper(const char *name, th_helper_fn fn);
+void th_register_group(const char *file, const char *group, int most);
+void th_register_file_once(const char *file);
 _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -53,6 +55,23 @@ _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
  * Slurm cluster): the node pass would run it again unchanged, so it runs
  * once, in the first (daemonless) pass. */
 #define TEST_IMPL_ONCE_T(name, timeout_s) TEST_IMPL_SINGLE_T(name, timeout_s)
+
+/* The runner runs tests in parallel (`run-tests -j N`). The tests of a file
+ * that share something outside their own directory are in a group: at most
+ * `most` tests of a group run at once (1: one at a time). Group "alone":
+ * each of the file's tests runs with nothing beside it. */
+#define TEST_FILE_GROUP(group, most)                                           \
+  __attribute__((constructor)) static void th_greg_file(void) {                \
+    th_register_group(__FILE__, group, most);                                  \
+  }
+
+/* Every test of the file sets up the node it needs itself (its own node
+ * daemon when the runner gives none): the node pass would run them again
+ * unchanged, so they run once per build, in the first (daemonless) pass. */
+#define TEST_FILE_ONCE()                                                       \
+  __attribute__((constructor)) static void th_oreg_file(void) {                \
+    th_register_file_once(__FILE__);                                           \
+  }
 
 #define HELPER_IMPL(name)                                                      \
   static int helper_##name(int argc, char **argv);                             \
@@ -112,6 +131,18 @@ _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
     fprintf(stderr, "skip: " __VA_ARGS__);                                     \
     fputc('\n', stderr);                                                       \
     exit(TH_SKIP);                                                             \
+  } while (0)
+
+/* SKIP, unless the run requires what is missing (the environment
+ * variable `require` is "1", as .ci/run sets where its set-up provides
+ * it): then the test fails, so that a green run cannot lack it. */
+#define SKIP_UNLESS_REQUIRED(require, ...)                                     \
+  do {                                                                         \
+    const char *th_req_ = getenv(require);                                     \
+    if (th_req_ && !strcmp(th_req_, "1"))                                      \
+      th_fail(__FILE__, __LINE__,                                              \
+              "required (" require "=1) but missing: " __VA_ARGS__);           \
+    SKIP(__VA_ARGS__);                                                         \
   } while (0)
 
 /* The test's private temporary directory (removed after the test). */

@@ -18,6 +18,8 @@
  *           bg:ACTION (in a thread of its own) join
  *           (the driver frees what the context held)
  *           mipmapfree info total freeunknown exporttable hold:MS
+ *           waitfile:PATH (prints "waiting", then waits until PATH exists:
+ *           a test's cue, never a timed window)
  *           graph:SIZE (build a graph that allocates and frees SIZE on the
  *           context's device, instantiate and launch it) graphtrim
  *           graphdestroy verify (the data each alloc wrote is intact)
@@ -685,6 +687,14 @@ static int act(const char *a) {
     return act_fork(arg);
   if (!strncmp(a, "graph:", 6))
     return act_graph(arg);
+  if (!strncmp(a, "waitfile:", 9)) {
+    printf("waiting\n");
+    fflush(stdout);
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    while (access(arg, F_OK) != 0)
+      nanosleep(&ts, NULL);
+    return 0;
+  }
   if (!strncmp(a, "hold:", 5)) {
     long ms = strtol(arg, NULL, 10);
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};

@@ -469,12 +469,35 @@ static pid_t big_job(const char *tag) {
   return lt_spawn_logged(tag, argv);
 }
 
+/* Waits (bounded) until the log of `tag` holds `what`. */
+static void wait_log(const char *tag, const char *what) {
+  for (int t = 0; !strstr(lt_slurp(tag), what); t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "'%s' never in %s: %s", what, tag,
+              lt_slurp(tag));
+    th_sleep_ms(10);
+  }
+}
+
+/* The driver refuses the job's allocation just after a client left: it
+ * retries (driver_wait) and succeeds once the memory is freed, which the
+ * test does on cue, once the job has said it is retrying. */
 TEST_IMPL(preload_driver_refusal_waits) {
   preload_env();
   setenv("COGPU_LOG", "info", 1);
-  pid_t h = hidden_holder("hold:1000");
-  ASSERT_EQ(finish(big_job("out"), "out"), 0);
-  ASSERT_CONTAINS(lt_slurp("out"), "the driver refused memory cogpu granted");
+  setenv("COGPU_DRIVER_WAIT", "1m", 1); /* the cue comes well within */
+  pid_t h = hidden_holder_left("waitfile:release", false);
+  const char *argv[] = {"cogpu",    "run",     "--",  lt_cudaprog(),
+                        "direct",   "init",    "ctx", "waitfile:go",
+                        "alloc:8G", "freeall", NULL};
+  pid_t out = lt_spawn_logged("out", argv);
+  wait_log("out", "waiting");
+  const char *left[] = {"cogpu", "run", "--mem", "1G", "--", "true", NULL};
+  ASSERT_EQ(finish(lt_spawn_logged("left", left), "left"), 0);
+  th_write_file(th_path("go"), "");
+  wait_log("out", "the driver refused memory cogpu granted");
+  th_write_file(th_path("release"), "");
+  ASSERT_EQ(finish(out, "out"), 0);
   ASSERT_EQ(th_exit_code(th_wait(h, th_ms(10000))), 0);
 }
 
@@ -485,10 +508,26 @@ TEST_IMPL(preload_driver_refusal_bounded) {
   ASSERT_EQ(th_exit_code(th_wait(big_job("now"), th_ms(10000))), 2);
   ASSERT_CONTAINS(lt_slurp("now"), "alloc: error 2");
   ASSERT(!strstr(lt_slurp("now"), "the driver is out of memory"));
-  setenv("COGPU_DRIVER_WAIT", "300ms", 1);
+  /* A client left moments before the allocation (the cue: the job waits
+   * for it), so the refusal may be the driver still freeing its memory:
+   * retried for driver_wait, then failed with a reason. */
+  setenv("COGPU_DRIVER_WAIT", "1s", 1);
+  const char *later[] = {"cogpu",    "run",     "--",  lt_cudaprog(),
+                         "direct",   "init",    "ctx", "waitfile:go",
+                         "alloc:8G", "freeall", NULL};
+  pid_t lj = lt_spawn_logged("later", later);
+  for (int t = 0; !strstr(lt_slurp("later"), "waiting"); t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the job never started: %s",
+              lt_slurp("later"));
+    th_sleep_ms(10);
+  }
+  const char *left[] = {"cogpu", "run", "--mem", "1G", "--", "true", NULL};
+  ASSERT_EQ(finish(lt_spawn_logged("left", left), "left"), 0);
   uint64_t t0 = cogpu__now_ns();
-  ASSERT_EQ(th_exit_code(th_wait(big_job("later"), th_ms(10000))), 2);
-  ASSERT_GE((int64_t)((cogpu__now_ns() - t0) / 1000000), 300);
+  th_write_file(th_path("go"), "");
+  ASSERT_EQ(th_exit_code(th_wait(lj, th_ms(10000))), 2);
+  ASSERT_GE((int64_t)((cogpu__now_ns() - t0) / 1000000), 1000);
   ASSERT_CONTAINS(lt_slurp("later"), "alloc: error 2");
   ASSERT_CONTAINS(lt_slurp("later"),
                   "the driver is out of memory that cogpu counts as free");

@@ -444,7 +444,8 @@ static const char *traces_dir(void) {
   char probe[PATH_MAX + 64];
   snprintf(probe, sizeof probe, "%s/README.md", dir);
   if (access(probe, R_OK) != 0)
-    SKIP("no traces at %s (set COGPU_TEST_TRACES)", dir);
+    SKIP_UNLESS_REQUIRED("COGPU_TEST_REQUIRE_TRACES",
+                         "no traces at %s (set COGPU_TEST_TRACES)", dir);
   return dir;
 }
 

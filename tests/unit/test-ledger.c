@@ -325,14 +325,22 @@ TEST_IMPL(ledger_fork_child_reattaches) {
 /* Many threads of one process reserving and releasing at once. */
 static cogpu_t *thr_h;
 static int thr_rounds;
+/* A thread's failure, said by the main thread: which call, its code and
+ * message (cogpu_last_error is per thread). */
+static char thr_err[8][320];
 static void *thr_main(void *arg) {
-  (void)arg;
+  char *err = arg;
   for (int i = 0; i < thr_rounds; i++) {
     cogpu_request_t r = req(0, 1 * GiB, COGPU_WAIT_FOREVER);
-    if (cogpu_reserve(thr_h, &r, NULL) != 0)
-      return (void *)1;
-    if (cogpu_release(thr_h, 0, 1 * GiB) != 0)
-      return (void *)2;
+    int rc = cogpu_reserve(thr_h, &r, NULL);
+    if (rc == 0 && (rc = cogpu_release(thr_h, 0, 1 * GiB)) != 0)
+      snprintf(err, sizeof thr_err[0], "round %d: release: %s: %s", i,
+               cogpu_err_name(rc), cogpu_last_error());
+    else if (rc)
+      snprintf(err, sizeof thr_err[0], "round %d: reserve: %s: %s", i,
+               cogpu_err_name(rc), cogpu_last_error());
+    if (rc)
+      return err;
   }
   return NULL;
 }
@@ -350,12 +358,16 @@ TEST_IMPL(ledger_threads) {
   thr_rounds = th_node_mode() ? 200 : th_sanitizer_runtime()[0] ? 500 : 2000;
   pthread_t t[8];
   for (int i = 0; i < 8; i++)
-    ASSERT_EQ(pthread_create(&t[i], NULL, thr_main, NULL), 0);
+    ASSERT_EQ(pthread_create(&t[i], NULL, thr_main, thr_err[i]), 0);
+  const char *failed = NULL;
   for (int i = 0; i < 8; i++) {
     void *ret;
-    pthread_join(t[i], &ret);
-    ASSERT(ret == NULL);
+    pthread_join(t[i], &ret); /* all joined before failing: no thread leak */
+    if (ret && !failed)
+      failed = ret;
   }
+  if (failed)
+    th_fail(__FILE__, __LINE__, "a thread failed: %s", failed);
   uint64_t held;
   ASSERT_OK(cogpu_held(thr_h, 0, &held));
   ASSERT_UEQ(held, 0);

@@ -395,10 +395,27 @@ TEST_IMPL(fault_other_points_pass) {
     ASSERT_EQ(survived, 3);
   }
   /* Every point has its name. */
-  const char *names[] = {NULL,      "lock_held", "tx_middle", "before_unlock",
-                         "waiting", "granted",   "attach",    "create"};
+  const char *names[] = {
+      NULL,      "lock_held", "tx_middle", "before_unlock", "waiting",
+      "granted", "attach",    "create",    "history_batch", "history_write"};
+  ASSERT_EQ(sizeof names / sizeof names[0], COGPU_FP__COUNT);
   for (int p = COGPU_FP_LOCK_HELD; p < COGPU_FP__COUNT; p++)
     ASSERT_EQ(fault_run(names[p], p, 1, &survived, NULL), 128 + SIGKILL);
+}
+
+/* ":fail": the count-th pass of the point fails, once; the process lives. */
+TEST_IMPL(fault_fail_once) {
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    setenv("COGPU_FAULT", "history_write:2:fail", 1);
+    bool a = cogpu__fault_fails(COGPU_FP_HIST_WRITE);
+    bool b = cogpu__fault_fails(COGPU_FP_HIST_WRITE);
+    bool c = cogpu__fault_fails(COGPU_FP_HIST_WRITE);
+    bool other = cogpu__fault_fails(COGPU_FP_HIST_BATCH);
+    _exit(!a && b && !c && !other ? 0 : 1);
+  }
+  ASSERT_EQ(th_exit_code(th_wait(pid, th_ms(10000))), 0);
 }
 
 TEST_IMPL_T(fault_stall, 60) {
