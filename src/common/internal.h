@@ -204,6 +204,9 @@ bool cogpu__fault_fails(int point);
 /* The calling process's command line, arguments joined by spaces,
  * truncated to len (proc.c). */
 void cogpu__self_cmdline(char *buf, size_t len);
+/* Does a thread of pid, other than the calling one, run or wait for a CPU
+ * right now (state R)? False where /proc cannot tell (proc.c). */
+bool cogpu__proc_runnable(pid_t pid);
 /* The name of user uid, or the number when it has none. */
 void cogpu__user_name(uint32_t uid, char *buf, size_t len);
 

@@ -1,8 +1,14 @@
 /*
- * proc.c: what a process knows about itself from /proc, and users' names.
+ * proc.c: what /proc tells of this process and of others, and users' names.
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <pwd.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -25,4 +31,40 @@ void cogpu__user_name(uint32_t uid, char *buf, size_t len) {
     snprintf(buf, len, "%s", res->pw_name);
   else
     snprintf(buf, len, "%u", uid);
+}
+
+/* A thread's state letter from /proc/PID/task/TID/stat: after the last ')'
+ * (a command name may hold any character, ')' included). */
+static char thread_state(int dfd, const char *tid) {
+  char path[300], buf[512];
+  snprintf(path, sizeof path, "%s/stat", tid);
+  int fd = openat(dfd, path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0)
+    return 0;
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' ? p[2] : 0;
+}
+
+bool cogpu__proc_runnable(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *dir = opendir(path);
+  if (!dir)
+    return false;
+  /* The caller's own thread runs by definition: it is not news. */
+  long self = pid == getpid() ? syscall(SYS_gettid) : 0;
+  bool found = false;
+  for (struct dirent *e; !found && (e = readdir(dir));) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9' ||
+        strtol(e->d_name, NULL, 10) == self)
+      continue;
+    found = thread_state(dirfd(dir), e->d_name) == 'R';
+  }
+  closedir(dir);
+  return found;
 }

@@ -913,6 +913,33 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
   return 0;
 }
 
+/* Serves a batch of events but the timer's; true when the timer fired
+ * (its expiry read). */
+static bool dispatch(cogpu__daemon_t *d, struct epoll_event *evs, int n) {
+  bool timer = false;
+  for (int i = 0; i < n; i++) {
+    dconn_t *c = evs[i].data.ptr;
+    if (c == &mark_listen) {
+      on_accept(d);
+    } else if (c == &mark_timer) {
+      uint64_t x;
+      if (read(d->tfd, &x, sizeof x) < 0) {
+        /* nothing: the tick runs anyway */
+      }
+      timer = true;
+    } else if (c == &mark_signal) {
+      d->stop = true;
+    } else if (c == &mark_susp) {
+      cogpu__susp_completed(d);
+    } else if (c == &mark_hist) {
+      cogpu__daemon_rec_answer(d);
+    } else {
+      on_readable(d, c, evs[i].events);
+    }
+  }
+  return timer;
+}
+
 int cogpu__daemon_run(cogpu__daemon_t *d) {
   sd_notify(0, "READY=1");
   cogpu__log(COGPU_LOG_INFO, "cogpud ready on %s (%u GPUs)",
@@ -930,25 +957,16 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
       continue;
     if (n < 0)
       return cogpu__seterr(-errno, "epoll_wait: %s", strerror(errno));
-    for (int i = 0; i < n; i++) {
-      dconn_t *c = evs[i].data.ptr;
-      if (c == &mark_listen) {
-        on_accept(d);
-      } else if (c == &mark_timer) {
-        uint64_t x;
-        if (read(d->tfd, &x, sizeof x) < 0) {
-          /* nothing: the tick runs anyway */
-        }
-        on_timer(d);
-      } else if (c == &mark_signal) {
-        d->stop = true;
-      } else if (c == &mark_susp) {
-        cogpu__susp_completed(d);
-      } else if (c == &mark_hist) {
-        cogpu__daemon_rec_answer(d);
-      } else {
-        on_readable(d, c, evs[i].events);
-      }
+    if (dispatch(d, evs, n)) {
+      /* The timer's decisions (the deadlock guard above all) rest on the
+       * releases clients have made: every message already sent is read
+       * first, this batch's and any that came while it was served, so a
+       * release in a socket's buffer is never taken for a stuck job. */
+      cogpu__daemon_reap(d);
+      n = epoll_wait(d->epfd, evs, 64, 0);
+      if (n > 0)
+        dispatch(d, evs, n);
+      on_timer(d);
     }
     /* Connections that ended or must end (replies that could not be
      * sent), now that no event of this batch can name them. */

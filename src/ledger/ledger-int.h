@@ -379,6 +379,10 @@ void cogpu__ledger_serve(struct cogpu_s *h);
  * the deadlock guard counts it: a housekeeping tick, at most
  * LEDGER_GUARD_DELAY_MS in the daemon. */
 #define LEDGER_GUARD_DELAY_MS 200u
+/* How much longer, at most, a waiting process with a runnable thread keeps
+ * the guard off (policy.c): a thread that spins for ever must not keep a
+ * real deadlock standing. */
+#define LEDGER_GUARD_RUNNABLE_MS 5000u
 uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h);
 /* Service order of the waiting waiters (indices), per policy; returns n. */
 size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);

@@ -210,6 +210,36 @@ static int64_t member_of(struct cogpu_s *h, uint32_t m) {
   return (int64_t)ms->job - 1;
 }
 
+/* Every job holding memory on g looks stuck from the ledger, which sees
+ * processes, not threads: a process that waits may have another thread
+ * with its grant in hand and no CPU yet, about to release, on a loaded
+ * host (the daemon's 200 ms is a short time there). /proc sees threads:
+ * while a waiting process of a holding job has a runnable thread, other
+ * than the caller's, the job is moving. Looked at only now (a deadlock is
+ * rare, the scan above is free of system calls), once per process, and
+ * for LEDGER_GUARD_RUNNABLE_MS at most into a wait, so that a thread that
+ * spins for ever cannot keep a real deadlock standing. */
+static bool runnable_holder(struct cogpu_s *h, uint32_t g, uint64_t now,
+                            const uint8_t *owner_w) {
+  uint8_t seen[LEDGER_MAX_SLOTS / 8] = {0};
+  uint64_t bound = cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h) +
+                                   LEDGER_GUARD_RUNNABLE_MS);
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    uint32_t o = wt->owner;
+    if (o >= LEDGER_MAX_SLOTS || !BIT_GET(owner_w, o) || BIT_GET(seen, o) ||
+        !guard_waiting(h, wt, g, now) ||
+        cogpu__core_guard_due(wt->since_ns, now, bound))
+      continue;
+    BIT_SET(seen, o);
+    int64_t job = member_of(h, o);
+    const ledger_slot_t *js = &h->st->slots[job >= 0 ? (uint32_t)job : o];
+    if (js->held[g] > 0 && cogpu__proc_runnable(h->st->slots[o].pid))
+      return true;
+  }
+  return false;
+}
+
 /* The waiter to fail on GPU g if every job holding memory there waits for
  * more there: nobody would ever release, so nobody could proceed. A job
  * waits only when all of its processes do: each live member process, and
@@ -261,6 +291,8 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
     if (!stuck)
       return -1; /* someone can still make progress and release */
   }
+  if (runnable_holder(h, g, now, owner_w))
+    return -1;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     const ledger_waiter_t *wt = &h->st->waiters[w];
     if (!guard_waiting(h, wt, g, now) || wt->slot >= LEDGER_MAX_SLOTS ||

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 
 #include "internal.h"
 #include "ledger-helpers.h"
+#include "ledger/ledger-int.h"
 #include "ledger/ledger.h"
 
 static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
@@ -373,6 +375,66 @@ TEST_IMPL(ledger_threads) {
   ASSERT_UEQ(held, 0);
   lt_check_invariants();
   cogpu_detach(thr_h);
+}
+
+/* A thread that waits while another thread of its process holds memory
+ * and runs (here: spins): the ledger sees one process, holding and
+ * waiting; the guard must see the running thread, which may yet release,
+ * and leave the wait alone, for a bounded time. */
+static cogpu_t *rt_h;
+static int rt_rc;
+static uint64_t rt_waited_ms;
+static char rt_err[256]; /* cogpu_last_error is per thread */
+static atomic_int rt_done;
+static void *rt_wait(void *arg) {
+  (void)arg;
+  uint64_t t0 = cogpu__now_ns();
+  cogpu_request_t r = req(0, 2 * GiB, COGPU_WAIT_FOREVER);
+  rt_rc = cogpu_reserve(rt_h, &r, NULL);
+  snprintf(rt_err, sizeof rt_err, "%s", rt_rc ? cogpu_last_error() : "");
+  rt_waited_ms = (cogpu__now_ns() - t0) / 1000000;
+  atomic_store(&rt_done, 1);
+  return NULL;
+}
+
+/* Spins (runnable all along) until the waiter returns or ms pass. */
+static void rt_spin(uint64_t ms) {
+  uint64_t end = cogpu__now_ns() + ms * 1000000;
+  while (!atomic_load(&rt_done) && cogpu__now_ns() < end) {
+  }
+}
+
+TEST_IMPL_T(ledger_runnable_thread_defers_guard, 60) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_SWEEP_INTERVAL", "200ms"); /* the guard's delay */
+  th_setenv("FAKE_NVML_GPUS", "4G");
+  rt_h = lt_attach(0);
+  cogpu_request_t r = req(0, 3 * GiB, COGPU_NOWAIT);
+  ASSERT_OK(cogpu_reserve(rt_h, &r, NULL));
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, rt_wait, NULL), 0);
+  /* Seven guard delays of running while the other thread waits: before,
+   * the guard refused the wait after one (EDEADLOCK). */
+  rt_spin(1400);
+  ASSERT_OK(cogpu_release(rt_h, 0, 3 * GiB));
+  pthread_join(t, NULL);
+  if (rt_rc)
+    th_fail(__FILE__, __LINE__, "the waiter got %s after %llu ms: %s",
+            cogpu_err_name(rt_rc), (unsigned long long)rt_waited_ms, rt_err);
+  ASSERT_OK(cogpu_release(rt_h, 0, 2 * GiB));
+
+  /* A thread that runs for ever does not keep a real deadlock standing:
+   * the wait is refused once the bound has passed, not before. */
+  ASSERT_OK(cogpu_reserve(rt_h, &r, NULL));
+  atomic_store(&rt_done, 0);
+  ASSERT_EQ(pthread_create(&t, NULL, rt_wait, NULL), 0);
+  rt_spin(40000);
+  pthread_join(t, NULL);
+  ASSERT_EQ(rt_rc, COGPU_EDEADLOCK);
+  ASSERT_GE(rt_waited_ms, LEDGER_GUARD_RUNNABLE_MS);
+  ASSERT_OK(cogpu_release(rt_h, 0, 3 * GiB));
+  lt_check_invariants();
+  cogpu_detach(rt_h);
 }
 
 HELPER_IMPL(join_child) {
