@@ -8,6 +8,7 @@
  * --mem) against a private cogpud: failures without suspension, none
  * with it (issue 12).
  */
+#include <glob.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -77,6 +78,45 @@ static int parse_summary(char *out, scen_t *s, int max) {
       n++;
   }
   return n;
+}
+
+/* Says, on stderr, how each failed job of scenario scen ended: its
+ * record's exit status and the end of its output (a failed run's only
+ * trace where the kept folder is not at hand, as in CI). */
+static void say_failed_jobs(const char *outdir, const char *scen) {
+  char pat[PATH_MAX + 128];
+  snprintf(pat, sizeof pat, "%s/%.63s/jobs/*.rec", outdir, scen);
+  glob_t g;
+  if (glob(pat, 0, NULL, &g) != 0)
+    return;
+  for (size_t i = 0; i < g.gl_pathc; i++) {
+    char rec[512] = "", *t, *rc = NULL;
+    FILE *f = fopen(g.gl_pathv[i], "re");
+    if (!f)
+      continue;
+    if (!fgets(rec, sizeof rec, f))
+      rec[0] = 0;
+    fclose(f);
+    rec[strcspn(rec, "\n")] = 0;
+    for (t = strrchr(rec, '\t'); t; t = NULL)
+      rc = t + 1;
+    if (!rc || !strcmp(rc, "0"))
+      continue;
+    char logp[PATH_MAX + 64], tail[2048];
+    snprintf(logp, sizeof logp, "%.*s.log", (int)(strlen(g.gl_pathv[i]) - 4),
+             g.gl_pathv[i]);
+    size_t n = 0;
+    if ((f = fopen(logp, "re"))) {
+      if (fseek(f, -(long)(sizeof tail - 1), SEEK_END) != 0)
+        rewind(f);
+      n = fread(tail, 1, sizeof tail - 1, f);
+      fclose(f);
+    }
+    tail[n] = 0;
+    fprintf(stderr, "%s: job record '%s', its output's end:\n%s\n", scen, rec,
+            tail);
+  }
+  globfree(&g);
 }
 
 TEST_IMPL_T(experiment_fake_mix, 120) {
@@ -155,6 +195,8 @@ TEST_IMPL_T(experiment_fake_mix, 120) {
       ASSERT_GE(s[i].oom, 1);
     } else if (!strncmp(s[i].name, "cogpu-", 6)) {
       seen_cogpu++;
+      if (s[i].failed != 0)
+        say_failed_jobs(outdir, s[i].name);
       if (s[i].failed != 0)
         th_fail(__FILE__, __LINE__, "%s: %d jobs failed", s[i].name,
                 s[i].failed);
