@@ -201,6 +201,16 @@ void cogpu__fault(int point);
  * cogpu__fault. */
 bool cogpu__fault_fails(int point);
 
+/* A request flag that only cogpu's own code sets (not in cogpu.h): the
+ * preload library asks again for memory its reservation covered but the
+ * driver refused, because the ledger, reading the GPU again, found it held
+ * outside cogpu (foreign). While the GPU has foreign memory such a wait is
+ * for the outside, not for a cogpu job: the deadlock guard leaves it
+ * alone (policy.c). A client that sets it on a GPU without foreign memory
+ * gains nothing. */
+#define COGPU__REQ_DEVICE_WAIT 0x80000000u
+#define COGPU__REQ_FLAGS (COGPU_REQ_EXCLUSIVE | COGPU__REQ_DEVICE_WAIT)
+
 /* The calling process's command line, arguments joined by spaces,
  * truncated to len (proc.c). */
 void cogpu__self_cmdline(char *buf, size_t len);

@@ -23,6 +23,10 @@
 
 enum dconn_kind { DC_NEW = 0, DC_MAIN, DC_WAIT, DC_QUERY, DC_PIDFD };
 
+/* How often one connection's RECHECK (a client whose allocation the
+ * driver refused) may make the daemon read NVML (handle.c). */
+#define RECHECK_EVERY_MS 20u
+
 typedef struct dconn_s {
   int fd;
   int kind; /* enum dconn_kind */
@@ -34,6 +38,7 @@ typedef struct dconn_s {
    * same, of the process that waits. PIDFD: the orphaned slot watched. */
   uint32_t slot, gen, res_slot, res_gen;
   int priority;
+  uint64_t recheck_ms; /* MAIN: when its last RECHECK read NVML */
   /* WAIT: the queue entry (-1 none) and a grant sent but not yet
    * acknowledged, taken back if the connection closes first. */
   int64_t waiter;

@@ -426,6 +426,7 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   int rc = cogpu__ledger_reserve_check(h, &req, &r);
   int g = -1;
   if (rc == 0) {
+    cogpu__ledger_foreign_refresh(d->dh, false); /* no grant on a stale one */
     cogpu__ledger_lock(h);
     cogpu__ledger_check_job(h);
     c->res_slot = h->res_slot;
@@ -527,6 +528,15 @@ static int on_query_amount(cogpu__daemon_t *d, dconn_t *c,
   if (m->type == COGPU_M_ROOM) {
     rc = cogpu__ledger_room(h, gpu, &r.u.reply.a, &r.u.reply.b);
     r.u.reply.ticket = cogpu__ledger_left_ago_ms(h);
+  } else if (m->type == COGPU_M_RECHECK) {
+    /* A client asks after a driver refusal, rarely: one that asks again
+     * and again gets NVML read for it once per RECHECK_EVERY_MS, and the
+     * figures as they are meanwhile. */
+    uint64_t now = cogpu__now_ns() / 1000000u;
+    bool refresh = !c->recheck_ms || now - c->recheck_ms >= RECHECK_EVERY_MS;
+    if (refresh)
+      c->recheck_ms = now;
+    rc = cogpu__ledger_over(h, gpu, refresh, &r.u.reply.a);
   } else if ((uint32_t)gpu >= h->st->hdr.ngpus) {
     rc = cogpu__seterr(-ENODEV, "no GPU %d on this node", gpu);
   } else {
@@ -686,6 +696,7 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   rc = cogpu__ledger_reserve_check(h, &req, &r);
   if (rc)
     return fail(d, c, m, rc, "%s", cogpu_last_error()) - 1;
+  cogpu__ledger_foreign_refresh(d->dh, false); /* no grant on a stale one */
   cogpu__ledger_lock(h);
   cogpu__ledger_check_job(h);
   c->res_slot = h->res_slot;
@@ -1057,6 +1068,7 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
       rc = on_claim(d, c, &m, m.type == COGPU_M_UNCLAIM);
       break;
     case COGPU_M_ROOM:
+    case COGPU_M_RECHECK:
     case COGPU_M_HELD:
       rc = on_query_amount(d, c, &m);
       break;

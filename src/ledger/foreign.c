@@ -16,6 +16,7 @@
  * status.
  */
 #include <assert.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +105,8 @@ static bool foreign_claim(struct cogpu_s *h, bool force) {
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t now = cogpu__now_ns();
   uint64_t last = atomic_load(&hd->foreign_at_ns);
-  if (!force && last && now - last < cogpu__ms_to_ns(hd->foreign_refresh_ms))
+  if (!force && last && now >= last &&
+      now - last < cogpu__ms_to_ns(hd->foreign_refresh_ms))
     return false;
   return atomic_compare_exchange_strong(&hd->foreign_at_ns, &last, now);
 }
@@ -160,4 +162,35 @@ void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (grew)
     cogpu__ledger_serve(h);
   cogpu__ledger_unlock(h);
+}
+
+int cogpu__ledger_recheck(struct cogpu_s *h, int gpu, uint64_t *over) {
+  if (h && h->node) {
+    *over = 0;
+    return cogpu__node_recheck(h->node, gpu, over);
+  }
+  return cogpu__ledger_over(h, gpu, true, over);
+}
+
+int cogpu__ledger_over(struct cogpu_s *h, int gpu, bool refresh,
+                       uint64_t *over) {
+  *over = 0;
+  if (!h || !h->st)
+    return cogpu__seterr(-EINVAL, "not attached");
+  if (gpu < 0 || (uint32_t)gpu >= h->st->hdr.ngpus)
+    return cogpu__seterr(-ENODEV, "no GPU %d on this node", gpu);
+  /* The refusal came before this call: a refresh started now sees what
+   * the driver saw (one started earlier may not have). */
+  if (refresh)
+    cogpu__ledger_foreign_refresh(h, true);
+  const ledger_gpu_t *g = &h->st->hdr.gpus[gpu];
+  /* Read without the lock: a moment's view, as cogpu__ledger_room. */
+  uint64_t want = __atomic_load_n(&g->reserved, __ATOMIC_RELAXED);
+  uint64_t foreign = __atomic_load_n(&g->foreign, __ATOMIC_RELAXED);
+  uint64_t total = __atomic_load_n(&g->total, __ATOMIC_RELAXED);
+  uint64_t margin = __atomic_load_n(&g->margin, __ATOMIC_RELAXED);
+  want = want + foreign < want ? UINT64_MAX : want + foreign;
+  want = want + margin < want ? UINT64_MAX : want + margin;
+  *over = want > total ? want - total : 0;
+  return 0;
 }

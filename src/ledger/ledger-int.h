@@ -180,6 +180,8 @@ typedef struct ledger_waiter_s {
    * what the job's own requests on that GPU ask (computed when served);
    * no client waits on it, the daemon restores the job when it is served. */
   uint64_t resume;
+  /* COGPU__REQ_DEVICE_WAIT: waits for memory held outside cogpu. */
+  uint64_t device_wait;
 } ledger_waiter_t;
 
 typedef struct ledger_txent_s {
@@ -411,6 +413,7 @@ typedef struct reserve_req_s {
   int64_t priority;
   int64_t timeout_ms;
   bool exclusive;
+  bool device_wait; /* COGPU__REQ_DEVICE_WAIT */
 } reserve_req_t;
 int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
                                 reserve_req_t *r);
@@ -582,8 +585,15 @@ void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,
 /* --- foreign.c: memory held by processes cogpu does not know ---------------
  */
 /* Refresh every GPU's foreign bytes from NVML if older than the node's
- * interval (or always when force); takes and releases the lock itself. */
+ * interval (or always, when force); takes and releases the lock itself.
+ * The reserve paths call it before every grant, so that no grant rests on
+ * a figure older than the interval. */
 void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force);
+/* By how much the reservations and foreign memory on gpu exceed it (0
+ * when they fit), after a refresh when `refresh` (cogpu__ledger_recheck;
+ * the daemon limits how often one connection makes it refresh). */
+int cogpu__ledger_over(struct cogpu_s *h, int gpu, bool refresh,
+                       uint64_t *over);
 
 #define LEDGER_OFF(h, ptr) ((uint64_t)((char *)(ptr) - (char *)(h)->st))
 

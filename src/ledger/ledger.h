@@ -24,6 +24,13 @@ int cogpu__attach_as(const cogpu_attach_opts_t *opts, uint32_t for_uid,
 int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,
                        uint64_t *free_bytes);
 
+/* The driver refused memory that this process's reservation covered:
+ * read what is held outside cogpu on `gpu` again, now (foreign memory is
+ * otherwise read once per foreign_refresh), and say by how much the
+ * node's reservations and that memory together exceed the GPU (*over; 0
+ * when they fit, and the refusal is not the outside's doing). */
+int cogpu__ledger_recheck(cogpu_t *h, int gpu, uint64_t *over);
+
 /* Milliseconds since a client of the node last left (exited, died,
  * detached) or released all it held on a GPU, read without the lock;
  * UINT64_MAX if none has, or h is not attached. The driver frees a leaving

@@ -183,10 +183,13 @@ uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h) {
 /* A waiter that counts for the deadlock guard: really waiting (not just
  * asking), for g, for longer than the guard's delay (a housekeeping tick),
  * so that a job whose other thread is about to release is not failed (or
- * suspended) in passing. */
+ * suspended) in passing. One that waits for memory held outside cogpu
+ * (COGPU__REQ_DEVICE_WAIT, while g has foreign memory) waits for the
+ * outside, not for a cogpu job: its job is moving, as one that runs. */
 static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
                           uint32_t g, uint64_t now) {
   return wt->state == W_WAITING && !wt->nowait && !wt->resume &&
+         !(wt->device_wait && h->st->hdr.gpus[g].foreign) &&
          !cogpu__ledger_held_back(h, wt) &&
          (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g) &&
          cogpu__core_guard_due(

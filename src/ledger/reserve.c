@@ -19,7 +19,7 @@ int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
   if (h->forked)
     return cogpu__seterr(-EINVAL, "this handle belongs to the parent process "
                                   "(fork): attach again in the child");
-  if (req->flags & ~COGPU_REQ_EXCLUSIVE)
+  if (req->flags & ~COGPU__REQ_FLAGS)
     return cogpu__seterr(-EINVAL, "unknown request flags 0x%x", req->flags);
   if (req->timeout_ms < COGPU_WAIT_FOREVER)
     return cogpu__seterr(-EINVAL, "negative timeout %lld ms",
@@ -30,6 +30,7 @@ int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
     return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)", req->gpu,
                          hd->ngpus);
   r->exclusive = req->flags & COGPU_REQ_EXCLUSIVE;
+  r->device_wait = req->flags & COGPU__REQ_DEVICE_WAIT;
   r->bytes = r->exclusive ? 0 : req->bytes;
   if (!r->exclusive && r->bytes == 0)
     return cogpu__seterr(-EINVAL, "cannot reserve 0 bytes");
@@ -103,6 +104,7 @@ int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r) {
     wt->nowait = r->timeout_ms == 0;
     wt->granted_gpu = -1;
     wt->resume = 0;
+    wt->device_wait = r->device_wait;
     cogpu__ledger_tx_set(h, &wt->ticket, hd->next_ticket);
     cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting + 1);
@@ -317,6 +319,10 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
   int rc = cogpu__ledger_reserve_check(h, req, &r);
   if (rc)
     return rc;
+  /* No grant on a foreign figure older than foreign_refresh: a process
+   * outside cogpu that appeared since would make the driver refuse what
+   * the ledger grants. A clock read when fresh; NVML when stale. */
+  cogpu__ledger_foreign_refresh(h, false);
   int64_t w = -1;
   uint64_t ticket = 0;
   rc = cogpu__ledger_lock_live(h);

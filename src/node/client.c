@@ -648,7 +648,7 @@ int cogpu__node_reserve(cogpu__node_t *n, const cogpu_request_t *req,
     return cogpu__seterr(-EINVAL, "cogpu_reserve: NULL request");
   if (req->gpu != COGPU_GPU_AUTO && check_gpu(n, req->gpu))
     return -ENODEV;
-  if (req->flags & ~COGPU_REQ_EXCLUSIVE)
+  if (req->flags & ~COGPU__REQ_FLAGS)
     return cogpu__seterr(-EINVAL, "unknown request flags 0x%x", req->flags);
   if (req->timeout_ms < COGPU_WAIT_FOREVER)
     return cogpu__seterr(-EINVAL, "negative timeout %lld ms",
@@ -722,6 +722,13 @@ int cogpu__node_room(cogpu__node_t *n, int gpu, uint64_t *capacity,
     *capacity = r.u.reply.a;
     *free_bytes = r.u.reply.b;
   }
+  return rc;
+}
+
+int cogpu__node_recheck(cogpu__node_t *n, int gpu, uint64_t *over) {
+  cogpu__msg_t r;
+  int rc = amount_rpc(n, COGPU_M_RECHECK, gpu, 0, &r);
+  *over = rc == 0 ? r.u.reply.a : 0;
   return rc;
 }
 

@@ -56,6 +56,7 @@ int cogpu__node_room(cogpu__node_t *n, int gpu, uint64_t *capacity,
 uint64_t cogpu__node_job_spare(cogpu__node_t *n, int gpu);
 /* How long ago a client last left the node (UINT64_MAX: never). */
 uint64_t cogpu__node_left_ago_ms(cogpu__node_t *n);
+int cogpu__node_recheck(cogpu__node_t *n, int gpu, uint64_t *over);
 int cogpu__node_claim(cogpu__node_t *n, int gpu, uint64_t want, uint64_t *got);
 int cogpu__node_unclaim(cogpu__node_t *n, int gpu, uint64_t bytes);
 int cogpu__node_find_job(cogpu__node_t *n, const char *job_id, char *tok,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cogpu.h"
+#include "internal.h"
 #include "node/proto.h"
 
 void cogpu__msg_init(cogpu__msg_t *m, int type, uint32_t seq) {
@@ -87,7 +88,7 @@ static bool gpu_ok(int32_t gpu, bool auto_ok) {
 static int check_reserve(const cogpu__m_reserve_t *r, char *why, size_t len) {
   if (!gpu_ok(r->gpu, true))
     return bad(why, len, "reserve: bad GPU");
-  if (r->flags & ~COGPU_REQ_EXCLUSIVE)
+  if (r->flags & ~COGPU__REQ_FLAGS)
     return bad(why, len, "reserve: unknown flags");
   if (r->timeout_ms < COGPU_WAIT_FOREVER)
     return bad(why, len, "reserve: negative timeout");
@@ -129,6 +130,7 @@ int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why, size_t wl) {
   case COGPU_M_CLAIM:
   case COGPU_M_UNCLAIM:
   case COGPU_M_ROOM:
+  case COGPU_M_RECHECK:
   case COGPU_M_HELD:
     if (!gpu_ok(m->u.amount.gpu, false))
       return bad(why, wl, "bad GPU");

@@ -59,6 +59,8 @@ enum cogpu__msg_type {
   COGPU_M_JOB_END, /* main connection: the job's exit status; the reply
                       is its end-of-job report */
   COGPU_M_HISTORY, /* query connection: finished jobs (a memfd) */
+  COGPU_M_RECHECK, /* main connection: re-read foreign memory on a GPU;
+                      the reply's a is the GPU's over-commitment */
   COGPU_M_REPLY = 64,
   COGPU_M_GPU, /* after ATTACH's reply: one per GPU */
   COGPU_M__MAX

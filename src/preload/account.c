@@ -327,11 +327,13 @@ uint64_t cogpu__pl_context_settle(CUdevice dev, uint64_t charged) {
 
 /* Reserve `bytes` more for d through the ledger; prints one line when it
  * has to wait. */
-static int dev_reserve(pl_dev_t *d, uint64_t bytes, int64_t timeout_ms) {
+static int dev_reserve(pl_dev_t *d, uint64_t bytes, int64_t timeout_ms,
+                       uint32_t flags) {
   cogpu_request_t r = {.gpu = d->gpu,
                        .bytes = bytes,
                        .priority = COGPU_PRIORITY_DEFAULT,
-                       .timeout_ms = COGPU_NOWAIT};
+                       .timeout_ms = COGPU_NOWAIT,
+                       .flags = flags};
   int rc = cogpu_reserve(pl_h, &r, NULL);
   if (rc != -EAGAIN || timeout_ms == COGPU_NOWAIT)
     return rc;
@@ -358,7 +360,8 @@ static void dev_pending(pl_dev_t *d);
  * waits in the ledger per device; another that needs to wait meanwhile
  * waits for that one's answer, then looks again. 0: look again (what was
  * reserved is in d->reserved); otherwise the wait failed. */
-static int dev_wait(pl_dev_t *d, uint64_t bytes, int64_t timeout) {
+static int dev_wait(pl_dev_t *d, uint64_t bytes, int64_t timeout,
+                    uint32_t flags) {
   if (d->waiting) {
     unsigned gen = d->wait_gen;
     dev_pending(d);
@@ -369,7 +372,7 @@ static int dev_wait(pl_dev_t *d, uint64_t bytes, int64_t timeout) {
   d->waiting = true;
   dev_pending(d);
   pthread_mutex_unlock(&d->mu);
-  int rc = dev_reserve(d, bytes, timeout);
+  int rc = dev_reserve(d, bytes, timeout, flags);
   pthread_mutex_lock(&d->mu);
   if (rc == 0)
     atomic_fetch_add(&d->reserved, (int64_t)bytes);
@@ -380,8 +383,9 @@ static int dev_wait(pl_dev_t *d, uint64_t bytes, int64_t timeout) {
   return rc;
 }
 
-/* Grow d's reservation until it covers `used`; d->mu held. */
-static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
+/* Grow d's reservation until it covers `used`; d->mu held. flags go with
+ * the requests (COGPU__REQ_DEVICE_WAIT). */
+static CUresult dev_grow(pl_dev_t *d, int64_t timeout, uint32_t flags) {
   uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), limit = cfg_u(COGPU_OPT_LIMIT);
   for (;;) {
     int64_t used = atomic_load(&d->used), res = atomic_load(&d->reserved);
@@ -400,17 +404,17 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout) {
       atomic_fetch_add(&d->reserved, (int64_t)got);
       continue;
     }
-    int rc = dev_reserve(d, want, COGPU_NOWAIT);
+    int rc = dev_reserve(d, want, COGPU_NOWAIT, flags);
     /* A step that does not fit now, or never (a grow_step larger than the
      * GPU: -E2BIG), is cut to what is needed. */
     if ((rc == -EAGAIN || rc == -E2BIG) && want > need)
-      rc = dev_reserve(d, want = need, COGPU_NOWAIT);
+      rc = dev_reserve(d, want = need, COGPU_NOWAIT, flags);
     if (rc == 0) {
       atomic_fetch_add(&d->reserved, (int64_t)want);
       continue;
     }
     if (rc == -EAGAIN && timeout != COGPU_NOWAIT)
-      rc = dev_wait(d, need, timeout);
+      rc = dev_wait(d, need, timeout, flags);
     if (rc) {
       cogpu__log(COGPU_LOG_WARN, "GPU %d: out of memory for this job: %s",
                  d->gpu, cogpu_last_error());
@@ -448,7 +452,7 @@ static void dev_shrink(pl_dev_t *d) {
  * Neither waits: growing here only takes memory that is free now. */
 static void dev_pending(pl_dev_t *d) {
   if (atomic_exchange(&d->grow_pending, 0))
-    dev_grow(d, COGPU_NOWAIT);
+    dev_grow(d, COGPU_NOWAIT, 0);
   if (atomic_exchange(&d->shrink_pending, 0))
     dev_shrink(d);
 }
@@ -541,7 +545,7 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
     return CUDA_SUCCESS;
   }
   pthread_mutex_lock(&d->mu);
-  CUresult rc = dev_grow(d, grow_timeout());
+  CUresult rc = dev_grow(d, grow_timeout(), 0);
   dev_unlock(d);
   if (rc != CUDA_SUCCESS)
     usage_put(d, atomic_fetch_sub(&d->used, (int64_t)bytes) - (int64_t)bytes,
@@ -551,38 +555,80 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
   return rc;
 }
 
+/* The driver refused memory that d's reservation covers, and no client
+ * left moments ago. If the ledger, reading the GPU again, finds the node's
+ * reservations and the memory held outside cogpu over the GPU's capacity,
+ * the memory it granted is the outside's for now (a process outside
+ * cogpu appeared since the grant): give back what this allocation needs of
+ * the reservation and wait for it in the node's queue like any request
+ * (seen in status, served in the policy's order, and no deadlock for the
+ * guard while the outside holds it), then ask the driver again. Otherwise
+ * the refusal is a true out-of-memory, returned at once (PyTorch frees its
+ * cache and retries). Each round needs the outside to have grown again
+ * (a grant means the fresh figures fit), so it ends. */
+static bool outside_wait(pl_dev_t *d, pl_retry_t *r) {
+  uint64_t over = 0;
+  if (!pl_h || cogpu__ledger_recheck(pl_h, d->gpu, &over) != 0 || over == 0)
+    return false;
+  uint64_t step = cfg_u(COGPU_OPT_GROW_STEP);
+  uint64_t give = r->charged > step ? r->charged : step;
+  char o[32], g[32];
+  if (!r->outside)
+    cogpu__log(COGPU_LOG_WARN,
+               "GPU %d: the driver refused memory cogpu granted: the node is "
+               "%s over the GPU with memory held outside cogpu; waiting for "
+               "%s in the queue",
+               d->gpu, cogpu__fmt_size(over, o, sizeof o),
+               cogpu__fmt_size(give, g, sizeof g));
+  r->outside = true;
+  pthread_mutex_lock(&d->mu);
+  int64_t res = atomic_load(&d->reserved);
+  if ((int64_t)give > res)
+    give = res > 0 ? (uint64_t)res : 0;
+  if (give && cogpu_release(pl_h, d->gpu, give) == 0) {
+    /* The ledger takes a process's claim on its job first. */
+    atomic_fetch_sub(&d->reserved, (int64_t)give);
+    d->base -= give < d->base ? give : d->base;
+  }
+  CUresult rc =
+      dev_grow(d, pl_cfg.v[COGPU_OPT_TIMEOUT].i, COGPU__REQ_DEVICE_WAIT);
+  dev_unlock(d);
+  return rc == CUDA_SUCCESS;
+}
+
 /* The ledger sees a process die when the kernel drops its file lock; the
  * driver frees that process's memory when it tears down its device files,
  * which may come later (a large context takes a while). In that window the
  * driver refuses memory the ledger rightly granted: wait a little for it
- * rather than fail the job. A GPU truly full outside cogpu's view still
- * fails, after driver_wait. */
+ * rather than fail the job. Any other refusal is the outside's memory
+ * (outside_wait) or a true out-of-memory. */
 bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r) {
-  if (rc != CUDA_ERROR_OUT_OF_MEMORY || !dev_get(dev))
+  pl_dev_t *d = dev_get(dev);
+  if (rc != CUDA_ERROR_OUT_OF_MEMORY || !d)
     return false;
+  if (r->outside)
+    return outside_wait(d, r);
   uint64_t now = cogpu__now_ns();
   int64_t wait_ms = pl_cfg.v[COGPU_OPT_DRIVER_WAIT].i;
   /* Only when a client left moments ago (within driver_wait) is there a
-   * reason to think the driver still holds its memory; any other refusal
-   * is a true out-of-memory, returned at once, so that programs that
-   * recover from one (PyTorch frees its cache and retries) do not wait. */
-  if (r->n == 0 && wait_ms > 0 &&
-      cogpu__ledger_left_ago_ms(pl_h) > (uint64_t)wait_ms)
-    return false;
+   * reason to think the driver still holds its memory. */
+  if (r->n == 0 &&
+      (wait_ms <= 0 || cogpu__ledger_left_ago_ms(pl_h) > (uint64_t)wait_ms))
+    return outside_wait(d, r);
   if (r->n == 0) {
     r->deadline_ns = now + (uint64_t)wait_ms * 1000000u;
-    if (wait_ms > 0)
-      cogpu__log(COGPU_LOG_INFO,
-                 "GPU %d: the driver refused memory cogpu granted; "
-                 "retrying for up to %lld ms",
-                 pl_devs[dev].gpu, (long long)wait_ms);
+    cogpu__log(COGPU_LOG_INFO,
+               "GPU %d: the driver refused memory cogpu granted; "
+               "retrying for up to %lld ms",
+               d->gpu, (long long)wait_ms);
   }
   if (now >= r->deadline_ns) {
-    if (wait_ms > 0)
-      cogpu__log(COGPU_LOG_WARN,
-                 "GPU %d: the driver is out of memory that cogpu counts as "
-                 "free (memory used outside cogpu's view?)",
-                 pl_devs[dev].gpu);
+    if (outside_wait(d, r))
+      return true;
+    cogpu__log(COGPU_LOG_WARN,
+               "GPU %d: the driver is out of memory that cogpu counts as "
+               "free (memory used outside cogpu's view?)",
+               d->gpu);
     return false;
   }
   /* 1, 2, 4 ... ms, then every 50 ms: a death is usually settled within
@@ -724,7 +770,7 @@ CUresult cogpu__pl_context_prepare(CUdevice dev) {
     int64_t res = atomic_load(&d->reserved);
     if ((uint64_t)res >= mem)
       break;
-    if (dev_wait(d, mem - (uint64_t)res, pl_cfg.v[COGPU_OPT_TIMEOUT].i)) {
+    if (dev_wait(d, mem - (uint64_t)res, pl_cfg.v[COGPU_OPT_TIMEOUT].i, 0)) {
       cogpu__log(COGPU_LOG_ERROR, "cannot reserve GPU memory: %s",
                  cogpu_last_error());
       rc = CUDA_ERROR_OUT_OF_MEMORY;

@@ -26,7 +26,7 @@ static CUresult ctx_create(CUdevice dev, CUcontext *pctx,
     rc = cogpu__pl_charge(dev, bytes);
   if (rc != CUDA_SUCCESS)
     return rc;
-  pl_retry_t retry = {0};
+  pl_retry_t retry = {.charged = bytes};
   do
     rc = call(args);
   while (cogpu__pl_retry(dev, rc, &retry));
@@ -117,7 +117,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     charged = true;
   }
   CUresult rc;
-  pl_retry_t retry = {0};
+  pl_retry_t retry = {.charged = bytes};
   do
     rc = real(pctx, dev);
   while (charged && cogpu__pl_retry(dev, rc, &retry));

@@ -13,7 +13,7 @@
     CUresult rc_ = cogpu__pl_charge((dev), (bytes));                           \
     if (rc_ != CUDA_SUCCESS)                                                   \
       return rc_;                                                              \
-    pl_retry_t retry_ = {0};                                                   \
+    pl_retry_t retry_ = {.charged = (bytes)};                                  \
     do                                                                         \
       rc_ = (call);                                                            \
     while (cogpu__pl_retry((dev), rc_, &retry_));                              \
@@ -76,7 +76,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
   CUresult rc = cogpu__pl_charge(dev, guess);
   if (rc != CUDA_SUCCESS)
     return rc;
-  pl_retry_t retry = {0};
+  pl_retry_t retry = {.charged = guess};
   do
     rc = real(dptr, pitch, width, height, elem);
   while (cogpu__pl_retry(dev, rc, &retry));
@@ -113,7 +113,7 @@ static CUresult async_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
   CUresult rc = cogpu__pl_charge(dev, bytes);
   if (rc != CUDA_SUCCESS)
     return rc;
-  pl_retry_t retry = {0};
+  pl_retry_t retry = {.charged = bytes};
   do
     rc = call(ctx);
   while (cogpu__pl_retry(dev, rc, &retry));

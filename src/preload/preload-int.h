@@ -155,11 +155,14 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes);
 /* Give back what an allocation held (after it was freed, or failed). */
 void cogpu__pl_uncharge(CUdevice dev, uint64_t bytes);
 /* After the driver answered `rc` to an allocation cogpu had charged on
- * `dev`: true (after a short sleep) when the caller should ask the driver
- * again. Start each allocation with a zeroed pl_retry_t. */
+ * `dev`: true (after a short sleep, or a wait in the node's queue) when
+ * the caller should ask the driver again. Start each allocation with a
+ * pl_retry_t zeroed but for the bytes it charged. */
 typedef struct pl_retry_s {
+  uint64_t charged; /* what the allocation charged */
   uint64_t deadline_ns;
   unsigned n;
+  bool outside; /* waiting for memory held outside cogpu */
 } pl_retry_t;
 bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r);
 /* Adjust a charge after the fact (e.g. the real pitch), without waiting. */

@@ -29,11 +29,11 @@ __AFL_FUZZ_INIT();
 #define FZ_MAX_INPUT (64 * COGPU_MSG_SIZE)
 
 static int write_seeds(const char *dir) {
-  static const int types[] = {COGPU_M_ATTACH,  COGPU_M_RESERVE, COGPU_M_RELEASE,
-                              COGPU_M_CLAIM,   COGPU_M_UNCLAIM, COGPU_M_ROOM,
-                              COGPU_M_HELD,    COGPU_M_WAIT,    COGPU_M_ACK,
-                              COGPU_M_RESUME,  COGPU_M_STATUS,  COGPU_M_DETACH,
-                              COGPU_M_FIND_JOB};
+  static const int types[] = {
+      COGPU_M_ATTACH,   COGPU_M_RESERVE, COGPU_M_RELEASE, COGPU_M_CLAIM,
+      COGPU_M_UNCLAIM,  COGPU_M_ROOM,    COGPU_M_HELD,    COGPU_M_WAIT,
+      COGPU_M_ACK,      COGPU_M_RESUME,  COGPU_M_STATUS,  COGPU_M_DETACH,
+      COGPU_M_FIND_JOB, COGPU_M_RECHECK};
   const int nt = (int)(sizeof types / sizeof types[0]);
   if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
     perror(dir);

@@ -302,6 +302,7 @@ void fz_make(cogpu__msg_t *m, int t, uint64_t *rnd) {
   case COGPU_M_CLAIM:
   case COGPU_M_UNCLAIM:
   case COGPU_M_ROOM:
+  case COGPU_M_RECHECK:
   case COGPU_M_HELD:
     m->u.amount.gpu = gpu < 0 ? 0 : gpu;
     m->u.amount.bytes = bytes;

@@ -436,15 +436,19 @@ TEST_IMPL(preload_graph_launch_while_another_thread_waits) {
 /* --- The driver refuses what the ledger granted ------------------------- */
 
 /* A program outside cogpu takes 10G of the 16G GPU after the ledger's only
- * NVML read (foreign_refresh 1h), so cogpu grants memory the driver does
+ * NVML read (foreign_refresh 1h; NVML's process list fails from then on,
+ * so no later read sees it either), so cogpu grants memory the driver does
  * not have. With `left`, a client of 10G then leaves the ledger: together
  * they are a killed job whose memory the driver has not freed yet (the
  * ledger saw it go; the driver still holds it). Without, the memory is
- * simply used outside cogpu's view. The holder exits after `hold`. */
+ * simply used outside cogpu's view. The holder exits after `hold`. (Memory
+ * that NVML does show is the outside's, and a job waits for it:
+ * preload_foreign_after_grant_waits.) */
 static pid_t hidden_holder_left(const char *hold, bool left) {
   th_setenv("COGPU_FOREIGN_REFRESH", "1h");
   const char *st[] = {"cogpu", "status", NULL};
   ASSERT_EQ(finish(lt_spawn_logged("status", st), "status"), 0);
+  th_setenv("FAKE_NVML_FAIL", "procs");
   const char *argv[] = {lt_cudaprog(), "direct", "init", "ctx",
                         "alloc:10G",   hold,     NULL};
   pid_t h = lt_spawn_logged("holder", argv);
@@ -553,6 +557,80 @@ TEST_IMPL(preload_genuine_out_of_memory_is_fast) {
   ASSERT(!strstr(lt_slurp("oom"), "the driver refused memory cogpu granted"));
   kill(h, SIGKILL);
   th_wait(h, th_ms(5000));
+  lt_check_invariants();
+}
+
+/* A program outside cogpu (NVML lists it) starts after a 15G job was
+ * granted, and takes 2.3G of the 16G GPU: the job's next allocation, within
+ * its reservation, is refused by the driver. The job re-reads the GPU,
+ * finds the node over by the outside's memory, and waits for it in the
+ * queue (no deadlock for the guard, though it holds memory and waits);
+ * when the outside program ends, it goes on. Before: the driver's
+ * out-of-memory (exit 2). */
+TEST_IMPL_T(preload_foreign_after_grant_waits, 60) {
+  preload_env();
+  const char *argv[] = {"cogpu",   "run",         "--mem",       "15G",
+                        "--",      lt_cudaprog(), "direct",      "init",
+                        "ctx",     "alloc:12G",   "waitfile:go", "alloc:2G",
+                        "freeall", NULL};
+  pid_t job = lt_spawn_logged("job", argv);
+  wait_log("job", "waiting");
+  const char *out[] = {lt_cudaprog(), "direct",         "init", "ctx",
+                       "alloc:2G",    "waitfile:leave", NULL};
+  pid_t o = lt_spawn_logged("outside", out);
+  for (int t = 0; lt_fake_cuda_used() < 12 * GiB + 2 * GiB + 600 * MiB;
+       t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the outside program never allocated: %s",
+              lt_slurp("outside"));
+    th_sleep_ms(10);
+  }
+  th_write_file(th_path("go"), "");
+  wait_log("job", "held outside cogpu");
+  lt_wait_nwaiting(0, 1, th_ms(20000));
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].foreign_bytes, 2 * GiB + 300 * MiB);
+  cogpu_status_free(st);
+  th_write_file(th_path("leave"), "");
+  ASSERT_EQ(finish(o, "outside"), 0);
+  ASSERT_EQ(finish(job, "job"), 0);
+  ASSERT(!strstr(lt_slurp("job"), "alloc: error"));
+  lt_check_invariants();
+}
+
+/* The outside program started before the job, after the ledger last read
+ * NVML: the job's reservation is granted on a fresh figure (older than
+ * foreign_refresh is stale; 1 ms here), so it waits at the start for its
+ * 15G, holding nothing, instead of being granted memory the driver does
+ * not have. (The grant itself, with no attach between: test-ledger's
+ * ledger_foreign_fresh_at_grant.) */
+TEST_IMPL_T(preload_foreign_figure_fresh_at_grant, 60) {
+  preload_env();
+  th_setenv("COGPU_FOREIGN_REFRESH", "1ms"); /* the node's, from its start */
+  const char *st0[] = {"cogpu", "status", NULL};
+  ASSERT_EQ(finish(lt_spawn_logged("status", st0), "status"), 0);
+  const char *out[] = {lt_cudaprog(), "direct",         "init", "ctx",
+                       "alloc:2G",    "waitfile:leave", NULL};
+  pid_t o = lt_spawn_logged("outside", out);
+  for (int t = 0; lt_fake_cuda_used() < 2 * GiB + 300 * MiB; t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the outside program never allocated: %s",
+              lt_slurp("outside"));
+    th_sleep_ms(10);
+  }
+  const char *argv[] = {"cogpu", "run",       "--gpu",       "0",       "--mem",
+                        "15G",   "--",        lt_cudaprog(), "direct",  "init",
+                        "ctx",   "alloc:12G", "alloc:2G",    "freeall", NULL};
+  pid_t job = lt_spawn_logged("job", argv);
+  lt_wait_nwaiting(0, 1, th_ms(20000));
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  ASSERT_UEQ(st->gpus[0].foreign_bytes, 2 * GiB + 300 * MiB);
+  cogpu_status_free(st);
+  th_write_file(th_path("leave"), "");
+  ASSERT_EQ(finish(o, "outside"), 0);
+  ASSERT_EQ(finish(job, "job"), 0);
+  ASSERT(!strstr(lt_slurp("job"), "the driver refused"));
   lt_check_invariants();
 }
 

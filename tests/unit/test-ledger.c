@@ -228,6 +228,27 @@ TEST_IMPL(ledger_foreign_memory) {
   cogpu_detach(h);
 }
 
+/* Memory held outside cogpu that appears after a client attached (its
+ * attach read NVML) is seen by that client's next grant: no grant rests
+ * on a foreign figure older than foreign_refresh. Before, a reservation
+ * was granted on the figure of the attach, and the driver then refused
+ * memory the ledger had granted. */
+TEST_IMPL(ledger_foreign_fresh_at_grant) {
+  th_setenv("COGPU_MARGIN", "0");
+  th_setenv("COGPU_FOREIGN_REFRESH", "1ms");
+  th_write_file(th_path("procs"), "");
+  th_setenv("FAKE_NVML_PROCS", th_path("procs"));
+  cogpu_t *h = lt_attach(0);
+  th_write_file(th_path("procs"), "0 999999 2G\n");
+  th_sleep_ms(2); /* the scenario: the figure is older than the interval */
+  cogpu_request_t r = req(0, 15 * GiB, COGPU_NOWAIT);
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), -EAGAIN);
+  r.bytes = 14 * GiB;
+  ASSERT_OK(cogpu_reserve(h, &r, NULL));
+  ASSERT_OK(cogpu_release(h, 0, 14 * GiB));
+  cogpu_detach(h);
+}
+
 TEST_IMPL(ledger_lookup) {
   th_setenv("FAKE_NVML_GPUS", "8G,8G");
   cogpu_t *h = lt_attach(0);
