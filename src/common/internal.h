@@ -209,7 +209,15 @@ bool cogpu__fault_fails(int point);
  * alone (policy.c). A client that sets it on a GPU without foreign memory
  * gains nothing. */
 #define COGPU__REQ_DEVICE_WAIT 0x80000000u
-#define COGPU__REQ_FLAGS (COGPU_REQ_EXCLUSIVE | COGPU__REQ_DEVICE_WAIT)
+/* Another of cogpu's own: a process of a job (one that joined it) that
+ * waits for more of the node asks to stop waiting as soon as its job holds
+ * memory that none of its processes claimed (another process left or gave
+ * some back): it claims that first and waits, if at all, only for the
+ * rest. The wait then ends with COGPU__EJOB_SPARE. */
+#define COGPU__REQ_JOB_SPARE 0x40000000u
+#define COGPU__REQ_FLAGS                                                       \
+  (COGPU_REQ_EXCLUSIVE | COGPU__REQ_DEVICE_WAIT | COGPU__REQ_JOB_SPARE)
+#define COGPU__EJOB_SPARE (-4100)
 
 /* The calling process's command line, arguments joined by spaces,
  * truncated to len (proc.c). */

@@ -445,6 +445,8 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
                                          : COGPU_ADMIT_REFUSED);
         if (g == -2)
           rc = cogpu__ledger_refused(&r);
+        else if (g == -3)
+          rc = cogpu__ledger_spare_answer();
       }
     }
     if (g < -1 && rc == 0)
@@ -624,6 +626,15 @@ static void answer_rebound(cogpu__daemon_t *d, dconn_t *c, uint32_t w) {
     set_waiter_conn(d, w, NULL);
     c->waiter = -1;
     grant_reply(d, c, cogpu__ledger_refused(&r), -1);
+    cogpu__daemon_end_later(d, c);
+  } else if (wt->state == W_JOB_SPARE) {
+    struct cogpu_s *h = as(d, c);
+    cogpu__ledger_lock(h);
+    cogpu__ledger_dequeue(h, w);
+    cogpu__ledger_unlock(h);
+    set_waiter_conn(d, w, NULL);
+    c->waiter = -1;
+    grant_reply(d, c, cogpu__ledger_spare_answer(), -1);
     cogpu__daemon_end_later(d, c);
   }
 }

@@ -111,9 +111,9 @@ static bool foreign_claim(struct cogpu_s *h, bool force) {
   return atomic_compare_exchange_strong(&hd->foreign_at_ns, &last, now);
 }
 
-void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
+int cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (!foreign_claim(h, force))
-    return;
+    return 0;
   /* On the heap, not thread-local: every thread of every program under the
    * preload library would carry 20 KiB for a refresh it rarely makes. */
   int *pids = malloc(LEDGER_MAX_SLOTS * sizeof *pids);
@@ -123,7 +123,7 @@ void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
     free(pids);
     free(covers);
     free(procs);
-    return; /* keep the last known figures */
+    return 0; /* keep the last known figures */
   }
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t foreign[LEDGER_MAX_GPUS];
@@ -139,7 +139,7 @@ void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
       free(pids);
       free(covers);
       free(procs);
-      return; /* keep the last known figures */
+      return 0; /* keep the last known figures */
     }
     foreign[g] = 0;
     for (size_t i = 0; i < n; i++)
@@ -149,8 +149,9 @@ void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   free(pids);
   free(covers);
   free(procs);
-  if (cogpu__ledger_lock_bounded(h))
-    return; /* a stopped holder: keep the last known figures */
+  int rc = cogpu__ledger_lock_bounded(h);
+  if (rc)
+    return rc; /* a stopped holder: keep the last known figures */
   bool grew = false;
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (hd->gpus[g].foreign == foreign[g])
@@ -162,6 +163,7 @@ void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (grew)
     cogpu__ledger_serve(h);
   cogpu__ledger_unlock(h);
+  return 0;
 }
 
 int cogpu__ledger_recheck(struct cogpu_s *h, int gpu, uint64_t *over) {

@@ -52,7 +52,13 @@
 enum slot_state { SLOT_FREE = 0, SLOT_ACTIVE = 1 };
 /* W_REFUSED: failed by the deadlock guard; the waiter returns
  * COGPU_EDEADLOCK. */
-enum waiter_state { W_FREE = 0, W_WAITING = 1, W_GRANTED = 2, W_REFUSED = 3 };
+enum waiter_state {
+  W_FREE = 0,
+  W_WAITING = 1,
+  W_GRANTED = 2,
+  W_REFUSED = 3,
+  W_JOB_SPARE = 4 /* its job has unclaimed memory: claim, then ask again */
+};
 /* A job's suspension (node mode, suspend.c): NONE -> SUSPENDING (its
  * processes are being locked and checkpointed; its memory is still on the
  * GPU and counted in held) -> SUSPENDED (its footprint is in host memory:
@@ -180,8 +186,8 @@ typedef struct ledger_waiter_s {
    * what the job's own requests on that GPU ask (computed when served);
    * no client waits on it, the daemon restores the job when it is served. */
   uint64_t resume;
-  /* COGPU__REQ_DEVICE_WAIT: waits for memory held outside cogpu. */
-  uint64_t device_wait;
+  /* COGPU__REQ_DEVICE_WAIT, COGPU__REQ_JOB_SPARE (internal.h). */
+  uint64_t flags;
 } ledger_waiter_t;
 
 typedef struct ledger_txent_s {
@@ -413,7 +419,7 @@ typedef struct reserve_req_s {
   int64_t priority;
   int64_t timeout_ms;
   bool exclusive;
-  bool device_wait; /* COGPU__REQ_DEVICE_WAIT */
+  uint32_t flags; /* COGPU__REQ_DEVICE_WAIT, COGPU__REQ_JOB_SPARE */
 } reserve_req_t;
 int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
                                 reserve_req_t *r);
@@ -432,6 +438,8 @@ int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w);
  * a request its client will wait for). */
 #define LEDGER_ADMIT_NONE (-1)
 int cogpu__ledger_dequeue_as(cogpu_t *h, uint32_t w, int why);
+/* COGPU__EJOB_SPARE with its message: a waiter answered W_JOB_SPARE. */
+int cogpu__ledger_spare_answer(void);
 int cogpu__ledger_refused(const reserve_req_t *r);
 
 /* --- ledger.c / status.c: for the daemon ------------------------------------
@@ -587,8 +595,9 @@ void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,
 /* Refresh every GPU's foreign bytes from NVML if older than the node's
  * interval (or always, when force); takes and releases the lock itself.
  * The reserve paths call it before every grant, so that no grant rests on
- * a figure older than the interval. */
-void cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force);
+ * a figure older than the interval. 0, or the bounded lock's -EBUSY (a
+ * stopped holder: the caller gives up rather than wait a second bound). */
+int cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force);
 /* By how much the reservations and foreign memory on gpu exceed it (0
  * when they fit), after a refresh when `refresh` (cogpu__ledger_recheck;
  * the daemon limits how often one connection makes it refresh). */

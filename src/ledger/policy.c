@@ -189,7 +189,8 @@ uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h) {
 static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
                           uint32_t g, uint64_t now) {
   return wt->state == W_WAITING && !wt->nowait && !wt->resume &&
-         !(wt->device_wait && h->st->hdr.gpus[g].foreign) &&
+         !((wt->flags & COGPU__REQ_DEVICE_WAIT) &&
+           h->st->hdr.gpus[g].foreign) &&
          !cogpu__ledger_held_back(h, wt) &&
          (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g) &&
          cogpu__core_guard_due(
@@ -398,8 +399,38 @@ static const cogpu__core_ops_t serve_ops = {.entry = core_entry,
                                             .serve = core_serve,
                                             .drop = core_drop};
 
+/* A process of a job waits for more of the node (COGPU__REQ_JOB_SPARE)
+ * while its job now holds memory none of its processes claimed: another
+ * process left or gave some back since it asked. The job's own memory
+ * comes first: its wait ends (W_JOB_SPARE), it claims, and asks again
+ * only for the rest. Without this it waited for the node, which may never
+ * have room, while its own job had it: a job waiting on itself. */
+static void serve_job_spare(struct cogpu_s *h) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && hd->nwaiting; w++) {
+    ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state != W_WAITING || !(wt->flags & COGPU__REQ_JOB_SPARE) ||
+        wt->resume || wt->exclusive || wt->slot == wt->owner ||
+        wt->slot >= LEDGER_MAX_SLOTS || wt->gpu < 0 ||
+        (uint64_t)wt->gpu >= hd->ngpus)
+      continue;
+    const ledger_slot_t *job = &h->st->slots[wt->slot];
+    if (job->state != SLOT_ACTIVE || atomic_load(&job->gen) != wt->gen ||
+        job->held[wt->gpu] <= job->lent[wt->gpu])
+      continue;
+    cogpu__ledger_tx_set(h, &wt->state, W_JOB_SPARE);
+    cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+    cogpu__ledger_tx_commit(h);
+    atomic_store_explicit(&wt->futex, 1, memory_order_release);
+    cogpu__ledger_wake_later(h, w);
+  }
+}
+
 void cogpu__ledger_serve(struct cogpu_s *h) {
   ledger_hdr_t *hd = &h->st->hdr;
+  if (hd->nwaiting == 0)
+    return;
+  serve_job_spare(h);
   if (hd->nwaiting == 0)
     return;
   uint32_t order[LEDGER_MAX_WAITERS];

@@ -30,7 +30,7 @@ int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
     return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)", req->gpu,
                          hd->ngpus);
   r->exclusive = req->flags & COGPU_REQ_EXCLUSIVE;
-  r->device_wait = req->flags & COGPU__REQ_DEVICE_WAIT;
+  r->flags = req->flags & (COGPU__REQ_DEVICE_WAIT | COGPU__REQ_JOB_SPARE);
   r->bytes = r->exclusive ? 0 : req->bytes;
   if (!r->exclusive && r->bytes == 0)
     return cogpu__seterr(-EINVAL, "cannot reserve 0 bytes");
@@ -104,7 +104,7 @@ int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r) {
     wt->nowait = r->timeout_ms == 0;
     wt->granted_gpu = -1;
     wt->resume = 0;
-    wt->device_wait = r->device_wait;
+    wt->flags = r->flags;
     cogpu__ledger_tx_set(h, &wt->ticket, hd->next_ticket);
     cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting + 1);
@@ -121,9 +121,10 @@ int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r) {
 int cogpu__ledger_dequeue_as(cogpu_t *h, uint32_t w, int why) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_waiter_t *wt = &h->st->waiters[w];
-  int gpu = wt->state == W_GRANTED   ? (int)wt->granted_gpu
-            : wt->state == W_REFUSED ? -2
-                                     : -1;
+  int gpu = wt->state == W_GRANTED     ? (int)wt->granted_gpu
+            : wt->state == W_REFUSED   ? -2
+            : wt->state == W_JOB_SPARE ? -3
+                                       : -1;
   /* Time in the queue, for the job's record (a figure, not a booking). */
   if (wt->slot < LEDGER_MAX_SLOTS && !wt->resume) {
     ledger_slot_t *js = &h->st->slots[wt->slot];
@@ -146,6 +147,12 @@ int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w) {
   return cogpu__ledger_dequeue_as(h, w, COGPU_ADMIT_CANCELLED);
 }
 
+int cogpu__ledger_spare_answer(void) {
+  return cogpu__seterr(COGPU__EJOB_SPARE,
+                       "the job now holds memory none of its processes "
+                       "claimed: claim it, then ask for the rest");
+}
+
 int cogpu__ledger_refused(const reserve_req_t *r) {
   char need[32];
   return cogpu__seterr(
@@ -163,12 +170,15 @@ static int answered(cogpu_t *h, uint32_t w, const reserve_req_t *r,
   int g = cogpu__ledger_dequeue(h, w);
   if (g == -2)
     return cogpu__ledger_refused(r);
+  if (g == -3)
+    return cogpu__ledger_spare_answer();
   *gpu_out = g;
   return 0;
 }
 
 static bool is_answered(const ledger_waiter_t *wt) {
-  return wt->state == W_GRANTED || wt->state == W_REFUSED;
+  return wt->state == W_GRANTED || wt->state == W_REFUSED ||
+         wt->state == W_JOB_SPARE;
 }
 
 /* Is entry w still this request? An entry is named by its index and its
@@ -296,6 +306,8 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
     cogpu__ledger_unlock(h);
     if (g == -2)
       return cogpu__ledger_refused(r);
+    if (g == -3)
+      return cogpu__ledger_spare_answer();
     if (g >= 0) {
       *gpu_out = g;
       return 0;
@@ -322,7 +334,9 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
   /* No grant on a foreign figure older than foreign_refresh: a process
    * outside cogpu that appeared since would make the driver refuse what
    * the ledger grants. A clock read when fresh; NVML when stale. */
-  cogpu__ledger_foreign_refresh(h, false);
+  rc = cogpu__ledger_foreign_refresh(h, false);
+  if (rc)
+    return rc;
   int64_t w = -1;
   uint64_t ticket = 0;
   rc = cogpu__ledger_lock_live(h);

@@ -387,6 +387,10 @@ static int dev_wait(pl_dev_t *d, uint64_t bytes, int64_t timeout,
  * the requests (COGPU__REQ_DEVICE_WAIT). */
 static CUresult dev_grow(pl_dev_t *d, int64_t timeout, uint32_t flags) {
   uint64_t step = cfg_u(COGPU_OPT_GROW_STEP), limit = cfg_u(COGPU_OPT_LIMIT);
+  /* A process of a job stops waiting when its job's own memory comes free
+   * (another of its processes left): it claims that first, below. */
+  if (pl_member)
+    flags |= COGPU__REQ_JOB_SPARE;
   for (;;) {
     int64_t used = atomic_load(&d->used), res = atomic_load(&d->reserved);
     if (used <= res)
@@ -415,6 +419,8 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout, uint32_t flags) {
     }
     if (rc == -EAGAIN && timeout != COGPU_NOWAIT)
       rc = dev_wait(d, need, timeout, flags);
+    if (rc == COGPU__EJOB_SPARE)
+      continue; /* claim it, then ask for the rest */
     if (rc) {
       cogpu__log(COGPU_LOG_WARN, "GPU %d: out of memory for this job: %s",
                  d->gpu, cogpu_last_error());

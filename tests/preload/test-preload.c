@@ -634,6 +634,48 @@ TEST_IMPL_T(preload_foreign_figure_fresh_at_grant, 60) {
   lt_check_invariants();
 }
 
+/* Issue 24, item 3. Two processes of one `cogpu run --mem 3G` job, on a
+ * GPU a program outside cogpu fills but for 3.7G: the first takes 2.3G of
+ * the job's 3G, the second needs 2.3G, claims the 0.7G left and waits for
+ * 1.6G more of the node, which has none. When the first ends, its 2.3G
+ * return to the job: the second must take them, not wait on for the
+ * node (before: it waited for ever, on its own job). */
+TEST_IMPL_T(preload_job_process_takes_its_jobs_memory, 60) {
+  preload_env();
+  const char *out[] = {lt_cudaprog(), "direct",         "init", "ctx",
+                       "alloc:12G",   "waitfile:leave", NULL};
+  pid_t o = lt_spawn_logged("outside", out);
+  for (int t = 0; lt_fake_cuda_used() < 12 * GiB + 300 * MiB; t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the outside program never allocated: %s",
+              lt_slurp("outside"));
+    th_sleep_ms(10);
+  }
+  char script[4 * 4096 + 256];
+  snprintf(script, sizeof script,
+           "%s direct init ctx alloc:2G waitfile:%s & "
+           "%s direct init waitfile:%s ctx alloc:2G; wait",
+           lt_cudaprog(), th_path("one"), lt_cudaprog(), th_path("second"));
+  const char *argv[] = {"cogpu", "run", "--gpu", "0",    "--mem", "3G",
+                        "--",    "sh",  "-c",    script, NULL};
+  pid_t job = lt_spawn_logged("job", argv);
+  for (int t = 0; lt_fake_cuda_used() < 14 * GiB + 600 * MiB; t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the job's first process never allocated: %s",
+              lt_slurp("job"));
+    th_sleep_ms(10);
+  }
+  th_write_file(th_path("second"), "");
+  wait_log("job", "waiting for 1.6 GiB");
+  lt_wait_nwaiting(0, 1, th_ms(20000));
+  th_write_file(th_path("one"), ""); /* the first process ends */
+  ASSERT_EQ(finish(job, "job"), 0);
+  ASSERT(!strstr(lt_slurp("job"), "alloc: error"));
+  th_write_file(th_path("leave"), "");
+  ASSERT_EQ(finish(o, "outside"), 0);
+  lt_check_invariants();
+}
+
 /* --- The headline ------------------------------------------------------- */
 
 /* Eight jobs of ~30% of the GPU each, started together. */

@@ -461,12 +461,14 @@ TEST_IMPL_ONCE_T(slurm_under_declared_job_waits_or_ooms, 240) {
   ASSERT_CONTAINS(out, "alloc: error 2"); /* CUDA_ERROR_OUT_OF_MEMORY */
   snprintf(cmd, sizeof cmd,
            "srun --gpu-mem=10G --gpu-wait=2m %s direct init ctx alloc:8G "
-           "alloc:35G && squeue -h -o '%%i %%t'",
+           "alloc:35G",
            prog());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(120000)), 0);
-  /* It could only grow once the 40G job had finished. */
-  if (strstr(out, "1 R"))
-    th_fail(__FILE__, __LINE__, "grew while the neighbour ran:\n%s", out);
+  /* It waited, and could only grow once the 40G job had given its memory
+   * back: the GPU was never over-committed (the fake driver's peak). Not
+   * squeue's view of job 1, which may still say R a moment after its
+   * process ended (Slurm's own lag, long under load). */
+  ASSERT_CONTAINS(out, "waiting for");
   wait_jobs_done(60000);
   ASSERT(strstr(file("big.out"), "error") == NULL);
   ASSERT_ULE(fake_peak(), 80 * GiB);
