@@ -119,6 +119,7 @@ struct cogpu__susp_s {
   uint32_t parked_gen[LEDGER_MAX_SLOTS];
   uint64_t sampled_us; /* NVML samples read up to here (epoch µs) */
   bool idle_warned;
+  bool ever_ok; /* a suspension has succeeded: the driver supports them */
 };
 
 static const char *cu_err(CUresult r) {
@@ -239,6 +240,24 @@ static void undo(cogpu__susp_t *s, sjob_t *j) {
   }
 }
 
+/* The driver exports the checkpoint API but answers CUDA_ERROR_NOT_SUPPORTED
+ * (an older driver, a GPU or a configuration it does not support) and no
+ * suspension ever succeeded here: learnt once, for the node, said once
+ * (log, `cogpu status`, `cogpu doctor`), instead of one failed try per job
+ * before each fallback. A driver that did suspend a job once keeps
+ * trying: a refusal is then that process's. */
+static void no_checkpoints(cogpu__susp_t *s) {
+  pthread_mutex_lock(&s->mu);
+  bool first = s->cap == CAP_OK;
+  s->cap = CAP_NONE;
+  snprintf(s->cap_why, sizeof s->cap_why,
+           "the driver does not support checkpointing "
+           "(cuCheckpointProcessLock: CUDA_ERROR_NOT_SUPPORTED)");
+  pthread_mutex_unlock(&s->mu);
+  if (first)
+    cogpu__log(COGPU_LOG_WARN, "jobs cannot be suspended: %s", s->cap_why);
+}
+
 static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
   int locked = 0;
   for (; locked < j->npids; locked++) {
@@ -252,6 +271,8 @@ static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
       break;
     }
     CUresult r = s->cu.lock(j->pids[locked], &la);
+    if (r == CUDA_ERROR_NOT_SUPPORTED && !s->ever_ok)
+      no_checkpoints(s);
     if (r != CUDA_SUCCESS) {
       j->rc = r == CUDA_ERROR_NOT_READY ? -EBUSY : -EIO;
       snprintf(j->msg, sizeof j->msg, "locking pid %d: %s", j->pids[locked],
@@ -282,6 +303,8 @@ static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
     part.broken = false;
     undo(s, &part);
     j->broken = part.broken;
+  } else {
+    s->ever_ok = true;
   }
 }
 

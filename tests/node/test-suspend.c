@@ -383,6 +383,51 @@ TEST_IMPL_T(susp_guard_says_why_nothing_suspends, 90) {
   lt_check_invariants();
 }
 
+/* Issue 24, item 5. A driver that exports the checkpoint API but supports
+ * none of it (CUDA_ERROR_NOT_SUPPORTED): the first suspension fails at the
+ * driver, and the daemon learns it for the node, once (its log, `cogpu
+ * status`, `cogpu doctor`); a later one is refused without asking the
+ * driver again. Before: one failed try per job, 190 in 30 runs. */
+TEST_IMPL_T(susp_unsupported_driver_learnt_once, 60) {
+  th_setenv("FAKE_CUDA_CHECKPOINT", "unsupported");
+  su_begin();
+  pid_t a = su_job("a", "0", "alloc:2G", "waitfile:end");
+  pid_t b = su_job("b", "0", "alloc:2G", "waitfile:end");
+  int pa = su_holder(2 * GiB + 300 * MiB);
+  char out[4096];
+  ASSERT_NE(su_cmd("suspend", pa, out, sizeof out), 0);
+  ASSERT_CONTAINS(out, "locking pid"); /* the driver was asked */
+  int pb = 0;
+  for (int t = 0; !pb; t += 20) {
+    cogpu_status_t *st = lt_status();
+    for (size_t i = 0; i < st->gpus[0].nclients && !pb; i++)
+      if (st->gpus[0].clients[i].pid != pa &&
+          st->gpus[0].clients[i].reserved_bytes >= 2 * GiB)
+        pb = st->gpus[0].clients[i].pid;
+    cogpu_status_free(st);
+    if (t > th_ms(15000))
+      th_fail(__FILE__, __LINE__, "the second job never held its memory");
+    if (!pb)
+      th_sleep_ms(20);
+  }
+  ASSERT_NE(su_cmd("suspend", pb, out, sizeof out), 0);
+  ASSERT_CONTAINS(out, "the driver does not support checkpointing");
+  ASSERT(!strstr(out, "locking pid")); /* not asked again */
+  cogpu_status_t *st = lt_status();
+  ASSERT_CONTAINS(st->suspension, "does not support checkpointing");
+  cogpu_status_free(st);
+  const char *doc[] = {"cogpu", "doctor", NULL};
+  su_cogpu(out, sizeof out, doc);
+  ASSERT_CONTAINS(out, "suspension: the driver does not support");
+  const char *log = lt_slurp("cogpud.log");
+  const char *first = strstr(log, "jobs cannot be suspended");
+  ASSERT(first && !strstr(first + 1, "jobs cannot be suspended"));
+  th_write_file(th_path("end"), "");
+  ASSERT_EQ(su_finish(a, "a", 20000), 0);
+  ASSERT_EQ(su_finish(b, "b", 20000), 0);
+  lt_check_invariants();
+}
+
 /* Host memory: a suspension whose footprint would pass suspend_max is not
  * made, and the command says why. */
 TEST_IMPL_T(susp_host_memory_bound, 60) {

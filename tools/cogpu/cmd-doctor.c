@@ -158,6 +158,10 @@ static void doctor_daemon(doctor_t *d, const cogpu__config_t *cfg,
            "memory",
            sock, st->policy, st->ngpus, clients);
   doc_ok("daemon", line);
+  /* Not a problem: suspension is a last resort, and a node without it
+   * still never over-commits (the deadlock guard fails a request). */
+  snprintf(line, sizeof line, "%s", st->suspension);
+  doc_ok("suspension", line);
   bool same = !nvml || n == st->ngpus;
   for (size_t i = 0; same && nvml && i < n; i++)
     same = strcmp(gpus[i].uuid, st->gpus[i].uuid) == 0 &&
