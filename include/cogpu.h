@@ -182,6 +182,12 @@ typedef struct cogpu_client_info_s {
    * client that allocates without the preload library). */
   uint64_t used_bytes;
   uint64_t peak_bytes;
+  /* GPU memory on this GPU held by processes of the job that escaped the
+   * preload library (not clients: they dropped LD_PRELOAD, are static, or
+   * load the driver privately), as NVML last said, and the biggest such
+   * process. It counts as foreign memory, not in used_bytes. */
+  uint64_t escaped_bytes;
+  int escaped_pid;
 } cogpu_client_info_t;
 
 enum {

@@ -875,7 +875,9 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
                                      .suspended_bytes = ci->suspended_bytes,
                                      .suspended_seconds = ci->suspended_seconds,
                                      .used = ci->used_bytes,
-                                     .peak = ci->peak_bytes};
+                                     .peak = ci->peak_bytes,
+                                     .escaped = ci->escaped_bytes,
+                                     .escaped_pid = ci->escaped_pid};
         snprintf(cs->command, sizeof cs->command, "%s", ci->command);
         snprintf(cs->job_id, sizeof cs->job_id, "%s", ci->job_id);
       }
@@ -993,6 +995,7 @@ static int on_job_end(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   r.u.reply.e = rep.run_ms;
   r.u.reply.n1 = rep.suspensions;
   r.u.reply.n2 = rep.guard_failures;
+  r.u.reply.ticket = rep.escaped;
   reply(d, c, m, 0, &r);
   return 0;
 }

@@ -1,19 +1,24 @@
 /*
  * foreign.c: GPU memory held by processes cogpu does not know about.
  *
- * NVML lists the processes holding memory on each GPU. A process is known
- * when it is an attached client, or when one of its ancestors is a client
- * that accounts for memory on that GPU: one that holds or has claimed
- * memory there, uses the GPU exclusively, or belongs to a job that holds
- * memory there (a job started by `cogpu run` allocates in a child of the
- * client). An ancestor that accounts for nothing on the GPU does not hide
- * its descendants' memory there: a Slurm step that was refused exclusive
- * use (whole_gpu_wait) is a client holding nothing, and its tasks' memory
- * must count. Everything else is foreign and reduces the GPU's capacity. NVML
- * is slow (milliseconds), so it is read outside the lock, at most once per
- * foreign_refresh interval per node, and only off the fast path: when a request
+ * NVML lists the processes holding memory on each GPU. A process is a
+ * client's when it is an attached client: the ledger counts its memory
+ * allocation by allocation. A process that is not a client but descends
+ * from one that accounts for memory on that GPU (one that holds or has
+ * claimed memory there, uses it exclusively, or belongs to a job that
+ * holds memory there) belongs to that client's job but escaped the preload
+ * library (it dropped LD_PRELOAD, is static, or loads the driver
+ * privately): its memory is counted nowhere else, so it reduces the GPU's
+ * capacity as foreign memory does (nobody is granted it), and is named for
+ * the job (the slot's `escaped`: `cogpu status`, metrics, the job's
+ * report). An ancestor that accounts for nothing on the GPU does not make
+ * a process its job's: a Slurm step refused exclusive use
+ * (whole_gpu_wait) is a client holding nothing. Everything else is foreign
+ * and reduces the GPU's capacity. NVML is slow (milliseconds), so it is
+ * read outside the lock, at most once per foreign_refresh interval per
+ * node: before a grant when the figure is older than that, when a request
  * does not fit, by waiters on their housekeeping tick, at attach and for
- * status.
+ * status, and at once when the driver refused what the ledger granted.
  */
 #include <assert.h>
 #include <errno.h>
@@ -25,7 +30,6 @@
 
 #define FOREIGN_MAX_PROCS 1024
 #define FOREIGN_MAX_DEPTH 64
-static_assert(LEDGER_MAX_GPUS <= 32, "a client's GPUs are a 32-bit mask");
 
 static int proc_parent(int pid) {
   char path[64], buf[512];
@@ -53,48 +57,29 @@ static long client_index(const int *pids, size_t n, int pid) {
   return -1;
 }
 
-/* Is pid a client, or a descendant of a client that accounts for memory
- * on the GPU of bit `gbit` (covers[i]: the GPUs client i accounts for)? */
-static bool pid_known(const int *pids, const uint32_t *covers, size_t n,
-                      int pid, uint32_t gbit) {
+/* Is pid a client (-1), a descendant of client i (its nearest client
+ * ancestor) that escaped the preload library (i), or neither: foreign
+ * (-2)? */
+static long pid_class(const int *pids, size_t n, int pid) {
   for (int depth = 0; pid > 1 && depth < FOREIGN_MAX_DEPTH; depth++) {
     long i = client_index(pids, n, pid);
-    if (i >= 0 && (depth == 0 || (covers[i] & gbit)))
-      return true;
+    if (i >= 0)
+      return depth == 0 ? -1 : i;
     pid = proc_parent(pid);
   }
-  return false;
+  return -2;
 }
 
-/* Does slot sl account for memory on GPU g: it holds or claimed some
- * there, uses it exclusively, or its job (a joined slot) holds some. */
-static bool slot_covers(struct cogpu_s *h, uint32_t s, const ledger_slot_t *sl,
-                        uint32_t g) {
-  if (__atomic_load_n(&sl->held[g], __ATOMIC_RELAXED) ||
-      __atomic_load_n(&sl->claim[g], __ATOMIC_RELAXED) ||
-      __atomic_load_n(&h->st->hdr.gpus[g].excl_slot, __ATOMIC_RELAXED) == s + 1)
-    return true;
-  uint64_t job = __atomic_load_n(&sl->job, __ATOMIC_RELAXED);
-  return job && job <= LEDGER_MAX_SLOTS && job != (uint64_t)s + 1 &&
-         __atomic_load_n(&h->st->slots[job - 1].held[g], __ATOMIC_RELAXED);
-}
-
-/* Snapshot of the live clients' PIDs and of the GPUs each accounts for
- * (read without the lock: a stale entry only misjudges a process for one
- * refresh). */
-static size_t client_pids(struct cogpu_s *h, int *pids, uint32_t *covers) {
+/* Snapshot of the live clients' PIDs and slots (read without the lock: a
+ * stale entry only misjudges a process for one refresh). */
+static size_t client_pids(struct cogpu_s *h, int *pids, uint32_t *slots) {
   size_t n = 0;
-  uint32_t ngpus = h->st->hdr.ngpus;
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     const ledger_slot_t *sl = &h->st->slots[s];
     if (__atomic_load_n(&sl->state, __ATOMIC_RELAXED) != SLOT_ACTIVE)
       continue;
-    uint32_t mask = 0;
-    for (uint32_t g = 0; g < ngpus && g < LEDGER_MAX_GPUS; g++)
-      if (slot_covers(h, s, sl, g))
-        mask |= 1u << g;
     pids[n] = __atomic_load_n(&sl->pid, __ATOMIC_RELAXED);
-    covers[n++] = mask;
+    slots[n++] = s;
   }
   return n;
 }
@@ -111,47 +96,125 @@ static bool foreign_claim(struct cogpu_s *h, bool force) {
   return atomic_compare_exchange_strong(&hd->foreign_at_ns, &last, now);
 }
 
+/* A process of a job that escaped the preload library, on GPU g. */
+typedef struct escapee_s {
+  uint32_t job, g;
+  uint64_t bytes;
+  int64_t pid;
+} escapee_t;
+
+/* Counts each job's escaped memory on GPU g into foreign[g] where it is
+ * more than the job's reservation leaves unused (lock held): a job run with
+ * --no-preload, which declared its memory, is within its reservation and
+ * counts nothing twice; an on-demand job whose process dropped LD_PRELOAD
+ * reserved none of it, and all of it counts. Names the jobs (the slots'
+ * escaped figures, written when changed). */
+static void escaped_count(struct cogpu_s *h, const escapee_t *e, size_t n,
+                          uint64_t *foreign) {
+  uint32_t ng = h->st->hdr.ngpus;
+  uint64_t *used =
+      n ? calloc(2 * (size_t)LEDGER_MAX_SLOTS, sizeof *used) : NULL;
+  uint64_t *sum = n ? calloc(LEDGER_MAX_SLOTS, sizeof *sum) : NULL;
+  for (uint32_t g = 0; used && sum && g < ng; g++) {
+    bool any = false;
+    for (size_t k = 0; k < n; k++)
+      if (e[k].g == g) {
+        sum[e[k].job] += e[k].bytes;
+        any = true;
+      }
+    if (!any)
+      continue;
+    memset(used, 0, 2 * (size_t)LEDGER_MAX_SLOTS * sizeof *used);
+    cogpu__ledger_usage_by_job(h, g, used, used + LEDGER_MAX_SLOTS);
+    for (size_t k = 0; k < n; k++) {
+      uint32_t jb = e[k].job;
+      if (e[k].g != g || !sum[jb])
+        continue;
+      uint64_t have = h->st->slots[jb].held[g];
+      uint64_t real = used[jb] + sum[jb];
+      foreign[g] += real > have ? real - have : 0;
+      sum[jb] = 0; /* once per job and GPU */
+    }
+  }
+  free(used);
+  free(sum);
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    ledger_slot_t *sl = &h->st->slots[s];
+    if (sl->state != SLOT_ACTIVE && !sl->escaped)
+      continue;
+    uint64_t tot = 0, big = 0, gpu = 0;
+    int64_t pid = 0;
+    for (size_t k = 0; k < n; k++)
+      if (e[k].job == s) {
+        tot += e[k].bytes;
+        if (e[k].bytes >= big) {
+          big = e[k].bytes;
+          pid = e[k].pid;
+          gpu = e[k].g;
+        }
+      }
+    if (sl->state != SLOT_ACTIVE)
+      tot = 0;
+    if (sl->escaped == tot &&
+        (tot == 0 || (sl->escaped_pid == pid && sl->escaped_gpu == gpu)))
+      continue;
+    if (tot && !sl->escaped)
+      cogpu__log(COGPU_LOG_WARN,
+                 "pid %lld holds GPU memory outside the preload library, in "
+                 "the job of pid %d",
+                 (long long)pid, sl->pid);
+    sl->escaped = tot;
+    sl->escaped_pid = tot ? pid : 0;
+    sl->escaped_gpu = tot ? gpu : 0;
+    if (tot > sl->escaped_max)
+      sl->escaped_max = tot;
+  }
+}
+
 int cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (!foreign_claim(h, force))
     return 0;
   /* On the heap, not thread-local: every thread of every program under the
-   * preload library would carry 20 KiB for a refresh it rarely makes. */
+   * preload library would carry them for a refresh it rarely makes. */
   int *pids = malloc(LEDGER_MAX_SLOTS * sizeof *pids);
-  uint32_t *covers = malloc(LEDGER_MAX_SLOTS * sizeof *covers);
+  uint32_t *slots = malloc(LEDGER_MAX_SLOTS * sizeof *slots);
   cogpu__gpu_proc_t *procs = malloc(FOREIGN_MAX_PROCS * sizeof *procs);
-  if (!pids || !covers || !procs) {
-    free(pids);
-    free(covers);
-    free(procs);
-    return 0; /* keep the last known figures */
-  }
+  escapee_t *esc = malloc(FOREIGN_MAX_PROCS * sizeof *esc);
+  size_t nesc = 0;
+  int rc = 0;
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t foreign[LEDGER_MAX_GPUS];
-  size_t np = client_pids(h, pids, covers);
+  if (!pids || !slots || !procs || !esc)
+    goto out; /* keep the last known figures */
+  size_t np = client_pids(h, pids, slots);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     size_t n = 0;
-    foreign[g] = hd->gpus[g].foreign;
     if (cogpu__nvml_open() != 0 ||
         cogpu__nvml_processes(hd->gpus[g].index, procs, FOREIGN_MAX_PROCS,
                               &n) != 0) {
       cogpu__log(COGPU_LOG_DEBUG, "foreign memory not refreshed: %s",
                  cogpu_last_error());
-      free(pids);
-      free(covers);
-      free(procs);
-      return 0; /* keep the last known figures */
+      goto out; /* keep the last known figures */
     }
     foreign[g] = 0;
-    for (size_t i = 0; i < n; i++)
-      if (!pid_known(pids, covers, np, (int)procs[i].pid, 1u << g))
+    for (size_t i = 0; i < n; i++) {
+      long c = pid_class(pids, np, (int)procs[i].pid);
+      if (c == -1)
+        continue; /* a client's: counted allocation by allocation */
+      if (c == -2 || nesc == FOREIGN_MAX_PROCS) {
         foreign[g] += procs[i].used;
+        continue;
+      }
+      esc[nesc++] = (escapee_t){.job = cogpu__ledger_job_of(h, slots[c]),
+                                .g = g,
+                                .bytes = procs[i].used,
+                                .pid = (int64_t)procs[i].pid};
+    }
   }
-  free(pids);
-  free(covers);
-  free(procs);
-  int rc = cogpu__ledger_lock_bounded(h);
+  rc = cogpu__ledger_lock_bounded(h);
   if (rc)
-    return rc; /* a stopped holder: keep the last known figures */
+    goto out; /* a stopped holder: keep the last known figures */
+  escaped_count(h, esc, nesc, foreign);
   bool grew = false;
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (hd->gpus[g].foreign == foreign[g])
@@ -163,7 +226,12 @@ int cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (grew)
     cogpu__ledger_serve(h);
   cogpu__ledger_unlock(h);
-  return 0;
+out:
+  free(pids);
+  free(slots);
+  free(procs);
+  free(esc);
+  return rc;
 }
 
 int cogpu__ledger_recheck(struct cogpu_s *h, int gpu, uint64_t *over) {

@@ -163,6 +163,16 @@ typedef struct ledger_slot_s {
   uint64_t group_gen;
   uint64_t group_peak[LEDGER_MAX_GPUS];
   uint64_t group_peak_ns;
+  /* Memory that escaped the preload library (foreign.c): what processes of
+   * the job that are not clients (they dropped LD_PRELOAD, are static, or
+   * load the driver privately) hold on its GPUs, as NVML last said; the
+   * biggest such process and its GPU; the most it came to. Counted as foreign
+   * (no one else is granted it) and named here for the job. Figures, written at
+   * each foreign refresh outside the undo log. */
+  uint64_t escaped;
+  int64_t escaped_pid;
+  uint64_t escaped_gpu;
+  uint64_t escaped_max;
 } ledger_slot_t;
 _Static_assert(COGPU_USAGE_GPUS == LEDGER_MAX_GPUS,
                "a usage page has a word per ledger GPU");

@@ -121,6 +121,8 @@ void cogpu__ledger_slot_fill(struct cogpu_s *h, uint32_t slot, int pid,
   s->guard_fails = s->exit_status = 0;
   s->group = s->group_gen = s->group_peak_ns = 0;
   memset(s->group_peak, 0, sizeof s->group_peak);
+  s->escaped = s->escaped_max = s->escaped_gpu = 0;
+  s->escaped_pid = 0;
 }
 
 static void slot_fill(struct cogpu_s *h, const cogpu_attach_opts_t *o) {

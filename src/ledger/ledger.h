@@ -116,6 +116,7 @@ typedef struct cogpu__job_report_s {
   uint64_t run_ms;
   unsigned suspensions;
   unsigned guard_failures; /* requests the deadlock guard failed */
+  uint64_t escaped; /* most its processes held outside the preload library */
 } cogpu__job_report_t;
 /* Records the job's exit status (a wait(2) status; -1 unknown) for its
  * history record and fills *out. Called by the job's own slot (cogpu run)

@@ -18,7 +18,8 @@ static bool listed(struct cogpu_s *h, uint32_t g, uint32_t s) {
   const ledger_slot_t *sl = &h->st->slots[s];
   return sl->state == SLOT_ACTIVE &&
          (sl->held[g] || h->st->hdr.gpus[g].excl_slot == s + 1 ||
-          (sl->susp == SUSP_SUSPENDED && sl->susp_gpu == g));
+          (sl->susp == SUSP_SUSPENDED && sl->susp_gpu == g) ||
+          (sl->escaped && sl->escaped_gpu == g));
 }
 
 static size_t count_listed(struct cogpu_s *h, uint32_t g) {
@@ -55,6 +56,10 @@ static void status_clients(struct cogpu_s *h, uint32_t g, size_t max,
     c->suspensions = (unsigned)sl->susp_count;
     c->used_bytes = used[s];
     c->peak_bytes = peak[s];
+    if (sl->escaped && sl->escaped_gpu == g) {
+      c->escaped_bytes = sl->escaped;
+      c->escaped_pid = (int)sl->escaped_pid;
+    }
     /* Each job's is at most the GPU's total (usage.c), and so is the
      * sum: forged usage pages made it wrap (issue 23). */
     gi->used_bytes = used[s] >= gp->total - gi->used_bytes

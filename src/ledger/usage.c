@@ -207,6 +207,7 @@ static void report(struct cogpu_s *h, uint32_t s, bool step,
   out->waited_ms = js->waited_ns / 1000000u;
   out->suspensions = (unsigned)js->susp_count;
   out->guard_failures = (unsigned)js->guard_fails;
+  out->escaped = js->escaped_max;
 }
 
 void cogpu__ledger_job_report(struct cogpu_s *h, uint32_t s,
@@ -325,6 +326,21 @@ static uint64_t report_suggest(uint64_t peak) {
   return (want + unit - 1) / unit * unit;
 }
 
+/* The report's line on memory that escaped the preload library, if any:
+ * its length in buf. */
+static size_t report_escaped(const cogpu__job_report_t *r, const char *job,
+                             char *buf, size_t len) {
+  if (!r->escaped || len == 0)
+    return 0;
+  char e[32];
+  int n = snprintf(buf, len,
+                   "cogpu: %s: processes of it held up to %s of GPU memory "
+                   "outside the preload library (not in the figures above; "
+                   "counted as foreign: `cogpu status` named them)\n",
+                   job, cogpu__fmt_size(r->escaped, e, sizeof e));
+  return n < 0 ? 0 : (size_t)n < len ? (size_t)n : len - 1;
+}
+
 size_t cogpu__job_report_line(const cogpu__job_report_t *r, const char *job,
                               const char *flag, uint64_t declared, char *buf,
                               size_t len) {
@@ -335,7 +351,8 @@ size_t cogpu__job_report_line(const cogpu__job_report_t *r, const char *job,
                  "cogpu: %s used no GPU memory that cogpu saw; waited %.0f "
                  "s; suspended %u times\n",
                  job, (double)r->waited_ms / 1e3, r->suspensions);
-    return n < 0 ? 0 : (size_t)n;
+    size_t u = n < 0 ? 0 : (size_t)n < len ? (size_t)n : len ? len - 1 : 0;
+    return u + report_escaped(r, job, buf + u, len - u);
   }
   cogpu__fmt_size(r->peak, pk, sizeof pk);
   if (r->reserved && declared && r->peak) {
@@ -364,5 +381,5 @@ size_t cogpu__job_report_line(const cogpu__job_report_t *r, const char *job,
                  job, r->guard_failures);
     used += n < 0 ? 0 : (size_t)n < len - used ? (size_t)n : len - used - 1;
   }
-  return used;
+  return used + report_escaped(r, job, buf + used, len - used);
 }

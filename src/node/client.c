@@ -896,7 +896,8 @@ int cogpu__node_job_end(cogpu__node_t *n, int exit_status, bool step,
                                .waited_ms = p->d,
                                .run_ms = p->e,
                                .suspensions = p->n1,
-                               .guard_failures = p->n2};
+                               .guard_failures = p->n2,
+                               .escaped = p->ticket};
   return 0;
 }
 
@@ -997,6 +998,8 @@ static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
     c->suspended_seconds = cs[i].suspended_seconds;
     c->used_bytes = cs[i].used;
     c->peak_bytes = cs[i].peak;
+    c->escaped_bytes = cs[i].escaped;
+    c->escaped_pid = cs[i].escaped_pid;
   }
   for (uint32_t i = 0; i < h->nwaiters; i++) {
     if (ws[i].gpu >= h->ngpus)

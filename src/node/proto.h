@@ -168,7 +168,8 @@ typedef struct cogpu__m_reply_s {
   uint64_t ticket;
   char msg[320];
   /* JOB_END: a peak, b reserved, c time to peak (ms), d waited (ms),
-   * e run time (ms), n1 suspensions, n2 deadlock-guard failures. */
+   * e run time (ms), n1 suspensions, n2 deadlock-guard failures, ticket
+   * the most its processes held outside the preload library. */
   uint64_t c, d, e;
   uint32_t n1, n2;
 } cogpu__m_reply_t;
@@ -295,6 +296,9 @@ typedef struct cogpu__snap_client_s {
   uint64_t suspended_bytes;
   double suspended_seconds;
   uint64_t used, peak; /* as its processes counted (preload library) */
+  uint64_t escaped;    /* held outside the preload library (NVML) */
+  int32_t escaped_pid;
+  uint32_t pad;
 } cogpu__snap_client_t;
 
 typedef struct cogpu__snap_waiter_s {

@@ -2091,12 +2091,29 @@ TEST_IMPL(cli_status_client_processes_not_foreign) {
   ASSERT_EQ(sscanf(pids, "%d %d", &sh, &child), 2);
   free(pids);
   char text[256];
+  /* The job's processes outside the preload library hold 4G, its
+   * reservation 1G: the 3G beyond it count as foreign (nobody else may be
+   * granted them), beside the 2G of a process outside the job; the job is
+   * named, with its biggest such process (issue 24, item 2). The client's
+   * own figure is counted allocation by allocation, not from NVML. */
   snprintf(text, sizeof text, "0 %d 3G\n0 %d 1G\n0 %d 512M\n0 %d 2G\n", sh,
            child, (int)h.pid, (int)getpid());
   write_procs(text);
   jv_t *st = STATUS();
-  ASSERT_UEQ(ju(st, "gpus.0.foreign_bytes"), 2 * GIB);
+  ASSERT_UEQ(ju(st, "gpus.0.foreign_bytes"), 5 * GIB);
   ASSERT_UEQ(ju(st, "gpus.0.reserved_bytes"), GIB);
+  ASSERT_UEQ(ju(st, "gpus.0.clients.0.escaped_bytes"), 4 * GIB);
+  ASSERT_UEQ(ju(st, "gpus.0.clients.0.escaped_pid"), (uint64_t)sh);
+  /* Within the reservation (a job run with --no-preload declares what its
+   * processes use): nothing counts twice. */
+  snprintf(text, sizeof text, "0 %d 768M\n0 %d 2G\n", child, (int)getpid());
+  write_procs(text);
+  st = STATUS();
+  ASSERT_UEQ(ju(st, "gpus.0.foreign_bytes"), 2 * GIB);
+  ASSERT_UEQ(ju(st, "gpus.0.clients.0.escaped_bytes"), 768 * GIB / 1024);
+  res_t *r = COGPU("status");
+  EXPECT_RC(r, 0);
+  ASSERT_CONTAINS(r->out, "[escaped: 768.0 MiB held by pid");
   write_procs("");
   ASSERT_EQ(HOLD_END(&h), 0);
   ASSERT_IDLE();

@@ -710,6 +710,60 @@ TEST_IMPL_T(preload_on_demand_jobs_spread_over_gpus, 60) {
   lt_check_invariants();
 }
 
+/* Issue 24, item 2. A process of a job that drops LD_PRELOAD allocates
+ * 3.3G outside the preload library: it is counted (as foreign, within one
+ * refresh), the job is named with that process in `cogpu status` and its
+ * report, and a declared 13G neighbour waits for it at the start instead
+ * of being granted memory the driver does not have. */
+TEST_IMPL_T(preload_escaped_memory_is_counted, 60) {
+  preload_env();
+  th_setenv("COGPU_FOREIGN_REFRESH", "100ms");
+  char script[4096 + 128];
+  snprintf(script, sizeof script,
+           "env -u LD_PRELOAD %s direct init ctx alloc:3G waitfile:%s",
+           lt_cudaprog(), th_path("end"));
+  const char *esc[] = {"cogpu", "run", "--gpu", "0", "--",
+                       "sh",    "-c",  script,  NULL};
+  pid_t e = lt_spawn_logged("escaped", esc);
+  for (int t = 0; lt_fake_cuda_used() < 3 * GiB + 300 * MiB; t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the escaped process never allocated: %s",
+              lt_slurp("escaped"));
+    th_sleep_ms(10);
+  }
+  uint64_t seen = 0;
+  int pid = 0;
+  for (int t = 0; seen < 3 * GiB + 300 * MiB; t += 20) {
+    cogpu_status_t *st = lt_status();
+    for (size_t i = 0; i < st->gpus[0].nclients; i++)
+      if (st->gpus[0].clients[i].escaped_bytes) {
+        seen = st->gpus[0].clients[i].escaped_bytes;
+        pid = st->gpus[0].clients[i].escaped_pid;
+      }
+    cogpu_status_free(st);
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the job's escaped memory never named");
+    if (seen < 3 * GiB + 300 * MiB)
+      th_sleep_ms(20);
+  }
+  ASSERT_UEQ(seen, 3 * GiB + 300 * MiB);
+  ASSERT_GT(pid, 0);
+  const char *argv[] = {
+      "cogpu",       "run",    "--gpu", "0",   "--mem",        "13G",     "--",
+      lt_cudaprog(), "direct", "init",  "ctx", "alloc:12500M", "freeall", NULL};
+  pid_t n = lt_spawn_logged("neighbour", argv);
+  lt_wait_nwaiting(0, 1, th_ms(20000));
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0); /* not granted: it waits */
+  cogpu_status_free(st);
+  th_write_file(th_path("end"), "");
+  ASSERT_EQ(finish(e, "escaped"), 0);
+  ASSERT_CONTAINS(lt_slurp("escaped"), "outside the preload library");
+  ASSERT_EQ(finish(n, "neighbour"), 0);
+  ASSERT(!strstr(lt_slurp("neighbour"), "the driver refused"));
+  lt_check_invariants();
+}
+
 /* --- The headline ------------------------------------------------------- */
 
 /* Eight jobs of ~30% of the GPU each, started together. */

@@ -51,6 +51,10 @@ static void status_json_clients(FILE *f, const cogpu_gpu_info_t *g) {
     fprintf(f, "%llu", (unsigned long long)c->used_bytes);
     json_key(f, &first, "peak_bytes");
     fprintf(f, "%llu", (unsigned long long)c->peak_bytes);
+    json_key(f, &first, "escaped_bytes");
+    fprintf(f, "%llu", (unsigned long long)c->escaped_bytes);
+    json_key(f, &first, "escaped_pid");
+    fprintf(f, "%d", c->escaped_pid);
     fputc('}', f);
   }
   fputc(']', f);
@@ -197,12 +201,19 @@ static void status_table_gpu(FILE *f, const cogpu_gpu_info_t *g) {
                cl->suspended_seconds);
     else if (cl->state != COGPU_JOB_RUNNING)
       snprintf(state, sizeof state, " [%s]", job_state(cl->state));
+    char esc[96] = "";
+    if (cl->escaped_bytes)
+      snprintf(esc, sizeof esc,
+               " [escaped: %s held by pid %d outside the preload library]",
+               cogpu__fmt_size(cl->escaped_bytes, c, sizeof c),
+               cl->escaped_pid);
     char us[32], pk[32];
-    fprintf(f, "  %-8d %-10s %12s %12s %12s %5d %-10s %s%s%s\n", cl->pid,
+    fprintf(f, "  %-8d %-10s %12s %12s %12s %5d %-10s %s%s%s%s\n", cl->pid,
             tx.user, cogpu__fmt_size(cl->reserved_bytes, r, sizeof r),
             cogpu__fmt_size(cl->used_bytes, us, sizeof us),
             cogpu__fmt_size(cl->peak_bytes, pk, sizeof pk), cl->priority,
-            tx.job, tx.command, cl->exclusive ? " [exclusive]" : "", state);
+            tx.job, tx.command, cl->exclusive ? " [exclusive]" : "", state,
+            esc);
   }
   if (g->nwaiting)
     fprintf(f, "  waiting:\n  %-4s %-8s %-10s %12s %5s %8s %s\n", "POS", "PID",

@@ -165,7 +165,7 @@ static double g_exclusive(const cogpu_gpu_info_t *g) {
 
 typedef struct job_s {
   const cogpu_client_info_t *c;
-  uint64_t reserved, used, peak, suspended;
+  uint64_t reserved, used, peak, suspended, escaped;
   size_t gpu;
   char *labels; /* its label set, escaped once for its four series */
 } job_t;
@@ -248,7 +248,8 @@ static size_t collect_jobs(const cogpu_status_t *st, long max, job_t **out,
                        .reserved = c->reserved_bytes,
                        .used = c->used_bytes,
                        .peak = c->peak_bytes,
-                       .suspended = c->suspended_bytes};
+                       .suspended = c->suspended_bytes,
+                       .escaped = c->escaped_bytes};
     }
   qsort(j, n, sizeof *j, by_labels);
   size_t m = 0;
@@ -258,6 +259,7 @@ static size_t collect_jobs(const cogpu_status_t *st, long max, job_t **out,
       j[m - 1].used += j[i].used;
       j[m - 1].peak += j[i].peak;
       j[m - 1].suspended += j[i].suspended;
+      j[m - 1].escaped += j[i].escaped;
     } else {
       j[m++] = j[i];
     }
@@ -433,6 +435,10 @@ int cli_metrics_render(const cogpu_status_t *st, const cli_metrics_opts_t *o,
       job_gauge(f, jobs, n, "cogpu_job_suspended_bytes",
                 "GPU memory of a suspended job, now in host memory.",
                 offsetof(job_t, suspended));
+      job_gauge(f, jobs, n, "cogpu_job_escaped_bytes",
+                "GPU memory held by a job's processes outside the preload "
+                "library (NVML's figure; counted as foreign).",
+                offsetof(job_t, escaped));
       static const char *const unl_names[3][2] = {
           {"cogpu_gpu_unlisted_jobs",
            "Jobs on the GPU left out of the cogpu_job_* series (--max-jobs)."},
