@@ -408,7 +408,7 @@ static void packs_jobs(void) {
   ASSERT_STREQ(user, USER1); /* the job's user, booked by root */
   ASSERT_UEQ(job_reserved("3", NULL, 0), 0);
   /* cogpu status --json names the Slurm jobs too. */
-  ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "\"job_id\":\"1\"");
   ASSERT_CONTAINS(out, "\"job_id\":\"2\"");
   wait_jobs_done(60000);
@@ -617,7 +617,7 @@ TEST_IMPL_ONCE_T(slurm_coexists_with_whole_gpu_jobs, 240) {
   cogpu_status_free(st);
   /* A --gpu-mem job now goes to GPU 1, whatever it asks. */
   ASSERT_CONTAINS(task_gpu("--gpu-mem=5G"), "gpu=1 cvd=GPU-");
-  ASSERT_EQ(sh("scancel 3", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("scancel 3", out, sizeof out, th_ms(60000)), 0);
   wait_jobs_done(60000);
   stop_cluster(); /* tests end with _exit: no atexit */
 }
@@ -672,7 +672,7 @@ TEST_IMPL_ONCE_T(slurm_whole_gpu_job_waits_for_gpu_mem_jobs, 240) {
   wait_output(log, "2\n", 20000); /* the bounded step's line, and this one */
   th_sleep_ms(1500);
   ASSERT(!strstr(file("whole.out"), "started2"));
-  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(60000)), 0);
   for (int i = 0;
        i < th_ms(30000) / 100 && !strstr(file("whole.out"), "started2"); i++)
     th_sleep_ms(100);
@@ -708,7 +708,7 @@ static const char *show_job(const char *id) {
 /* The node is in service: never drained by a job's failure. */
 static void expect_node_in_service(void) {
   char out[OUT_MAX];
-  ASSERT_EQ(sh("sinfo -h -N -o '%T|%E'", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("sinfo -h -N -o '%T|%E'", out, sizeof out, th_ms(60000)), 0);
   if (strstr(out, "drain") || strstr(out, "DRAIN") || strstr(out, "down"))
     th_fail(__FILE__, __LINE__, "the node is out of service:\n%s", out);
 }
@@ -813,7 +813,7 @@ TEST_IMPL_ONCE_T(slurm_gpu_mem_above_largest_gpu_refused, 240) {
     ASSERT_CONTAINS(out, "cogpu: --gpu-mem=20G is more GPU memory than any "
                          "single GPU has (largest: 16384 MiB)");
   }
-  ASSERT_EQ(sh("squeue -h | wc -l", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("squeue -h | wc -l", out, sizeof out, th_ms(60000)), 0);
   ASSERT_STREQ(out, "0\n");
   ASSERT_EQ(sh("srun --gpu-mem=16G echo fits", out, sizeof out, th_ms(60000)),
             0);
@@ -865,7 +865,7 @@ TEST_IMPL_ONCE_T(slurm_unguarded_whole_gpu_job_counts, 240) {
             (unsigned long long)foreign);
   /* GPU 0 has 80 - 70 - 8.3 GiB left: a 5G job goes to GPU 1. */
   ASSERT_CONTAINS(task_gpu("--gpu-mem=5G"), "gpu=1 cvd=GPU-");
-  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(60000)), 0);
   wait_jobs_done(60000);
   stop_cluster(); /* tests end with _exit: no atexit */
 }
@@ -911,7 +911,7 @@ TEST_IMPL_ONCE_T(slurm_task_sees_exactly_the_reserved_gpu, 240) {
    * job's nothing (the fake driver's GPU 0 saw no allocation). */
   ASSERT_ULE(fake_peak(), 0);
   lt_check_invariants();
-  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(60000)), 0);
   wait_jobs_done(60000);
   stop_cluster(); /* tests end with _exit: no atexit */
 }
@@ -1019,7 +1019,7 @@ TEST_IMPL_ONCE_T(slurm_tasks_go_with_a_killed_slurmstepd, 240) {
   kill_stepd_expect_gone("hold:120002");
   /* Slurm itself does not know the steps are gone until they are
    * cancelled: until then their GRES stay allocated. */
-  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(60000)), 0);
   wait_jobs_done(60000);
   snprintf(cmd, sizeof cmd,
            "srun --gpu-mem=15G %s direct init ctx alloc:14G hold:200", prog());
@@ -1155,7 +1155,7 @@ TEST_IMPL_ONCE_T(slurm_old_gres_name_job_submit, 240) {
   expect_under_cogpu(file("old.out"), "COGPU_MEM=3221225472");
   snprintf(cmd, sizeof cmd, "grep -c 'rename it .cogpumem.' %s/slurmctld.log",
            cluster);
-  ASSERT_EQ(sh_root(cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh_root(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_STREQ(out, "1\n");
   stop_cluster(); /* tests end with _exit: no atexit */
 }
@@ -1223,7 +1223,7 @@ TEST_IMPL_SINGLE(slurm_required_tests_fail_instead_of_skipping) {
   snprintf(dir, sizeof dir, "%s/b/tests", th_tmpdir());
   snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/tests/run-tests %s/", dir,
            th_build_dir(), dir);
-  ASSERT_EQ(sh_root(cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh_root(cmd, out, sizeof out, th_ms(60000)), 0);
   snprintf(cmd, sizeof cmd,
            "env -u COGPU_TEST_REQUIRE_SLURM -u COGPU_TEST_NODE %s/run-tests "
            "slurm_packs_jobs_by_gpu_memory_job_submit 2>&1",
@@ -1397,11 +1397,11 @@ TEST_IMPL_ONCE_T(slurm_dcgm_job_map, 240) {
   th_sleep_ms(6000);
   wait_map(dir, g0, want, 1000);
   snprintf(cmd, sizeof cmd, "scancel %s", id[1]);
-  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   snprintf(want2, sizeof want2, "%s\n", id[2]);
   wait_map(dir, other, want2, 30000);
   snprintf(cmd, sizeof cmd, "scancel %s %s", id[0], id[2]);
-  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   wait_map(dir, 0, "", 30000);
   wait_map(dir, 1, "", 30000);
   wait_jobs_done(60000);
@@ -1581,7 +1581,7 @@ TEST_IMPL_ONCE_T(slurm_jobs_of_ordinary_users, 240) {
   job_reserved(id, user, sizeof user);
   ASSERT_STREQ(user, USER1);
   /* Its user sees it as theirs; the other user's suspend is refused. */
-  ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(60000)), 0);
   char want[64];
   snprintf(want, sizeof want, "\"user\":\"%s\"", USER1);
   ASSERT_CONTAINS(out, want);
@@ -1589,7 +1589,7 @@ TEST_IMPL_ONCE_T(slurm_jobs_of_ordinary_users, 240) {
   ASSERT_NE(run_cmd(USER2, cmd, out, sizeof out, th_ms(20000)), 0);
   ASSERT_EQ(job_reserved(id, NULL, 0), 6 * GiB);
   snprintf(cmd, sizeof cmd, "scancel %s", id);
-  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   wait_jobs_done(90000);
   for (int i = 1; i <= 3; i++) {
     char name[32];
@@ -1709,7 +1709,7 @@ TEST_IMPL_ONCE_T(slurm_cancel_while_waiting_at_start, 240) {
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   wait_shown_waiting("1");
   wait_shown_waiting("2");
-  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("scancel 1 2", out, sizeof out, th_ms(60000)), 0);
   waits_end_within_2s((const char *const[]){"1", "2", NULL}, "scancel");
   wait_jobs_done(30000);
   ASSERT(strstr(file("w.out"), "started") == NULL);
@@ -1757,7 +1757,7 @@ TEST_IMPL_ONCE_T(slurm_cancelled_job_keeps_its_figures, 240) {
       th_fail(__FILE__, __LINE__, "the job never allocated");
     th_sleep_ms(50);
   }
-  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(60000)), 0);
   wait_jobs_done(60000);
   ASSERT_CONTAINS(file("can.out"), "cogpu: job 1 used at most ");
   char log[PATH_MAX + 64];
@@ -1767,7 +1767,7 @@ TEST_IMPL_ONCE_T(slurm_cancelled_job_keeps_its_figures, 240) {
   char want[64];
   snprintf(want, sizeof want, "\"peak_bytes\":%llu,", fake_peak());
   ASSERT_CONTAINS(o, want);
-  ASSERT_EQ(sh("cogpu history --json", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("cogpu history --json", out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "\"job_id\":\"1\"");
   stop_cluster(); /* tests end with _exit: no atexit */
 }
@@ -1811,7 +1811,7 @@ TEST_IMPL_ONCE_T(slurm_each_step_reports_its_own_peak, 240) {
   if (!(s0 > GiB && s0 < 2 * GiB && sb > 3 * GiB && sb - s0 == 2 * GiB))
     th_fail(__FILE__, __LINE__, "step 0 %llu, batch %llu:\n%s", s0, sb, job);
   /* Its record: the job's peak. */
-  ASSERT_EQ(sh("cogpu history --json", out, sizeof out, th_ms(20000)), 0);
+  ASSERT_EQ(sh("cogpu history --json", out, sizeof out, th_ms(60000)), 0);
   char want[64];
   snprintf(want, sizeof want, "\"peak_bytes\":%llu", sb);
   ASSERT_CONTAINS(out, want);
