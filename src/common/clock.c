@@ -17,6 +17,12 @@ uint64_t cogpu__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t cogpu__coarse_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t cogpu__ms_to_ns(uint64_t ms) {
   return ms > UINT64_MAX / 1000000u ? UINT64_MAX : ms * 1000000u;
 }

@@ -88,12 +88,19 @@ static size_t client_pids(struct cogpu_s *h, int *pids, uint32_t *slots) {
  * that many waiters do not all query NVML at once. */
 static bool foreign_claim(struct cogpu_s *h, bool force) {
   ledger_hdr_t *hd = &h->st->hdr;
-  uint64_t now = cogpu__now_ns();
-  uint64_t last = atomic_load(&hd->foreign_at_ns);
-  if (!force && last && now >= last &&
-      now - last < cogpu__ms_to_ns(hd->foreign_refresh_ms))
-    return false;
-  return atomic_compare_exchange_strong(&hd->foreign_at_ns, &last, now);
+  uint64_t last =
+      atomic_load_explicit(&hd->foreign_at_ns, memory_order_relaxed);
+  /* Every reserve asks (no grant on a stale figure): the coarse clock
+   * answers "fresh" for a few ns; it runs at most a tick behind, which
+   * only makes a figure look younger by that much. */
+  if (!force && last) {
+    uint64_t coarse = cogpu__coarse_ns();
+    if (coarse < last ||
+        coarse - last < cogpu__ms_to_ns(hd->foreign_refresh_ms))
+      return false;
+  }
+  return atomic_compare_exchange_strong(&hd->foreign_at_ns, &last,
+                                        cogpu__now_ns());
 }
 
 /* A process of a job that escaped the preload library, on GPU g. */
