@@ -767,6 +767,59 @@ TEST_IMPL_T(preload_escaped_memory_is_counted, 60) {
   lt_check_invariants();
 }
 
+/* Issue 24's soak: eight jobs of 30 % of a 16 GiB GPU each (--mem 4800M,
+ * all of it used, in two steps), started together, while programs outside
+ * cogpu come and go (2 GiB for 0.7 s, again and again: one often takes
+ * memory between a job's grant and its second step) and one job's child
+ * escapes the preload library (1 GiB beyond its reservation): every job
+ * finishes, none fails of the driver's refusal (each refusal of memory the
+ * ledger granted waits for the outside instead), and the node ends empty
+ * and consistent. */
+TEST_IMPL_T(preload_soak_foreign_and_escaped, 120) {
+  preload_env();
+  th_setenv("COGPU_FOREIGN_REFRESH", "200ms");
+  char churn[4096 + 256];
+  snprintf(churn, sizeof churn,
+           "while [ ! -e %s ]; do %s direct init ctx alloc:1700M hold:700 "
+           "freeall >/dev/null 2>&1; sleep 0.2; done",
+           th_path("stop"), lt_cudaprog());
+  const char *ch[] = {"sh", "-c", churn, NULL};
+  pid_t c = lt_spawn_logged("churn", ch);
+  enum { N = 8 };
+  pid_t p[N];
+  char tag[N][16], esc[2 * 4096 + 256];
+  snprintf(esc, sizeof esc,
+           "env -u LD_PRELOAD %s direct init ctx alloc:700M hold:1500 & "
+           "%s direct init ctx alloc:2250M hold:500 alloc:2250M hold:300 "
+           "freeall; wait",
+           lt_cudaprog(), lt_cudaprog());
+  for (int i = 0; i < N; i++) {
+    snprintf(tag[i], sizeof tag[i], "job%d", i);
+    const char *plain[] = {
+        "cogpu",    "run",         "--gpu",    "0",       "--mem", "4800M",
+        "--",       lt_cudaprog(), "direct",   "init",    "ctx",   "alloc:2G",
+        "hold:300", "alloc:2G",    "hold:300", "freeall", NULL};
+    const char *escaping[] = {"cogpu", "run", "--gpu", "0", "--mem", "4800M",
+                              "--",    "sh",  "-c",    esc, NULL};
+    p[i] = lt_spawn_logged(tag[i], i == 3 ? escaping : plain);
+  }
+  int failed = 0;
+  for (int i = 0; i < N; i++) {
+    int code = finish(p[i], tag[i]);
+    failed += code != 0 || strstr(lt_slurp(tag[i]), "alloc: error") != NULL;
+  }
+  th_write_file(th_path("stop"), "");
+  ASSERT_EQ(th_exit_code(th_wait(c, th_ms(30000))), 0);
+  ASSERT_EQ(failed, 0);
+  unsigned long long peak = 0, ooms = 0;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_ULE(peak, 16 * GiB);
+  lt_check_invariants();
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+}
+
 /* --- The headline ------------------------------------------------------- */
 
 /* Eight jobs of ~30% of the GPU each, started together. */
