@@ -203,38 +203,15 @@ static void *notifier_main(void *arg) {
   return NULL;
 }
 
-/* An on-demand job (no --mem) on a node of several GPUs, with no GPU
- * named (neither --gpu nor CUDA_VISIBLE_DEVICES): its program would take
- * device 0, as every other such job, and leave the other GPUs idle. So it
- * is placed now, where most memory is free, with a stake of one CUDA
- * context (context_bytes, what its first process takes first: it claims
- * the stake), which the next job's placement sees. No room anywhere: not
- * placed (it waits, if at all, at its first allocation, as before). */
-static void run_place(const cogpu__config_t *cfg, cogpu_t *h, int *gpu) {
-  const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-  if (cvd || cogpu_gpu_count(h) < 2)
-    return;
-  cogpu_request_t req = {.gpu = COGPU_GPU_AUTO,
-                         .bytes = cfg->v[COGPU_OPT_CONTEXT_BYTES].u,
-                         .priority = COGPU_PRIORITY_DEFAULT,
-                         .timeout_ms = COGPU_NOWAIT};
-  if (req.bytes == 0 || cogpu_reserve(h, &req, gpu) != 0)
-    *gpu = COGPU_GPU_AUTO;
-}
-
-static int run_reserve(const cogpu__config_t *cfg, cogpu_t *h,
-                       const run_opts_t *o, int *gpu) {
+static int run_reserve(cogpu_t *h, const run_opts_t *o, int *gpu) {
   *gpu = COGPU_GPU_AUTO;
   if (strcmp(o->gpu, "auto") != 0) {
     int rc = cogpu_gpu_lookup(h, o->gpu, gpu);
     if (rc)
       return cli_fail("run: --gpu", rc);
   }
-  if (o->mem == 0 && !o->exclusive) {
-    if (*gpu == COGPU_GPU_AUTO)
-      run_place(cfg, h, gpu);
+  if (o->mem == 0 && !o->exclusive)
     return 0;
-  }
   cogpu_request_t req = {.gpu = *gpu,
                          .bytes = o->mem,
                          .priority = (int)o->priority,
@@ -488,7 +465,7 @@ int cli_run(int argc, char **argv) {
   if (rc)
     return cli_fail("run: cannot attach to the node ledger", rc);
   int gpu;
-  rc = run_reserve(&cfg, h, &o, &gpu);
+  rc = run_reserve(h, &o, &gpu);
   if (rc) {
     cogpu_detach(h);
     return rc;
