@@ -982,10 +982,27 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
 }
 
 int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
-  int n = 0;
-  for (uint32_t s = 0; d->dh && s < LEDGER_MAX_SLOTS; s++)
-    n += d->dh->st->slots[s].state == SLOT_ACTIVE && s != d->dh->slot;
+  int n = 0, parked = 0, pid = 0;
+  for (uint32_t s = 0; d->dh && s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &d->dh->st->slots[s];
+    if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
+      continue;
+    n++;
+    if (sl->susp != SUSP_NONE && !parked++)
+      pid = sl->pid;
+  }
   *live = n;
+  /* Not even with --force: the state is the only record that those jobs'
+   * processes are checkpointed (or being moved), and a new one would leave
+   * them wedged in the driver for good, or let an operation in flight act
+   * on an unrelated job that took its slot (issue 23, items 7 and 8). */
+  if (parked)
+    return cogpu__seterr(-EBUSY,
+                         "%d jobs are suspended or being moved (the job of "
+                         "pid %d among them): a reset would leave their "
+                         "processes checkpointed with nobody to restore "
+                         "them; `cogpu resume PID` them, or end them, first",
+                         parked, pid);
   if (n && !force)
     return cogpu__seterr(-EBUSY,
                          "%d processes are attached; `cogpu reset --force` "

@@ -264,6 +264,32 @@ TEST_IMPL_T(susp_manual_suspend_resume, 60) {
   lt_check_invariants();
 }
 
+/* Issue 23, items 7 and 8. `cogpu reset --force` while a job is parked:
+ * the state is the only record that its processes are checkpointed, so
+ * the reset is refused (it used to make a new state and leave the job
+ * wedged in the driver); the job is resumed and finishes, and a reset
+ * then goes through. */
+TEST_IMPL_T(susp_reset_refused_while_parked, 60) {
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:500");
+  int cpid = su_holder(4 * GiB);
+  char out[4096];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  const char *reset[] = {"cogpu", "reset", "--force", NULL};
+  ASSERT_NE(su_cogpu(out, sizeof out, reset), 0);
+  ASSERT_CONTAINS(out, "suspended or being moved");
+  cogpu_status_t *st;
+  const cogpu_client_info_t *c = su_client(&st, cpid);
+  ASSERT(c && c->state == COGPU_JOB_SUSPENDED);
+  cogpu_status_free(st);
+  ASSERT_EQ(su_cmd("resume", cpid, out, sizeof out), 0);
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  ASSERT_EQ(su_cogpu(out, sizeof out, reset), 0);
+  lt_check_invariants();
+}
+
 /* Reserve before restore: a resume waits in the queue until the GPU has
  * room for the whole footprint; the driver's restore is never tried
  * without it (the fake would wedge the process for good). */
