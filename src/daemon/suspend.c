@@ -973,9 +973,24 @@ void cogpu__susp_recover(cogpu__daemon_t *d) {
   if (!d->susp || !d->dh)
     return;
   ledger_state_t *st = d->dh->st;
+  /* The recovery's first service pass may already have served a parked
+   * job's resume (SUSPENDED -> RESUMING, its operation queued in the
+   * ledger): that one is submitted now, once, and the scan below skips it.
+   * It used to submit it a second time: two restores of one job, the
+   * second of a job the ledger then booked as suspended (issue 23, 6). */
+  static uint8_t queued[LEDGER_MAX_SLOTS / 8];
+  memset(queued, 0, sizeof queued);
+  ledger_susp_op_t ops[64];
+  size_t n;
+  while ((n = cogpu__ledger_take_susp_ops(ops, 64)) > 0)
+    for (size_t i = 0; i < n; i++) {
+      submit(d, ops[i].slot, ops[i].gen, ops[i].op);
+      if (ops[i].slot < LEDGER_MAX_SLOTS)
+        queued[ops[i].slot / 8] |= (uint8_t)(1u << (ops[i].slot % 8));
+    }
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     const ledger_slot_t *sl = &st->slots[s];
-    if (sl->state != SLOT_ACTIVE)
+    if (sl->state != SLOT_ACTIVE || (queued[s / 8] >> (s % 8)) & 1u)
       continue;
     if (sl->susp == SUSP_SUSPENDING)
       submit(d, s, atomic_load(&sl->gen), OP_UNDO);

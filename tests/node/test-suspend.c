@@ -554,6 +554,50 @@ TEST_IMPL_T(susp_daemon_restart_while_suspended, 60) {
   lt_check_invariants();
 }
 
+/* Issue 23, item 6. A parked job's resume is queued but the GPU is full;
+ * the daemon is killed, and the job that filled the GPU ends meanwhile.
+ * The next daemon's recovery serves the resume: the job is restored once
+ * (it was restored twice: the recovery's service pass and its scan of
+ * transitional states both submitted it). */
+TEST_IMPL_T(susp_restart_resumes_once, 60) {
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:500");
+  int cpid = su_holder(4 * GiB);
+  char out[4096], pidtxt[16];
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  pid_t other = lt_hold("other", 0, 12 * GiB, 0, 0, -1);
+  for (int t = 0;; t += 20) {
+    cogpu_status_t *st = lt_status();
+    uint64_t r = st->gpus[0].reserved_bytes;
+    cogpu_status_free(st);
+    if (r >= 12 * GiB)
+      break;
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the other job never held its 12G");
+    th_sleep_ms(20);
+  }
+  /* Asked to resume: it waits in the queue (4.3G do not fit beside 12G). */
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
+  pid_t rp = lt_spawn_logged("resume", res);
+  lt_wait_nwaiting(0, 1, th_ms(10000));
+  th_daemon_stop(SIGKILL);
+  kill(other, SIGKILL); /* it ends while no daemon runs */
+  th_wait(other, th_ms(10000));
+  th_daemon_start();
+  th_wait(rp, th_ms(30000)); /* its answer died with the daemon, or came */
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  const char *log = lt_slurp("cogpud.log");
+  const char *first = strstr(log, "resumed the job of pid");
+  ASSERT(first != NULL);
+  if (strstr(first + 1, "resumed the job of pid") ||
+      strstr(log, "resuming the job of pid"))
+    th_fail(__FILE__, __LINE__, "resumed more than once:\n%s", log);
+  lt_check_invariants();
+}
+
 /* The daemon killed in the middle of a suspension (a slow checkpoint):
  * the next daemon undoes it, so the job runs again and finishes. */
 TEST_IMPL_T(susp_daemon_killed_mid_suspend, 60) {
