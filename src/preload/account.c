@@ -761,12 +761,33 @@ void cogpu__pl_context_gone(CUcontext ctx) {
                           freed_with_context, &id);
 }
 
+/* cogpu run placed this on-demand job on a GPU with a stake of one context
+ * (stake_gpu): the first context of a process of the job takes it there
+ * (its growth claims the job's unclaimed memory first), or, on another
+ * GPU, gives it back, so that it does not stay booked where the job never
+ * runs. Only what no process of the job has claimed is taken (claim) and
+ * released: another process's memory is never touched. Once per process. */
+static atomic_int pl_stake_done;
+static void stake_settle(const pl_dev_t *d) {
+  int64_t sg = pl_cfg.v[COGPU_OPT_STAKE_GPU].i;
+  if (!pl_member || sg < 0 || atomic_exchange(&pl_stake_done, 1) ||
+      sg == d->gpu)
+    return;
+  uint64_t got = 0;
+  if (cogpu__ledger_claim(pl_h, (int)sg, cfg_u(COGPU_OPT_CONTEXT_BYTES),
+                          &got) == 0 &&
+      got)
+    cogpu_release(pl_h, (int)sg, got);
+}
+
 /* Before the first context on dev: attach, map it, and in reserve mode take
  * the reservation, waiting for it. mem=auto is read as 0 here (on demand):
  * learning a size from the job history is cogpu run's, and this library
  * reads no history. */
 CUresult cogpu__pl_context_prepare(CUdevice dev) {
   pl_dev_t *d = dev_get(dev);
+  if (d)
+    stake_settle(d);
   uint64_t mem = d && !pl_member ? cfg_u(COGPU_OPT_MEM) : 0;
   if (!d || mem == 0)
     return CUDA_SUCCESS;

@@ -1501,6 +1501,7 @@ static const struct {
     {"PRIORITY", "high"},
     {"JOB_ID", NULL},
     {"JOB_TOKEN", NULL},
+    {"STAKE_GPU", "32"},
     {"CONTEXT_BYTES", "big"},
     {"GROW_STEP", "1e6"},
     {"GROW_WAIT", "maybe"},

@@ -679,6 +679,40 @@ TEST_IMPL_T(preload_job_process_takes_its_jobs_memory, 60) {
   lt_check_invariants();
 }
 
+/* Issue 24, item 4. Two on-demand jobs started together on a node of two
+ * 16 GiB GPUs, each growing to 10.3 GiB, neither naming a GPU: each gets a
+ * GPU of its own (before: both took device 0, one waited or was failed by
+ * the deadlock guard, and GPU 1 never saw a byte). */
+TEST_IMPL_T(preload_on_demand_jobs_spread_over_gpus, 60) {
+  preload_env();
+  th_setenv("FAKE_NVML_GPUS", "16G,16G");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  const char *argv[] = {"cogpu",        "run",     "--",  lt_cudaprog(),
+                        "direct",       "init",    "ctx", "alloc:10G",
+                        "waitfile:end", "freeall", NULL};
+  pid_t a = lt_spawn_logged("a", argv);
+  pid_t b = lt_spawn_logged("b", argv);
+  uint64_t r0 = 0, r1 = 0;
+  for (int t = 0;; t += 20) {
+    cogpu_status_t *st = lt_status();
+    r0 = st->gpus[0].reserved_bytes;
+    r1 = st->gpus[1].reserved_bytes;
+    cogpu_status_free(st);
+    if (r0 >= 10 * GiB + 300 * MiB && r1 >= 10 * GiB + 300 * MiB)
+      break;
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__,
+              "GPU 0 holds %llu, GPU 1 %llu: not one job each\n%s\n%s",
+              (unsigned long long)r0, (unsigned long long)r1, lt_slurp("a"),
+              lt_slurp("b"));
+    th_sleep_ms(20);
+  }
+  th_write_file(th_path("end"), "");
+  ASSERT_EQ(finish(a, "a"), 0);
+  ASSERT_EQ(finish(b, "b"), 0);
+  lt_check_invariants();
+}
+
 /* Issue 24, item 2. A process of a job that drops LD_PRELOAD allocates
  * 3.3G outside the preload library: it is counted (as foreign, within one
  * refresh), the job is named with that process in `cogpu status` and its

@@ -295,7 +295,7 @@ TEST_IMPL(options_ranges_from_table_columns) {
     }
     ASSERT_CONTAINS(d->form, range);
   }
-  ASSERT_EQ(bounded, 12); /* 5 of the ledger and preload, 4 of node mode,
+  ASSERT_EQ(bounded, 13); /* 6 of the ledger and preload, 4 of node mode,
                             1 of suspension, 2 of the history */
 }
 

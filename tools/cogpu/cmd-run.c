@@ -32,6 +32,7 @@ typedef struct run_opts_s {
   bool no_preload;
   const char *job_id;
   char **cmd;
+  bool placed; /* run_place chose the GPU: first, not alone (run_env) */
 } run_opts_t;
 
 static int run_usage(const char *msg, const char *arg) {
@@ -203,15 +204,43 @@ static void *notifier_main(void *arg) {
   return NULL;
 }
 
-static int run_reserve(cogpu_t *h, const run_opts_t *o, int *gpu) {
+/* An on-demand job (no --mem) on a node of several GPUs, with no GPU
+ * named (neither --gpu nor CUDA_VISIBLE_DEVICES): its program would take
+ * device 0, as every other such job, and leave the other GPUs idle. So it
+ * is placed now, where most memory is free, with a stake of one CUDA
+ * context (context_bytes), which the next job's placement sees. That GPU
+ * becomes its device 0, the others stay visible after it (a program of
+ * several GPUs keeps them all). Its first process's first context takes
+ * the stake there, or gives it back if it is on another GPU (the preload
+ * library, stake_gpu). No room anywhere: not placed (it waits, if at all,
+ * at its first allocation, as before). */
+static void run_place(const cogpu__config_t *cfg, cogpu_t *h, int *gpu) {
+  const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+  if (cvd || cogpu_gpu_count(h) < 2)
+    return;
+  cogpu_request_t req = {.gpu = COGPU_GPU_AUTO,
+                         .bytes = cfg->v[COGPU_OPT_CONTEXT_BYTES].u,
+                         .priority = COGPU_PRIORITY_DEFAULT,
+                         .timeout_ms = COGPU_NOWAIT};
+  if (req.bytes == 0 || cogpu_reserve(h, &req, gpu) != 0)
+    *gpu = COGPU_GPU_AUTO;
+}
+
+static int run_reserve(const cogpu__config_t *cfg, cogpu_t *h, run_opts_t *o,
+                       int *gpu) {
   *gpu = COGPU_GPU_AUTO;
   if (strcmp(o->gpu, "auto") != 0) {
     int rc = cogpu_gpu_lookup(h, o->gpu, gpu);
     if (rc)
       return cli_fail("run: --gpu", rc);
   }
-  if (o->mem == 0 && !o->exclusive)
+  if (o->mem == 0 && !o->exclusive) {
+    if (*gpu == COGPU_GPU_AUTO) {
+      run_place(cfg, h, gpu);
+      o->placed = *gpu >= 0;
+    }
     return 0;
+  }
   cogpu_request_t req = {.gpu = *gpu,
                          .bytes = o->mem,
                          .priority = (int)o->priority,
@@ -315,8 +344,19 @@ static void run_env(cogpu_t *h, int gpu, const run_opts_t *o) {
   cogpu_status_t *st;
   char buf[32];
   if (cogpu_status(h, &st) == 0) {
-    setenv("CUDA_VISIBLE_DEVICES", st->gpus[gpu].uuid, 1);
+    /* Placed: its GPU first, the others after it, in the node's order. */
+    char list[32 * 100] = "";
+    size_t n = (size_t)snprintf(list, sizeof list, "%s", st->gpus[gpu].uuid);
+    for (size_t g = 0; o->placed && g < st->ngpus && n < sizeof list; g++)
+      if ((int)g != gpu)
+        n += (size_t)snprintf(list + n, sizeof list - n, ",%s",
+                              st->gpus[g].uuid);
+    setenv("CUDA_VISIBLE_DEVICES", list, 1);
     cogpu_status_free(st);
+  }
+  if (o->placed) {
+    snprintf(buf, sizeof buf, "%d", gpu);
+    setenv("COGPU_STAKE_GPU", buf, 1);
   }
   snprintf(buf, sizeof buf, "%d", gpu);
   setenv("COGPU_GPU", buf, 1);
@@ -465,7 +505,7 @@ int cli_run(int argc, char **argv) {
   if (rc)
     return cli_fail("run: cannot attach to the node ledger", rc);
   int gpu;
-  rc = run_reserve(h, &o, &gpu);
+  rc = run_reserve(&cfg, h, &o, &gpu);
   if (rc) {
     cogpu_detach(h);
     return rc;
