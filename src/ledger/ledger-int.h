@@ -274,10 +274,15 @@ struct cogpu__node_s;
  * point that changes the ledger re-checks it, with the slot's state and
  * generation, under the lock (cogpu__ledger_handle_live): nothing is ever
  * granted into a freed slot. */
+#define LEDGER_WAKE_LATER_MAX 16
 struct cogpu_s {
   struct cogpu__node_s *node;
   ledger_state_t *st;
   int fd;
+  /* Waiters served while this handle holds the lock, woken once it is
+   * released (lock.c); written only under the lock. */
+  uint16_t wake_list[LEDGER_WAKE_LATER_MAX];
+  uint16_t wake_n;
   uint32_t slot; /* this process's own slot: lock owner, liveness */
   uint32_t gen;
   uint32_t res_slot; /* where reservations go: own slot, or a joined job's */

@@ -169,16 +169,15 @@ bool cogpu__ledger_verify(struct cogpu_s *h) {
   return false;
 }
 
-/* Waiters served while this thread holds the lock, woken once it is
+/* Waiters served while a handle holds the lock, woken once it is
  * released. A waiter entry reused in between only gets a spurious wake-up,
- * which every sleeper tolerates. The list is short (thread-local storage
- * is carried by every thread under the preload library): beyond it, a
- * waiter is woken at once, and finds the lock held for a moment. In the
- * daemon (trusted mode) every answered waiter is collected instead, for
- * the daemon to answer over its wait connection. */
-#define WAKE_LATER_MAX 16
-static __thread uint16_t wake_list[WAKE_LATER_MAX];
-static __thread uint16_t wake_n;
+ * which every sleeper tolerates. The list is the lock holder's handle's:
+ * thread-local storage cost a __tls_get_addr call at every unlock (the
+ * preload library's TLS model is the dynamic one, so that it can be
+ * dlopened). It is short: beyond it, a waiter is woken at once, and finds
+ * the lock held for a moment. In the daemon (trusted mode) every answered
+ * waiter is collected instead, for the daemon to answer over its wait
+ * connection. */
 static uint32_t trusted_wakes[LEDGER_MAX_WAITERS];
 static size_t trusted_n;
 
@@ -188,8 +187,8 @@ void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter) {
       trusted_wakes[trusted_n++] = waiter;
     return;
   }
-  if (wake_n < WAKE_LATER_MAX)
-    wake_list[wake_n++] = (uint16_t)waiter;
+  if (h->wake_n < LEDGER_WAKE_LATER_MAX)
+    h->wake_list[h->wake_n++] = (uint16_t)waiter;
   else
     cogpu__ledger_futex_wake(&h->st->waiters[waiter].futex, 1);
 }
@@ -205,15 +204,20 @@ size_t cogpu__ledger_take_wakes_of(struct cogpu_s *h, uint32_t *out,
 
 void cogpu__ledger_unlock(struct cogpu_s *h) {
   cogpu__fault(COGPU_FP_BEFORE_UNLOCK);
+  /* Taken while the lock is held: the list is the holder's. */
+  uint16_t wake[LEDGER_WAKE_LATER_MAX];
+  uint32_t n = h->wake_n;
+  if (n)
+    memcpy(wake, h->wake_list, n * sizeof *wake);
+  h->wake_n = 0;
   uint32_t old =
       atomic_exchange_explicit(&h->st->hdr.lock, 0, memory_order_release);
   if (old & LOCKW_CONTENDED)
     cogpu__ledger_futex_wake(&h->st->hdr.lock, 1);
   if (cogpu__ledger_trusted)
     return; /* the daemon takes the list and answers the waiters itself */
-  for (uint32_t i = 0; i < wake_n; i++)
-    cogpu__ledger_futex_wake(&h->st->waiters[wake_list[i]].futex, 1);
-  wake_n = 0;
+  for (uint32_t i = 0; i < n; i++)
+    cogpu__ledger_futex_wake(&h->st->waiters[wake[i]].futex, 1);
 }
 
 /* Undo log: record the old value, publish the entry, then store. A holder
