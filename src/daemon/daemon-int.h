@@ -198,6 +198,11 @@ void cogpu__susp_pump(cogpu__daemon_t *d);
 void cogpu__susp_completed(cogpu__daemon_t *d);
 /* After a restart: finishes what a previous daemon left half done. */
 void cogpu__susp_recover(cogpu__daemon_t *d);
+/* Learns that a run of command by uid on a GPU of that model peaked at
+ * peak bytes: what resume admission expects of the command's next jobs
+ * (loop thread). */
+void cogpu__susp_learn(cogpu__daemon_t *d, uint32_t uid, const char *command,
+                       const char *model, uint64_t peak);
 /* The suspension figures of a status snapshot (host memory, bounds). */
 void cogpu__susp_status(cogpu__daemon_t *d, cogpu_status_t *st);
 /* On the timer: which processes did GPU work (max_idle). */

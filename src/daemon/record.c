@@ -242,7 +242,7 @@ static void rec_ended(void *ctx, struct cogpu_s *h, uint32_t s) {
   page_drop(r, s);
   rec_job_t *job = job_get(r, h, s, false);
   /* The daemon's own slot is no job (h is the proxy of a client). */
-  if (!r->history_on || (r->d->dh && s == r->d->dh->slot)) {
+  if (r->d->dh && s == r->d->dh->slot) {
     job_drop(r, s);
     return;
   }
@@ -251,6 +251,14 @@ static void rec_ended(void *ctx, struct cogpu_s *h, uint32_t s) {
   if (rep.gpu < 0) {
     job_drop(r, s);
     return; /* never used or reserved GPU memory: not a GPU job */
+  }
+  /* What its command needed, for the resumes of its next runs; learnt
+   * whether or not history is kept. */
+  cogpu__susp_learn(r->d, sl->uid, sl->command, h->st->hdr.gpus[rep.gpu].name,
+                    rep.peak);
+  if (!r->history_on) {
+    job_drop(r, s);
+    return;
   }
   pthread_mutex_lock(&r->mu);
   if (r->nqueue == REC_QUEUE_MAX) {
@@ -400,6 +408,21 @@ static void *writer(void *arg) {
   return NULL;
 }
 
+/* The peaks resume admission learns from (cogpu__susp_learn): the most
+ * recent runs in the history, oldest first, so that each command keeps its
+ * newest. */
+#define LEARN_FROM_RUNS 2000u
+static void learn_from(struct cogpu__drec_s *r, cogpu__hist_t *db) {
+  cogpu__hist_filter_t f = {.last = LEARN_FROM_RUNS};
+  cogpu__hist_rec_t *v = NULL;
+  size_t n = 0;
+  if (cogpu__hist_query(db, &f, &v, &n) != 0)
+    return; /* a hint lost, nothing more: the records stay for queries */
+  for (size_t i = n; i-- > 0;)
+    cogpu__susp_learn(r->d, v[i].uid, v[i].command, v[i].gpu_name, v[i].peak);
+  free(v);
+}
+
 int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
   struct cogpu__drec_s *r = calloc(1, sizeof *r);
   if (!r)
@@ -446,6 +469,8 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
     int rc = cogpu__hist_open(r->path, true, &db);
     if (rc != 0)
       say_off(r, rc); /* its cause: the first record's failure is not news */
+    else
+      learn_from(r, db);
     cogpu__hist_close(db);
     /* The writer's batch, before it starts: without it every record
      * would be dropped, and said nowhere. */

@@ -99,8 +99,26 @@ typedef struct idle_ent_s {
   uint64_t last_ns;
 } idle_ent_t;
 
+/* Learnt peaks (issue 25): the peaks of the last LEARN_RUNS ended runs of
+ * a command, by user, command line and GPU model, from the job history at
+ * start and from each job that ends. A hint for resume admission, not a
+ * booking: a table of fixed size, where a newer key may take an older
+ * one's place. Loop thread only. */
+#define LEARN_SIZE 1024u
+#define LEARN_RUNS 4u
+typedef struct learn_ent_s {
+  uint64_t key; /* a hash of the three; 0: empty */
+  uint32_t uid;
+  char command[128];
+  char model[96];
+  uint64_t peaks[LEARN_RUNS];
+  unsigned next;
+} learn_ent_t;
+
 struct cogpu__susp_s {
   cogpu__daemon_t *d;
+  learn_ent_t *learnt;
+  bool admit_learnt; /* the option: expectations are used */
   pthread_t thr;
   bool started;
   pthread_mutex_t mu;
@@ -461,8 +479,10 @@ static uint64_t meminfo(const char *key) {
 
 /* Bytes suspended now, and being suspended (their copies are on the way
  * into host memory). */
-static uint64_t suspended_total(cogpu__daemon_t *d) {
-  uint64_t sum = 0;
+/* The node's suspended footprints, and (in_flight) the part of them whose
+ * copy to host memory is still under way: not yet out of MemAvailable. */
+static uint64_t suspended_total_of(cogpu__daemon_t *d, uint64_t *in_flight) {
+  uint64_t sum = 0, flying = 0;
   ledger_state_t *st = d->dh->st;
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     const ledger_slot_t *sl = &st->slots[s];
@@ -471,9 +491,15 @@ static uint64_t suspended_total(cogpu__daemon_t *d) {
     if (sl->susp == SUSP_SUSPENDED)
       sum += sl->parked;
     else if (sl->susp == SUSP_SUSPENDING && sl->susp_gpu < LEDGER_MAX_GPUS)
-      sum += sl->held[sl->susp_gpu];
+      flying += sl->held[sl->susp_gpu];
   }
-  return sum;
+  if (in_flight)
+    *in_flight = flying;
+  return sum + flying;
+}
+
+static uint64_t suspended_total(cogpu__daemon_t *d) {
+  return suspended_total_of(d, NULL);
 }
 
 static uint64_t suspend_max(cogpu__daemon_t *d) {
@@ -495,7 +521,11 @@ static int hook_can(void *ctx, uint64_t bytes, char *why, size_t len) {
   uint64_t avail = meminfo("MemAvailable");
   uint64_t margin = d->cfg.v[COGPU_OPT_SUSPEND_HOST_MARGIN].u;
   uint64_t most = suspend_max(d);
-  uint64_t now = suspended_total(d);
+  uint64_t flying;
+  uint64_t now = suspended_total_of(d, &flying);
+  /* Several may be parked at once: the copies under way still count
+   * against the host memory they are about to take. */
+  avail = avail > flying ? avail - flying : 0;
   if (now + bytes > most)
     return snprintf(why, len, "%s more suspended would pass suspend_max (%s)",
                     cogpu__fmt_size(bytes, a, sizeof a),
@@ -561,6 +591,65 @@ static uint64_t hook_idle_ms(void *ctx, struct cogpu_s *h, uint32_t slot) {
   return n == 0 ? 0 : least / 1000000u;
 }
 
+static uint64_t learn_key(uint32_t uid, const char *command,
+                          const char *model) {
+  uint64_t k = 1469598103934665603ull ^ uid; /* FNV-1a */
+  for (const char *p = command; *p; p++)
+    k = (k ^ (unsigned char)*p) * 1099511628211ull;
+  k = (k ^ 0xff) * 1099511628211ull;
+  for (const char *p = model; *p; p++)
+    k = (k ^ (unsigned char)*p) * 1099511628211ull;
+  return k ? k : 1;
+}
+
+/* The entry of (uid, command, model), or (create) the place for it. */
+static learn_ent_t *learn_find(cogpu__susp_t *s, uint32_t uid,
+                               const char *command, const char *model,
+                               bool create) {
+  if (!s || !s->learnt || !command[0])
+    return NULL;
+  uint64_t k = learn_key(uid, command, model);
+  for (unsigned i = 0; i < 8; i++) {
+    learn_ent_t *e = &s->learnt[(k + i) % LEARN_SIZE];
+    if (e->key == k && e->uid == uid && !strcmp(e->command, command) &&
+        !strcmp(e->model, model))
+      return e;
+    if (!e->key || (create && i == 7)) {
+      if (!create)
+        return NULL;
+      /* Empty, or the last place to look: taken over (a lost hint). */
+      memset(e, 0, sizeof *e);
+      e->key = k;
+      e->uid = uid;
+      snprintf(e->command, sizeof e->command, "%s", command);
+      snprintf(e->model, sizeof e->model, "%s", model);
+      return e;
+    }
+  }
+  return NULL;
+}
+
+void cogpu__susp_learn(cogpu__daemon_t *d, uint32_t uid, const char *command,
+                       const char *model, uint64_t peak) {
+  learn_ent_t *e = learn_find(d->susp, uid, command, model, true);
+  if (!e || !peak)
+    return;
+  e->peaks[e->next++ % LEARN_RUNS] = peak;
+}
+
+static uint64_t hook_expect(void *ctx, struct cogpu_s *h, uint32_t slot,
+                            uint32_t g) {
+  const ledger_slot_t *sl = &h->st->slots[slot];
+  if (!((cogpu__susp_t *)ctx)->admit_learnt)
+    return 0;
+  learn_ent_t *e =
+      learn_find(ctx, sl->uid, sl->command, h->st->hdr.gpus[g].name, false);
+  uint64_t most = 0;
+  for (unsigned i = 0; e && i < LEARN_RUNS; i++)
+    most = e->peaks[i] > most ? e->peaks[i] : most;
+  return most;
+}
+
 static int cmp_unsigned(const void *a, const void *b) {
   unsigned x = *(const unsigned *)a, y = *(const unsigned *)b;
   return x < y ? -1 : x > y;
@@ -614,6 +703,8 @@ int cogpu__susp_start(cogpu__daemon_t *d) {
     return cogpu__seterr(-ENOMEM, "out of memory");
   s->d = d;
   s->idle = calloc(LEDGER_MAX_SLOTS, sizeof *s->idle);
+  s->learnt = calloc(LEARN_SIZE, sizeof *s->learnt);
+  s->admit_learnt = d->cfg.v[COGPU_OPT_ADMIT_LEARNT].i != 0;
   s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   pthread_mutex_init(&s->mu, NULL);
   pthread_condattr_t ca;
@@ -628,12 +719,15 @@ int cogpu__susp_start(cogpu__daemon_t *d) {
       .on_priority = d->cfg.v[COGPU_OPT_PREEMPT_PRIORITY].i != 0,
       .max_idle_ms = d->cfg.v[COGPU_OPT_MAX_IDLE].i,
       .can = hook_can,
-      .idle_ms = hook_idle_ms};
-  if (!s->idle || s->efd < 0 || pthread_create(&s->thr, NULL, worker, s) != 0) {
+      .idle_ms = hook_idle_ms,
+      .expect = hook_expect};
+  if (!s->idle || !s->learnt || s->efd < 0 ||
+      pthread_create(&s->thr, NULL, worker, s) != 0) {
     int e = errno;
     if (s->efd >= 0)
       close(s->efd);
     free(s->idle);
+    free(s->learnt);
     free(s);
     return cogpu__seterr(-e, "cannot start the suspender: %s", strerror(e));
   }
@@ -675,6 +769,7 @@ void cogpu__susp_stop(cogpu__daemon_t *d) {
   }
   close(s->efd);
   free(s->idle);
+  free(s->learnt);
   free(s);
   d->susp = NULL;
 }

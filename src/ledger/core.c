@@ -133,12 +133,12 @@ void cogpu__core_serve(const cogpu__core_rules_t *r, uint64_t now,
       if (e.gpu < 0 || (uint64_t)e.gpu >= ngpus)
         continue;
       uint32_t g = (uint32_t)e.gpu;
-      if (!blocked[g] && ops->fits(ctx, id, g)) {
+      if (!blocked[g] && ops->fits(ctx, id, g))
         ops->serve(ctx, id, g);
-        continue;
-      }
-      if (!ff || starves)
-        blocked[g] = true;
+      /* A resume that cannot go yet holds back nobody behind it (issue
+       * 25): behind it are the jobs still running on its GPU, whose
+       * growth is what lets them finish and give it room; held back,
+       * they would all wait, and the next deadlock would park another. */
       continue;
     }
     size_t ng = cogpu__core_candidates(&e, ngpus, gpus, ops, ctx);

@@ -502,7 +502,20 @@ typedef struct ledger_suspender_s {
   /* How long the job of slot s has done no GPU work (ms); 0 if busy or
    * unknown. */
   uint64_t (*idle_ms)(void *ctx, struct cogpu_s *h, uint32_t s);
+  /* The most the job of slot s is expected to hold on GPU g, learnt from
+   * earlier runs of its command (its user's, on that GPU model); 0 when
+   * unknown. A resume waits until the job can grow to it (issue 25). */
+  uint64_t (*expect)(void *ctx, struct cogpu_s *h, uint32_t s, uint32_t g);
 } ledger_suspender_t;
+/* Admission on a GPU where jobs are parked or peaks are learnt (issue 25):
+ * true if the request of wt, a job's first memory on g, is to wait
+ * although it fits (docs/suspension.md, "Admission"). Lock held. */
+bool cogpu__ledger_admit_held(struct cogpu_s *h, const ledger_waiter_t *wt,
+                              uint32_t g);
+/* The same for a request of slot s waiting since `since` (monotonic ns;
+ * UINT64_MAX: not queued, the fast path). */
+bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
+                               bool exclusive, uint32_t g, uint64_t since);
 extern const ledger_suspender_t *cogpu__ledger_suspender;
 
 enum { LEDGER_OP_SUSPEND = 1, LEDGER_OP_RESUME = 2 };

@@ -164,10 +164,14 @@ static void serve_resume(struct cogpu_s *h, uint32_t w) {
 }
 
 /* Could the waiter ever fit on g, were everybody else gone? */
+/* Whether the waiter holds back those behind it on g (fifo). A job held
+ * back by admission (cogpu__ledger_admit_held) does not: behind it is the
+ * growth of the jobs running there, which is what it waits for. */
 static bool could_fit(struct cogpu_s *h, const ledger_waiter_t *wt,
                       uint32_t g) {
-  return wt->exclusive ||
-         wt->bytes <= cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
+  if (!wt->exclusive && wt->bytes > cogpu__ledger_capacity(&h->st->hdr.gpus[g]))
+    return false;
+  return !cogpu__ledger_admit_held(h, wt, g);
 }
 
 uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h) {
@@ -371,7 +375,9 @@ static bool core_fits(void *ctx, uint32_t id, uint32_t g) {
   const ledger_waiter_t *wt = &h->st->waiters[id];
   if (wt->resume)
     return cogpu__ledger_resume_fits(h, wt);
-  return cogpu__ledger_fits(h, g, (uint32_t)wt->slot, wt->bytes, wt->exclusive);
+  return cogpu__ledger_fits(h, g, (uint32_t)wt->slot, wt->bytes,
+                            wt->exclusive) &&
+         !cogpu__ledger_admit_held(h, wt, g);
 }
 
 static bool core_could_fit(void *ctx, uint32_t id, uint32_t g) {

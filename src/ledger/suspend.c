@@ -321,12 +321,129 @@ static uint64_t pending_on(struct cogpu_s *h, uint32_t s, uint32_t g) {
   return sum;
 }
 
+/* Is slot t a job's own slot (not a process that joined another job)? */
+static bool is_job(const ledger_state_t *st, uint32_t t) {
+  const ledger_slot_t *sl = &st->slots[t];
+  return sl->state == SLOT_ACTIVE && (!sl->job || sl->job == (uint64_t)t + 1);
+}
+
+static uint64_t expect_of(struct cogpu_s *h, uint32_t s, uint32_t g) {
+  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  return sp && sp->expect ? sp->expect(sp->ctx, h, s, g) : 0;
+}
+
+/* What the jobs running on g other than s are expected to grow by: for
+ * each whose peak is known, that peak less what it holds now. 0 with
+ * `any` false when no other job holds memory there (nothing that will end
+ * and give memory back). */
+static uint64_t others_growth(struct cogpu_s *h, uint32_t s, uint32_t g,
+                              bool *any) {
+  uint64_t sum = 0;
+  *any = false;
+  for (uint32_t t = 0; t < LEDGER_MAX_SLOTS; t++) {
+    const ledger_slot_t *o = &h->st->slots[t];
+    if (t == s || o->state != SLOT_ACTIVE || o->held[g] == 0 ||
+        !is_job(h->st, t))
+      continue;
+    *any = true;
+    uint64_t e = expect_of(h, t, g);
+    if (e > o->held[g])
+      sum += e - o->held[g];
+  }
+  return sum;
+}
+
+/* What the jobs parked on g (by the ledger: not by hand) before a request
+ * that waits since `since` (UINT64_MAX: one that arrives now) will take
+ * back when they resume: each one's learnt peak, or its footprint. A job
+ * parked while the request already waited may have been parked for it
+ * (idle or priority preemption): that request goes first. Read from their
+ * resume entries, so that the common case (nobody waits: the fast path)
+ * costs nothing; a job still being parked holds its memory, which the
+ * fit counts already. */
+static uint64_t parked_need(struct cogpu_s *h, uint32_t g, uint64_t since) {
+  uint64_t sum = 0, left = h->st->hdr.nwaiting;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && left; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state != W_WAITING)
+      continue;
+    left--;
+    if (!wt->resume || wt->gpu != (int64_t)g || wt->since_ns >= since ||
+        wt->slot >= LEDGER_MAX_SLOTS)
+      continue;
+    uint32_t t = (uint32_t)wt->slot;
+    const ledger_slot_t *o = &h->st->slots[t];
+    if (o->state != SLOT_ACTIVE || atomic_load(&o->gen) != wt->gen ||
+        o->susp != SUSP_SUSPENDED)
+      continue;
+    uint64_t e = expect_of(h, t, g);
+    sum += e > o->parked ? e : o->parked;
+  }
+  return sum;
+}
+
+bool cogpu__ledger_admit_held(struct cogpu_s *h, const ledger_waiter_t *wt,
+                              uint32_t g) {
+  return !wt->resume && wt->slot < LEDGER_MAX_SLOTS &&
+         cogpu__ledger_admit_holds(h, (uint32_t)wt->slot, wt->bytes,
+                                   wt->exclusive, g, wt->since_ns);
+}
+
+bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
+                               bool exclusive, uint32_t g, uint64_t since) {
+  if (!cogpu__ledger_suspender || exclusive || s >= LEDGER_MAX_SLOTS ||
+      g >= h->st->hdr.ngpus)
+    return false;
+  if (h->st->slots[s].held[g] != 0)
+    return false; /* growth of a job that runs here: what lets it finish */
+  uint64_t parked = parked_need(h, g, since);
+  uint64_t e = expect_of(h, s, g);
+  if (!parked && !e)
+    return false;
+  bool any;
+  uint64_t growth = others_growth(h, s, g, &any);
+  if (!any && !parked)
+    return false;
+  uint64_t want = e > bytes ? e : bytes;
+  uint64_t cap = cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
+  if (want > cap)
+    want = cap > bytes ? cap : bytes;
+  /* New jobs wait behind the parked ones, and a job of known peak until
+   * it can grow to it beside the others' known peaks: admitted anyway, it
+   * would make the deadlock that parks someone. */
+  return growth > UINT64_MAX - want - parked ||
+         !cogpu__ledger_fits(h, g, s, want + growth + parked, false);
+}
+
+/* Resume admission (issue 25). A job given back only its footprint and
+ * the chunk it waited for asks for the next chunk at once, and the next
+ * deadlock picks it again: each cycle moves its whole footprint twice to
+ * gain one chunk. So a resume waits until the job can grow to what it is
+ * expected to need (its command's learnt peak; unknown: a quarter more
+ * than it has asked for so far), beside what the jobs still running on
+ * the GPU are expected to grow to. Only the footprint is booked; the rest
+ * is room left free, not a reservation. A GPU where no other job holds
+ * memory resumes on the footprint alone: nothing running there would end
+ * and give more back. */
 bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
   uint32_t s = (uint32_t)wt->slot, g = (uint32_t)wt->gpu;
   const ledger_slot_t *sl = &h->st->slots[s];
   if (sl->susp != SUSP_SUSPENDED || g >= h->st->hdr.ngpus)
     return false;
-  return cogpu__ledger_fits(h, g, s, sl->parked + pending_on(h, s, g), false);
+  uint64_t need = sl->parked + pending_on(h, s, g);
+  if (!cogpu__ledger_fits(h, g, s, need, false))
+    return false;
+  bool any;
+  uint64_t growth = others_growth(h, s, g, &any);
+  if (!any)
+    return true;
+  uint64_t e = expect_of(h, s, g);
+  uint64_t want = !e ? need + need / 4 : e > need ? e : need;
+  uint64_t cap = cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
+  if (want > cap)
+    want = cap > need ? cap : need; /* learnt above what the GPU gives now */
+  return growth <= UINT64_MAX - want &&
+         cogpu__ledger_fits(h, g, s, want + growth, false);
 }
 
 void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w) {
@@ -358,11 +475,37 @@ bool cogpu__ledger_susp_busy(struct cogpu_s *h, uint32_t g) {
   return false;
 }
 
-/* Candidate order: lowest priority first, then the newest job. */
-static bool worse_victim(const ledger_slot_t *a, const ledger_slot_t *b) {
+/* Candidate order (issue 25): lowest priority first; then the job
+ * suspended fewest times, so a job just resumed is not picked again while
+ * a job that was never parked holds memory (the hysteresis that stops a
+ * resumed job from being parked for its next chunk, over and over); then
+ * the fewest bytes on g (the least to move out and back); then the newest. */
+static bool worse_victim(const ledger_slot_t *a, const ledger_slot_t *b,
+                         uint32_t g) {
   if (a->priority != b->priority)
     return a->priority < b->priority;
+  if (a->susp_count != b->susp_count)
+    return a->susp_count < b->susp_count;
+  if (a->held[g] != b->held[g])
+    return a->held[g] < b->held[g];
   return a->attached_ns > b->attached_ns;
+}
+
+/* Are the jobs running on g (neither parked nor being parked), two or
+ * more, expected to need more than g has? */
+static bool running_over(struct cogpu_s *h, uint32_t g) {
+  uint64_t sum = 0;
+  unsigned n = 0;
+  for (uint32_t t = 0; t < LEDGER_MAX_SLOTS; t++) {
+    const ledger_slot_t *o = &h->st->slots[t];
+    if (o->state != SLOT_ACTIVE || o->held[g] == 0 || !is_job(h->st, t) ||
+        o->susp == SUSP_SUSPENDING || o->susp == SUSP_SUSPENDED)
+      continue;
+    uint64_t e = expect_of(h, t, g);
+    sum += e > o->held[g] ? e : o->held[g];
+    n++;
+  }
+  return n > 1 && sum > cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
 }
 
 typedef bool (*victim_ok_fn)(struct cogpu_s *h, uint32_t s, const void *arg);
@@ -382,9 +525,9 @@ static bool suspend_some(struct cogpu_s *h, uint32_t g, victim_ok_fn ok,
     for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
       const ledger_slot_t *sl = &h->st->slots[s];
       if (sl->state != SLOT_ACTIVE || sl->held[g] == 0 ||
-          (tried[s / 8] >> (s % 8)) & 1u)
+          sl->susp != SUSP_NONE || (tried[s / 8] >> (s % 8)) & 1u)
         continue;
-      if (best < 0 || worse_victim(sl, &h->st->slots[best]))
+      if (best < 0 || worse_victim(sl, &h->st->slots[best], g))
         best = s;
     }
     if (best < 0)
@@ -424,7 +567,18 @@ bool cogpu__ledger_suspend_for_deadlock(struct cogpu_s *h, uint32_t g,
                 : "suspension needs the node daemon (cogpud)");
     return false;
   }
-  return suspend_some(h, g, NULL, NULL, why, len);
+  if (!suspend_some(h, g, NULL, NULL, why, len))
+    return false;
+  /* Park enough at once (issue 25): while the jobs left running on g are
+   * expected to need more than it has, one deadlock would follow another,
+   * each found only after the guard's wait; parked now, the rest run to
+   * their end. Only what is known counts (a job of unknown peak counts
+   * what it holds), and one job is always left to run. */
+  char more[192];
+  for (int n = 0; n < 16 && running_over(h, g); n++)
+    if (!suspend_some(h, g, NULL, NULL, more, sizeof more))
+      break;
+  return true;
 }
 
 /* The first waiter on g in service order that is not served and could be:
@@ -468,7 +622,8 @@ void cogpu__ledger_preempt(struct cogpu_s *h) {
     const ledger_waiter_t *head = blocked_head(h, g, order, n);
     if (!head || cogpu__ledger_susp_busy(h, g))
       continue;
-    if (cogpu__ledger_fits(h, g, (uint32_t)head->slot, head->bytes, false))
+    if (cogpu__ledger_fits(h, g, (uint32_t)head->slot, head->bytes, false) &&
+        !cogpu__ledger_admit_held(h, head, g))
       continue; /* it is about to be served */
     if (sp->on_priority &&
         suspend_some(h, g, lower_priority, head, why, sizeof why))

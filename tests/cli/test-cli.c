@@ -1523,6 +1523,7 @@ static const struct {
     {"SUSPEND_LOCK_TIMEOUT", "1h"},
     {"SUSPEND_HOST_MARGIN", "lots"},
     {"SUSPEND_MAX", "-1G"},
+    {"ADMIT_LEARNT", "often"},
     {"HISTORY_DIR", "var/lib/cogpu"},
     {"HISTORY_MAX_AGE", "a while"},
     {"HISTORY_MAX_ROWS", "-1"},

@@ -319,14 +319,13 @@ TEST_IMPL_T(experiment_fake_growing_suspend, 120) {
   snprintf(benv, sizeof benv, "B=%s", th_build_dir());
   snprintf(preload, sizeof preload, "COGPU_EXP_PRELOAD=%s",
            th_sanitizer_runtime());
-  const char *env[] = {benv,
-                       preload,
-                       "LD_PRELOAD=",
-                       "COGPU=",
-                       "COGPUD=",
-                       "FAKE_CUDA_CKPT_GBPS=0",
-                       "COGPU_SWEEP_INTERVAL=100ms",
-                       NULL};
+  const char *env[] = {benv, preload, "LD_PRELOAD=", "COGPU=", "COGPUD=",
+                       "FAKE_CUDA_CKPT_GBPS=0", "COGPU_SWEEP_INTERVAL=100ms",
+                       /* The second daemon would learn the jobs' peaks
+                        * from the first one's history and admit them so
+                        * that no deadlock forms (susp_growing_jobs_learnt):
+                        * this test is about breaking one. */
+                       "COGPU_ADMIT_LEARNT=no", NULL};
   static char out[65536], err[65536];
   const char *argv[] = {
       "bash",  runsh,  "--mix",       "fake-growing",
