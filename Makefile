@@ -48,7 +48,19 @@ BASEFLAGS := -std=gnu11 -O2 -g -fPIC -fvisibility=hidden $(WARN) \
              -Iinclude -Isrc/common -Isrc -D_GNU_SOURCE
 ALLCFLAGS := $(BASEFLAGS) $(SANFLAGS) $(CFLAGS)
 LDLIBS := -ldl -lpthread
-VERSION := 0.1.0
+# The version is include/cogpu.h's (the one place it is written); the
+# library's file name and cogpu.pc take it from there.
+VERSION := $(shell sed -n 's/^\#define COGPU_VERSION_STRING "\(.*\)"$$/\1/p' include/cogpu.h)
+ifeq ($(VERSION),)
+$(error cannot read COGPU_VERSION_STRING from include/cogpu.h)
+endif
+# The commit `cogpu --version` and `cogpud --version` name: in a git
+# checkout, HEAD's abbreviated hash, with -dirty when tracked files differ
+# from it (only this checkout's own .git is asked, never that of a folder
+# it was unpacked in). A build outside git (a release tarball, a package built from
+# one) sets it on make's command line, `make COGPU_COMMIT=abc1234`;
+# otherwise it is "unknown".
+COGPU_COMMIT ?=
 
 LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/node/*.c src/ledger/*.c))
 # The job history (SQLite): the daemon and the CLI only, never libcogpu or
@@ -110,6 +122,22 @@ daemon: $(B)/cogpud
 # The CLI tests run the built cogpu.
 tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1 $(B)/cogpu $(B)/cogpud \
        $(B)/tests/fakes/libcuda.so.1
+
+# The commit, in a header only the two main.c files include. It is written
+# again only when the commit changes, so a new commit rebuilds those two
+# files and relinks, nothing else.
+.PHONY: FORCE
+FORCE:
+$(B)/gen/version.h: FORCE
+	@mkdir -p $(dir $@)
+	@c='$(COGPU_COMMIT)'; \
+	if [ -z "$$c" ] && [ -e .git ]; then \
+	  c=$$(git describe --always --dirty --abbrev=12 --exclude='*' 2>/dev/null) || c=; \
+	fi; \
+	printf '#define COGPU_COMMIT "%s"\n' "$${c:-unknown}" > $@.tmp; \
+	if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+$(B)/obj/tools/cogpu/main.o $(B)/obj/tools/cogpud/main.o: $(B)/gen/version.h
+$(B)/obj/tools/cogpu/main.o $(B)/obj/tools/cogpud/main.o: ALLCFLAGS += -I$(B)/gen
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -1440,15 +1440,65 @@ TEST_IMPL(cli_run_usage_errors) {
   ASSERT_IDLE();
 }
 
+/* "PROG VERSION (commit C)\n": C is an abbreviated hash, with -dirty for
+ * a tree that differs from it, or "unknown" (a build outside git that was
+ * given none); in a git checkout, HEAD's (make check builds first). */
+static void expect_version_line(const char *out, const char *prog) {
+  char want[128];
+  snprintf(want, sizeof want, "%s " COGPU_VERSION_STRING " (commit ", prog);
+  if (strncmp(out, want, strlen(want)) != 0)
+    th_fail(__FILE__, __LINE__, "version line \"%s\" does not start with %s",
+            out, want);
+  const char *c = out + strlen(want);
+  size_t n = strspn(c, "0123456789abcdef");
+  const char *end = c + n;
+  if (n >= 7 && !strncmp(end, "-dirty", 6))
+    end += 6;
+  else if (n == 0 && !strncmp(c, "unknown", 7))
+    end = c + 7;
+  if ((n < 7 && end == c) || strcmp(end, ")\n") != 0)
+    th_fail(__FILE__, __LINE__, "bad commit in version line \"%s\"", out);
+  char git[PATH_MAX + 64];
+  snprintf(git, sizeof git, "%s/../.git", th_build_dir());
+  if (n == 0 || !file_exists(git))
+    return;
+  res_t *r = RUN(NULL, "git", "-C", th_build_dir(), "rev-parse", "HEAD");
+  if (r->rc == 0 && strncmp(r->out, c, n) != 0)
+    th_fail(__FILE__, __LINE__, "version names commit %.*s, HEAD is %s", (int)n,
+            c, r->out);
+}
+
 TEST_IMPL(cli_usage_and_version) {
   res_t *r = COGPU("version");
   EXPECT_RC(r, 0);
-  ASSERT_STREQ(r->out, "cogpu " COGPU_VERSION_STRING "\n");
-  EXPECT_RC(COGPU("--version"), 0);
+  expect_version_line(r->out, "cogpu");
+  char line[256];
+  snprintf(line, sizeof line, "%.200s", r->out);
+  r = COGPU("--version");
+  EXPECT_RC(r, 0);
+  ASSERT_STREQ(r->out, line);
+  r = RUN(NULL, "cogpud", "--version");
+  EXPECT_RC(r, 0);
+  expect_version_line(r->out, "cogpud");
   r = COGPU("--help");
   EXPECT_RC(r, 0);
   ASSERT_CONTAINS(r->out, "usage: cogpu");
   ASSERT_CONTAINS(r->out, "run ");
+  /* Every subcommand is in the usage, at the start of its entry. */
+  static char usage[sizeof r->out];
+  snprintf(usage, sizeof usage, "%s", r->out);
+  r = COGPU("help", "--commands");
+  EXPECT_RC(r, 0);
+  ASSERT_CONTAINS(r->out, "run\nstatus\n");
+  for (char *p = r->out, *nl; (nl = strchr(p, '\n')); p = nl + 1) {
+    char a[64], b[64];
+    snprintf(a, sizeof a, "\n  %.*s ", (int)(nl - p), p);
+    snprintf(b, sizeof b, "\n  %.*s\n", (int)(nl - p), p);
+    if (!strstr(usage, a) && !strstr(usage, b))
+      th_fail(__FILE__, __LINE__, "cogpu help has no entry for '%.*s'",
+              (int)(nl - p), p);
+  }
+  EXPECT_RC(COGPU("help", "--bogus"), 2);
   r = RUN(NULL, "cogpu");
   EXPECT_RC(r, 2);
   ASSERT_CONTAINS(r->err, "usage: cogpu");

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "version.h" /* COGPU_COMMIT, written by the Makefile */
 
 static const char usage[] =
     "usage: cogpu COMMAND [OPTIONS]\n"
@@ -47,7 +48,13 @@ static const char usage[] =
     "                 replay a cluster's job trace under scheduling policies\n"
     "                 (exclusive, shares, cogpu, cogpu+suspend, rqueue) and\n"
     "                 write results (docs/simulation.md)\n"
-    "  version        print the version\n"
+    "  history [--json] [--user USER] [--last N] [--since WHEN]\n"
+    "  history --suggest [--json] -- COMMAND [ARGS]\n"
+    "                 finished jobs on this node, or the reservation\n"
+    "                 --mem auto would take for COMMAND (docs/history.md)\n"
+    "  version        print the version and the commit it was built from\n"
+    "  help [--commands]\n"
+    "                 this text, or the subcommands' names, one a line\n"
     "\n"
     "SIZE: bytes or K/M/G/T (binary): 512M, 12G, 12GiB.\n"
     "DURATION: 0 (do not wait), 500ms, 30s, 5m, 2h, inf.\n";
@@ -155,32 +162,48 @@ void json_key(FILE *f, int *first, const char *key) {
   fputc(':', f);
 }
 
+/* Every subcommand, once: dispatch, `cogpu help --commands` (which the
+ * bash completion and the man page's test read) and the usage's test. */
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+} cmds[] = {{"run", cli_run},         {"status", cli_status},
+            {"metrics", cli_metrics}, {"exporter", cli_exporter},
+            {"doctor", cli_doctor},   {"suspend", cli_suspend},
+            {"resume", cli_resume},   {"reset", cli_reset},
+            {"config", cli_config},   {"slurm-conf", cli_slurm_conf},
+            {"history", cli_history}, {"sim", cli_sim},
+            {"version", NULL},        {"help", NULL}};
+
+static int cli_help(int argc, char **argv) {
+  if (argc == 1) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  if (argc == 2 && !strcmp(argv[1], "--commands")) {
+    for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
+      puts(cmds[i].name);
+    return 0;
+  }
+  cli_err("help: usage: cogpu help [--commands]");
+  return CLI_EXIT_USAGE;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fputs(usage, stderr);
     return CLI_EXIT_USAGE;
   }
   const char *cmd = argv[1];
-  static const struct {
-    const char *name;
-    int (*fn)(int, char **);
-  } cmds[] = {{"run", cli_run},         {"status", cli_status},
-              {"doctor", cli_doctor},   {"reset", cli_reset},
-              {"config", cli_config},   {"slurm-conf", cli_slurm_conf},
-              {"suspend", cli_suspend}, {"resume", cli_resume},
-              {"metrics", cli_metrics}, {"exporter", cli_exporter},
-              {"history", cli_history}, {"sim", cli_sim}};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(cmds); i++)
-    if (strcmp(cmd, cmds[i].name) == 0)
+    if (cmds[i].fn && strcmp(cmd, cmds[i].name) == 0)
       return cmds[i].fn(argc - 1, argv + 1);
   if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-    printf("cogpu %s\n", COGPU_VERSION_STRING);
+    printf("cogpu %s (commit %s)\n", COGPU_VERSION_STRING, COGPU_COMMIT);
     return 0;
   }
-  if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-    fputs(usage, stdout);
-    return 0;
-  }
+  if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h"))
+    return cli_help(argc - 1, argv + 1);
   cli_err("unknown command '%s'", cmd);
   fputs(usage, stderr);
   return CLI_EXIT_USAGE;

@@ -3,6 +3,7 @@
  * and cogpud.service, socket activation, sd_notify readiness and
  * watchdog), or in the foreground for tests and containers:
  *   cogpud [--config FILE] [--socket PATH] [--state-dir DIR] [--check]
+ *          [--version]
  * Node settings come from its configuration file only (/etc/cogpu.conf, or
  * --config); a client's environment never changes them.
  */
@@ -13,15 +14,17 @@
 #include <unistd.h>
 
 #include "daemon/daemon-int.h"
+#include "version.h" /* COGPU_COMMIT, written by the Makefile */
 
 static void usage(void) {
   fprintf(stderr,
           "usage: cogpud [--config FILE] [--socket PATH] [--state-dir DIR] "
-          "[--check]\n"
+          "[--check] [--version]\n"
           "  --config FILE    node configuration (default /etc/cogpu.conf)\n"
           "  --socket PATH    listen here (default: socket in the config)\n"
           "  --state-dir DIR  keep the node state here (daemon_dir)\n"
-          "  --check          check the configuration and exit\n");
+          "  --check          check the configuration and exit\n"
+          "  --version        print the version and the commit, and exit\n");
 }
 
 int main(int argc, char **argv) {
@@ -35,6 +38,9 @@ int main(int argc, char **argv) {
       sock = argv[++i];
     } else if (!strcmp(a, "--state-dir") && i + 1 < argc) {
       dir = argv[++i];
+    } else if (!strcmp(a, "--version")) {
+      printf("cogpud %s (commit %s)\n", COGPU_VERSION_STRING, COGPU_COMMIT);
+      return 0;
     } else if (!strcmp(a, "--check")) {
       check = true;
     } else if (!strcmp(a, "--foreground")) {
