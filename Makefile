@@ -14,6 +14,8 @@ DATADIR ?= $(PREFIX)/share
 PCDIR ?= $(LIBDIR)/pkgconfig
 SBINDIR ?= $(PREFIX)/sbin
 DOCDIR ?= $(DATADIR)/doc/cogpu
+MANDIR ?= $(DATADIR)/man
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 # systemd reads units and tmpfiles.d snippets under /usr/local/lib too.
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
@@ -110,10 +112,10 @@ SLURM_H ?= $(wildcard /usr/include/slurm/spank.h)
 SPANK_OBJS := $(B)/objs/contrib/slurm/spank-cogpu.o $(LIB_SRCS:%.c=$(B)/objs/%.o)
 SPANK := $(if $(SLURM_H),$(B)/spank_cogpu.so)
 
-.PHONY: all lib cli daemon tests check check-node check-all bench install uninstall clean \
+.PHONY: all lib cli daemon man tests check check-node check-all bench install uninstall clean \
         format format-check
 
-all: lib cli daemon preload tests $(SPANK)
+all: lib cli daemon preload man tests $(SPANK)
 
 lib: $(B)/libcogpu.a $(B)/libcogpu.so $(B)/libcogpu.so.0
 preload: $(B)/libcogpu-preload.so
@@ -138,6 +140,28 @@ $(B)/gen/version.h: FORCE
 	if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 $(B)/obj/tools/cogpu/main.o $(B)/obj/tools/cogpud/main.o: $(B)/gen/version.h
 $(B)/obj/tools/cogpu/main.o $(B)/obj/tools/cogpud/main.o: ALLCFLAGS += -I$(B)/gen
+
+# The manual pages, with this build's version and install paths. cogpu.conf(5)
+# gets its OPTIONS section from options.def, through man/gen-conf.c (a
+# build tool, never installed), so a new option is in it without an edit.
+MAN_PAGES := $(B)/man/cogpu.1 $(B)/man/cogpud.8 $(B)/man/spank_cogpu.8 $(B)/man/cogpu.conf.5
+man: $(MAN_PAGES)
+MAN_SED := sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+               -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@DATADIR@|$(DATADIR)|g' \
+               -e 's|@UNITDIR@|$(UNITDIR)|g'
+# The paths in the pages are install's: rewritten whenever they change.
+$(B)/man/paths: FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' '$(VERSION)' '$(DOCDIR)' '$(LIBDIR)' '$(DATADIR)' '$(UNITDIR)' > $@.tmp; \
+	if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+$(B)/man/%: man/%.in $(B)/man/paths include/cogpu.h
+	@echo "MAN $@"
+	@$(MAN_SED) $< > $@
+$(B)/man/gen-conf: man/gen-conf.c src/common/options.def
+	$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $<
+$(B)/man/cogpu.conf.5: man/cogpu.conf.5.in $(B)/man/gen-conf $(B)/man/paths include/cogpu.h
+	@echo "MAN $@ (options.def)"
+	@$(B)/man/gen-conf $< | $(MAN_SED) > $@.tmp && mv $@.tmp $@
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -385,7 +409,7 @@ experiment: all
 	$(MAKE) -C bench/experiment workloads B=$(abspath $(B))
 	B=$(B) bench/experiment/run.sh --mix small
 
-install: lib cli daemon preload $(SPANK) $(B)/cogpu.pc
+install: lib cli daemon preload man $(SPANK) $(B)/cogpu.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
 	install -d $(DESTDIR)$(LIBDIR)/cogpu
 	install -m 0755 $(B)/cogpu $(DESTDIR)$(BINDIR)/cogpu
@@ -401,7 +425,14 @@ install: lib cli daemon preload $(SPANK) $(B)/cogpu.pc
 	install -m 0644 contrib/systemd/cogpu-tmpfiles.conf \
 	    $(DESTDIR)$(TMPFILESDIR)/cogpu.conf
 	install -m 0644 docs/security.md docs/architecture.md docs/options.md docs/metrics.md \
+	    docs/slurm.md docs/history.md docs/suspension.md docs/simulation.md CHANGELOG.md \
 	    $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
+	    $(DESTDIR)$(BASHCOMPDIR)
+	install -m 0644 $(B)/man/cogpu.1 $(DESTDIR)$(MANDIR)/man1/cogpu.1
+	install -m 0644 $(B)/man/cogpu.conf.5 $(DESTDIR)$(MANDIR)/man5/cogpu.conf.5
+	install -m 0644 $(B)/man/cogpud.8 $(B)/man/spank_cogpu.8 $(DESTDIR)$(MANDIR)/man8/
+	install -m 0644 contrib/bash-completion/cogpu $(DESTDIR)$(BASHCOMPDIR)/cogpu
 	install -m 0755 $(B)/libcogpu-preload.so $(DESTDIR)$(LIBDIR)/cogpu/libcogpu-preload.so
 	install -m 0644 $(B)/libcogpu.a $(DESTDIR)$(LIBDIR)/libcogpu.a
 	install -m 0755 $(B)/libcogpu.so $(DESTDIR)$(LIBDIR)/libcogpu.so.$(VERSION)
@@ -423,6 +454,9 @@ uninstall:
 	      $(DESTDIR)$(UNITDIR)/cogpud.service $(DESTDIR)$(UNITDIR)/cogpu-exporter.service \
 	      $(DESTDIR)$(TMPFILESDIR)/cogpu.conf
 	rm -rf $(DESTDIR)$(DOCDIR)
+	rm -f $(DESTDIR)$(MANDIR)/man1/cogpu.1 $(DESTDIR)$(MANDIR)/man5/cogpu.conf.5 \
+	      $(DESTDIR)$(MANDIR)/man8/cogpud.8 $(DESTDIR)$(MANDIR)/man8/spank_cogpu.8 \
+	      $(DESTDIR)$(BASHCOMPDIR)/cogpu
 	rm -f $(DESTDIR)$(BINDIR)/cogpu $(DESTDIR)$(LIBDIR)/libcogpu.* \
 	      $(DESTDIR)$(INCDIR)/cogpu.h $(DESTDIR)$(INCDIR)/schedgpu.h \
 	      $(DESTDIR)$(PCDIR)/cogpu.pc

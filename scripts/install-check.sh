@@ -69,6 +69,31 @@ if command -v systemd-analyze >/dev/null 2>&1; then
     "$prefix/lib/systemd/system/cogpu-exporter.service" 2>&1 |
     grep -v -e 'not executable' -e 'No such file' || true
 fi
+# The manual pages (their placeholders filled in, formatting without a
+# warning: groff comes with the set-up's groff-base) and the bash
+# completion, which must define its function and complete a subcommand.
+for p in man1/cogpu.1 man5/cogpu.conf.5 man8/cogpud.8 man8/spank_cogpu.8; do
+  page="$prefix/share/man/$p"
+  test -r "$page"
+  if grep -q '@[A-Z]*@' "$page"; then
+    echo "install-check: $page has unexpanded @...@ placeholders" >&2
+    exit 1
+  fi
+  warn=$(groff -man -ww -z "$page" 2>&1)
+  if [ -n "$warn" ]; then
+    echo "install-check: $page: $warn" >&2
+    exit 1
+  fi
+done
+grep -q "$prefix/lib/cogpu/libcogpu" "$prefix/share/man/man1/cogpu.1"
+comp="$prefix/share/bash-completion/completions/cogpu"
+test -r "$comp"
+out=$(PATH="$prefix/bin:$PATH" bash -c ". '$comp' && COMP_WORDS=(cogpu stat) &&
+  COMP_CWORD=1 && _cogpu && echo \"\${COMPREPLY[*]}\"")
+if [ "$out" != status ]; then
+  echo "install-check: $comp completes 'cogpu stat' as '$out', not status" >&2
+  exit 1
+fi
 # Nothing installed needs a glibc newer than 2.28 (RHEL/Rocky 8).
 "$(dirname "$0")/check-glibc.sh" "$prefix"
 echo "install-check: ok ($prefix)"

@@ -38,8 +38,10 @@ existing_parent() {
 # one-node Slurm cluster with them (the packages start no daemon).
 # gnuplot-nox: `cogpu sim` draws its PNGs with it (optional at run time;
 # the suite checks the PNGs).
+# groff-base: the suite and the install check format the manual pages
+# with groff -ww (a page with a warning fails).
 deps="gcc make libc6-dev pkg-config python3 libsystemd-dev libsqlite3-dev libslurm-dev slurmctld slurmd
-      slurm-client munge gnuplot-nox"
+      slurm-client munge gnuplot-nox groff-base"
 missing=""
 for p in $deps; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
