@@ -145,7 +145,9 @@ $(B)/obj/tools/cogpu/main.o $(B)/obj/tools/cogpud/main.o: ALLCFLAGS += -I$(B)/ge
 # gets its OPTIONS section from options.def, through man/gen-conf.c (a
 # build tool, never installed), so a new option is in it without an edit.
 MAN_PAGES := $(B)/man/cogpu.1 $(B)/man/cogpud.8 $(B)/man/spank_cogpu.8 $(B)/man/cogpu.conf.5
-man: $(MAN_PAGES)
+man: $(MAN_PAGES) $(B)/cogpu.conf.example
+$(B)/cogpu.conf.example: $(B)/man/gen-conf
+	$(B)/man/gen-conf --example > $@.tmp && mv $@.tmp $@
 MAN_SED := sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
                -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@DATADIR@|$(DATADIR)|g' \
                -e 's|@UNITDIR@|$(UNITDIR)|g'
@@ -433,6 +435,8 @@ install: lib cli daemon preload man $(SPANK) $(B)/cogpu.pc
 	install -m 0644 $(B)/man/cogpu.conf.5 $(DESTDIR)$(MANDIR)/man5/cogpu.conf.5
 	install -m 0644 $(B)/man/cogpud.8 $(B)/man/spank_cogpu.8 $(DESTDIR)$(MANDIR)/man8/
 	install -m 0644 contrib/bash-completion/cogpu $(DESTDIR)$(BASHCOMPDIR)/cogpu
+	install -d $(DESTDIR)$(DATADIR)/cogpu
+	install -m 0644 $(B)/cogpu.conf.example $(DESTDIR)$(DATADIR)/cogpu/cogpu.conf.example
 	install -m 0755 $(B)/libcogpu-preload.so $(DESTDIR)$(LIBDIR)/cogpu/libcogpu-preload.so
 	install -m 0644 $(B)/libcogpu.a $(DESTDIR)$(LIBDIR)/libcogpu.a
 	install -m 0755 $(B)/libcogpu.so $(DESTDIR)$(LIBDIR)/libcogpu.so.$(VERSION)

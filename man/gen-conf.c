@@ -1,9 +1,10 @@
 /*
  * gen-conf.c: writes cogpu.conf(5) from its template (argv[1]), putting
  * every option of src/common/options.def where the template has a line
- * "@OPTIONS@". The table is read through the preprocessor, as options.c
- * reads it, so the manual cannot miss an option or disagree with the
- * program on a key, an environment variable, a form or a default.
+ * "@OPTIONS@"; with --example, the default configuration file. The table is
+ * read through the preprocessor, as options.c reads it, so the manual cannot
+ * miss an option or disagree with the program on a key, an environment
+ * variable, a form or a default.
  */
 #include <stdio.h>
 #include <string.h>
@@ -52,9 +53,32 @@ static void option(FILE *f, int i) {
   fputs("\\fR.\n", f);
 }
 
+/* The default configuration file: every option that a file may set, with
+ * its help and its default, commented out. Packages install it as
+ * /etc/cogpu.conf; `make install` as share/cogpu/cogpu.conf.example. */
+static int example(void) {
+  puts("# /etc/cogpu.conf: cogpu's configuration (man 5 cogpu.conf).\n"
+       "# Every option is shown with its default, commented out: uncomment "
+       "a line\n"
+       "# to change it. Precedence: default < this file < the COGPU_* "
+       "environment\n"
+       "# variables; the node daemon, cogpud, reads this file only.");
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+    if (!strcmp(opts[i].key, "config"))
+      continue; /* only from the environment: an error in a file */
+    printf("\n# %s (%s)\n#%s = %s\n", opts[i].help, opts[i].form, opts[i].key,
+           opts[i].def);
+  }
+  return fflush(stdout) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--example"))
+    return example();
   if (argc != 2) {
-    fputs("usage: gen-conf TEMPLATE > cogpu.conf.5\n", stderr);
+    fputs("usage: gen-conf TEMPLATE > cogpu.conf.5\n"
+          "       gen-conf --example > cogpu.conf\n",
+          stderr);
     return 2;
   }
   FILE *in = fopen(argv[1], "r");

@@ -434,3 +434,43 @@ TEST_IMPL(docs_bash_completion) {
   free(cmds);
   free(usage);
 }
+
+/* The default configuration file (packages install it as /etc/cogpu.conf):
+ * as it is, no option comes from it; with every line uncommented, every
+ * option but config does, so each default it shows is valid there. */
+TEST_IMPL(docs_conf_example) {
+  char path[PATH_MAX + 64], env[PATH_MAX + 80];
+  snprintf(path, sizeof path, "%s/cogpu.conf.example", th_build_dir());
+  char *text = read_all(path);
+  snprintf(env, sizeof env, "COGPU_CONFIG=%s", path);
+  const char *e1[] = {env, NULL};
+  run_t *r =
+      run(e1, (const char *const[]){"cogpu", "config", "--explain", NULL});
+  ASSERT_EQ(r->rc, 0);
+  ASSERT_EQ(strstr(r->out, "example:") == NULL, 1); /* no value from it */
+  /* Uncommented: "#key = " lines lose their '#'. */
+  char *o = text;
+  for (const char *p = text; *p;) {
+    if (p[0] == '#' && p[1] >= 'a' && p[1] <= 'z')
+      p++;
+    size_t len = strcspn(p, "\n");
+    memmove(o, p, len + (p[len] == '\n'));
+    o += len + (p[len] == '\n');
+    p += len + (p[len] == '\n');
+  }
+  *o = 0;
+  th_write_file(th_path("all.conf"), text);
+  snprintf(env, sizeof env, "COGPU_CONFIG=%s", th_path("all.conf"));
+  const char *e2[] = {env, NULL};
+  r = run(e2, (const char *const[]){"cogpu", "config", "--explain", NULL});
+  ASSERT_EQ(r->rc, 0);
+  /* From the file, or from the environment the runner gives every test
+   * (COGPU_STATE_DIR, COGPU_SOCKET...): never a default. */
+  if (strstr(r->out, "(default)"))
+    th_fail(__FILE__, __LINE__, "an option of all.conf was not read: %s",
+            r->out);
+  char want[PATH_MAX + 32];
+  snprintf(want, sizeof want, "(%s:", th_path("all.conf"));
+  ASSERT_CONTAINS(r->out, want);
+  free(text);
+}
