@@ -40,8 +40,10 @@ existing_parent() {
 # the suite checks the PNGs).
 # groff-base: the suite and the install check format the manual pages
 # with groff -ww (a page with a warning fails).
+# dpkg-dev, debhelper, lintian: the Debian packages (debian/), which CI
+# builds, lints and tests (scripts/deb-test.sh).
 deps="gcc make libc6-dev pkg-config python3 libsystemd-dev libsqlite3-dev libslurm-dev slurmctld slurmd
-      slurm-client munge gnuplot-nox groff-base"
+      slurm-client munge gnuplot-nox groff-base dpkg-dev debhelper lintian"
 missing=""
 for p in $deps; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
