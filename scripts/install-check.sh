@@ -86,6 +86,8 @@ for p in man1/cogpu.1 man5/cogpu.conf.5 man8/cogpud.8 man8/spank_cogpu.8; do
   fi
 done
 grep -q "$prefix/lib/cogpu/libcogpu" "$prefix/share/man/man1/cogpu.1"
+# The default configuration file, every option commented out: it loads.
+COGPU_CONFIG="$prefix/share/cogpu/cogpu.conf.example" "$prefix/bin/cogpu" config >/dev/null
 comp="$prefix/share/bash-completion/completions/cogpu"
 test -r "$comp"
 out=$(PATH="$prefix/bin:$PATH" bash -c ". '$comp' && COMP_WORDS=(cogpu stat) &&
