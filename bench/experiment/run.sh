@@ -79,6 +79,10 @@ if [ -z "$scenarios" ]; then
 	scenarios=$(sed -n 's/^#[[:space:]]*scenarios:[[:space:]]*//p' "$mixfile" | head -n 1)
 	: "${scenarios:=$all_scenarios}"
 fi
+# A mix may have its jobs declare less than their peaks in the -mem
+# scenarios ("# declare_mib: N"): the under-declared shape, whose growth
+# past --mem waits.
+declare_mib=$(sed -n 's/^#[[:space:]]*declare_mib:[[:space:]]*//p' "$mixfile" | head -n 1)
 for s in ${scenarios//,/ }; do
 	case ",$known_scenarios," in
 	*",$s,"*) ;;
@@ -244,7 +248,7 @@ run_job() { # id type peak_mib priority scenario command...
 	local cmd=()
 	case $scen in
 	one-at-a-time | naive) cmd=("$@") ;;
-	cogpu-*-mem | cogpu-*-mem-*suspend) cmd=("$COGPU" run --mem "${peak}M" --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
+	cogpu-*-mem | cogpu-*-mem-*suspend) cmd=("$COGPU" run --mem "${declare_mib:-$peak}M" --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
 	cogpu-*-auto) cmd=("$COGPU" run --mem auto --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
 	cogpu-*) cmd=("$COGPU" run --priority "$prio" --gpu "$cogpu_gpu" -- "$@") ;;
 	esac
