@@ -129,6 +129,8 @@ typedef struct sim_run_s {
 
   /* policy state (fgd.c) */
   void *pol;
+  /* each cluster model's bit in the trace's gpu_spec masks */
+  uint32_t model_bit[SIM_MAX_MODELS];
 
   /* counters and integrals */
   uint64_t alloc_gpus;

@@ -178,8 +178,12 @@ static void node_changed(sim_run_t *r, uint32_t n) {
 /* Can j be granted its first reservation on g now (the node's own
  * decision, cogpu__core_fits)? */
 bool cogpu__sim_gpu_ok(const sim_run_t *r, uint32_t j, uint32_t g) {
-  if (r->nq[r->c->gpu_node[g]].n)
+  uint32_t n = r->c->gpu_node[g];
+  if (r->nq[n].n)
     return false;
+  if (!cogpu__sim_spec_ok(r->t, &r->t->jobs[j],
+                          r->model_bit[r->c->nodes[n].model]))
+    return false; /* not a GPU model its gpu_spec names */
   const cogpu__core_gpu_t *gp = &r->gpu[g];
   uint64_t holder = (uint64_t)j + 1;
   switch (r->p->kind) {
@@ -1076,7 +1080,9 @@ static int try_start(sim_run_t *r, uint32_t j) {
   bool whole = r->p->kind == SIM_COGPU && !r->t->frac && wants_whole(r, j);
   if (whole)
     need = INFINITY;
-  if (!whole && dominated(r, j, need))
+  /* Nor does that of a job held to some GPU models (gpu_spec). */
+  bool apart = whole || (job(r, j)->spec && job(r, j)->ngpus);
+  if (!apart && dominated(r, j, need))
     return 0;
   bool found = r->p->find(r, j, &sl);
   if (!found && r->p->fallback) {
@@ -1089,7 +1095,7 @@ static int try_start(sim_run_t *r, uint32_t j) {
     found = fb == 1;
   }
   if (!found) {
-    if (!whole)
+    if (!apart)
       failed_at(r, j, need);
     return 0;
   }
@@ -1121,6 +1127,15 @@ static bool placeable(const sim_run_t *r, uint32_t j) {
   const sim_job_t *jb = job(r, j);
   if (jb->ngpus > r->c->ngpus)
     return false;
+  if (jb->spec && jb->ngpus) {
+    /* Enough GPUs of the models its gpu_spec names. */
+    uint64_t have = 0;
+    for (uint32_t n = 0; n < r->c->nnodes; n++)
+      if (cogpu__sim_spec_ok(r->t, jb, r->model_bit[r->c->nodes[n].model]))
+        have += r->c->nodes[n].ngpus;
+    if (have < jb->ngpus)
+      return false;
+  }
   uint64_t peak = jb->mem;
   for (uint32_t i = 0; i < jb->tl_n; i++)
     if (r->t->tl[jb->tl_off + i] > peak)
@@ -1185,6 +1200,7 @@ static int setup(sim_run_t *r) {
     slots += t->jobs[j].ngpus;
   }
   r->goff[n] = slots;
+  cogpu__sim_spec_bits(t, c, r->model_bit);
   size_t ns = slots ? slots : 1;
   r->jg = malloc(ns * sizeof *r->jg);
   r->jh = calloc(ns, sizeof *r->jh);
@@ -1346,6 +1362,11 @@ int cogpu__sim_run(const sim_trace_t *t, const sim_cluster_t *c,
   memset(&r, 0, sizeof r);
   memset(res, 0, sizeof *res);
   snprintf(res->policy, sizeof res->policy, "%s", p->name);
+  if (t->timeless)
+    return cogpu__seterr(-EINVAL,
+                         "the trace has no times (creation_time, "
+                         "deletion_time): only FGD's experiment (--fgd) can "
+                         "use it");
   r.t = t;
   r.c = c;
   r.p = p;

@@ -23,7 +23,9 @@ typedef struct typ_s {
   uint32_t cpu;   /* milli-CPU */
   uint32_t milli; /* per GPU; 0: no GPU */
   uint32_t ngpus;
-  uint64_t mem; /* bytes per GPU (traces in bytes) */
+  uint64_t mem;  /* bytes per GPU (traces in bytes) */
+  uint16_t spec; /* gpu_spec id, 0: any model */
+  uint32_t mask; /* its models (sim_trace_t's spec_mask), 0: any */
   uint64_t count;
   double p;
 } typ_t;
@@ -41,6 +43,8 @@ static int cmp_typ_key(const void *a, const void *b) {
     return x->milli < y->milli ? -1 : 1;
   if (x->ngpus != y->ngpus)
     return x->ngpus < y->ngpus ? -1 : 1;
+  if (x->spec != y->spec)
+    return x->spec < y->spec ? -1 : 1;
   return x->mem < y->mem ? -1 : x->mem > y->mem;
 }
 
@@ -71,6 +75,8 @@ static int typical(const sim_trace_t *t, bool with_cpu, typs_t *out) {
         .milli = j->ngpus ? (j->milli ? j->milli : (j->mem ? 0 : 1000)) : 0,
         .ngpus = j->ngpus,
         .mem = j->ngpus && !j->milli ? j->mem : 0,
+        .spec = j->ngpus ? j->spec : 0,
+        .mask = j->ngpus && j->spec ? t->spec_mask[j->spec - 1] : 0,
         .count = 1};
   }
   qsort(v, t->n, sizeof *v, cmp_typ_key);
@@ -106,9 +112,10 @@ static uint32_t typ_milli(const typ_t *m, uint64_t cap) {
 }
 
 /* Node fragmentation, in thousandths of a GPU: left[] per GPU, cpu left
- * (UINT64_MAX: not tracked), cap bytes per GPU (shares in bytes). */
+ * (UINT64_MAX: not tracked), cap bytes per GPU (shares in bytes), bit the
+ * node's model's bit in the trace's gpu_spec masks. */
 static double node_frag(const typs_t *ty, const uint32_t *left, uint32_t ng,
-                        uint64_t cpu_left, uint64_t cap) {
+                        uint64_t cpu_left, uint64_t cap, uint32_t bit) {
   uint64_t L = 0;
   for (uint32_t g = 0; g < ng; g++)
     L += left[g];
@@ -120,6 +127,10 @@ static double node_frag(const typs_t *ty, const uint32_t *left, uint32_t ng,
     uint32_t d = typ_milli(m, cap);
     if (!m->ngpus || d == 0) {
       f += m->p * (double)L; /* uses no GPU: every free part is lost */
+      continue;
+    }
+    if (m->mask && !(m->mask & bit)) {
+      f += m->p * (double)L; /* not a model it may use */
       continue;
     }
     uint32_t fit = 0;
@@ -186,7 +197,8 @@ double cogpu__sim_frag(sim_run_t *r) {
     const sim_node_t *nd = &r->c->nodes[n];
     for (uint32_t g = 0; g < nd->ngpus; g++)
       left[g] = left_of(r, nd->gpu0 + g);
-    f += node_frag(&st->ty, left, nd->ngpus, UINT64_MAX, nd->gpu_total);
+    f += node_frag(&st->ty, left, nd->ngpus, UINT64_MAX, nd->gpu_total,
+                   r->model_bit[nd->model]);
   }
   return f / 1000.0;
 }
@@ -227,8 +239,8 @@ bool cogpu__sim_fgd_find(sim_run_t *r, uint32_t j, sim_slot_t *s) {
       if (r->key[nd->gpu0 + x] >= need && cogpu__sim_gpu_ok(r, j, nd->gpu0 + x))
         cand[nc++] = x;
     }
-    double before =
-        node_frag(&st->ty, left, nd->ngpus, UINT64_MAX, nd->gpu_total);
+    double before = node_frag(&st->ty, left, nd->ngpus, UINT64_MAX,
+                              nd->gpu_total, r->model_bit[nd->model]);
     if (nc >= k && k == 1) {
       /* Each GPU it fits on (one of each free amount: equal ones give
        * equal answers, the lowest index is kept). */
@@ -247,9 +259,9 @@ bool cogpu__sim_fgd_find(sim_run_t *r, uint32_t j, sim_slot_t *s) {
                                  r->cap[nd->gpu0 + cand[i]]
                            : 1000);
         after[cand[i]] = after[cand[i]] > use ? after[cand[i]] - use : 0;
-        double d =
-            node_frag(&st->ty, after, nd->ngpus, UINT64_MAX, nd->gpu_total) -
-            before;
+        double d = node_frag(&st->ty, after, nd->ngpus, UINT64_MAX,
+                             nd->gpu_total, r->model_bit[nd->model]) -
+                   before;
         if (d < best) {
           best = d;
           s->gpus[0] = nd->gpu0 + cand[i];
@@ -268,9 +280,9 @@ bool cogpu__sim_fgd_find(sim_run_t *r, uint32_t j, sim_slot_t *s) {
       memcpy(after, left, nd->ngpus * sizeof *after);
       for (uint32_t i = 0; i < k; i++)
         after[cand[i]] = 0;
-      double d =
-          node_frag(&st->ty, after, nd->ngpus, UINT64_MAX, nd->gpu_total) -
-          before;
+      double d = node_frag(&st->ty, after, nd->ngpus, UINT64_MAX, nd->gpu_total,
+                           r->model_bit[nd->model]) -
+                 before;
       if (d < best) {
         best = d;
         for (uint32_t i = 0; i < k; i++)
@@ -299,6 +311,7 @@ enum { FP_RANDOM, FP_DOTPROD, FP_CLUSTERING, FP_PACKING, FP_BESTFIT, FP_FGD };
 typedef struct fnode_s {
   int64_t cpu, mem; /* left: milli-CPU, MiB */
   uint32_t gpu0, ng, rank;
+  uint32_t bit;      /* its model's bit in the gpu_spec masks */
   uint32_t tags[17]; /* GPU pods by tag: 0 share, k: k whole GPUs */
   uint32_t gpods;
 } fnode_t;
@@ -332,15 +345,16 @@ static uint32_t tag_of(const sim_job_t *j) {
   return j->ngpus == 1 && j->milli < 1000 ? 0 : j->ngpus > 16 ? 16 : j->ngpus;
 }
 
-/* Can pod j go on node n; if so, which GPUs (best: the least free that
- * fits; whole GPUs: the lowest free ones). */
+/* Can pod j (its gpu_spec's models: mask, 0 any) go on node n; if so,
+ * which GPUs (best: the least free that fits; whole GPUs: the lowest free
+ * ones). */
 static bool ffit(const fnode_t *n, const uint32_t *left, const sim_job_t *j,
-                 uint32_t *gpus) {
+                 uint32_t mask, uint32_t *gpus) {
   if (n->cpu < (int64_t)j->cpu_milli || n->mem < (int64_t)j->host_mib)
     return false;
   if (j->ngpus == 0)
     return true;
-  if (j->ngpus > n->ng)
+  if (j->ngpus > n->ng || (mask && !(mask & n->bit)))
     return false;
   if (j->ngpus == 1 && j->milli < 1000) {
     uint32_t best = SIM_NONE;
@@ -371,10 +385,10 @@ static uint64_t gleft(const fnode_t *n, const uint32_t *left) {
 static int64_t fgd_score(const typs_t *ty, const fnode_t *n,
                          const uint32_t *before, const uint32_t *after,
                          const sim_job_t *j) {
-  double fb = node_frag(ty, before, n->ng, (uint64_t)n->cpu, 0);
+  double fb = node_frag(ty, before, n->ng, (uint64_t)n->cpu, 0, n->bit);
   int64_t cpu_after = n->cpu - (int64_t)j->cpu_milli;
-  double fa =
-      node_frag(ty, after, n->ng, cpu_after < 0 ? 0 : (uint64_t)cpu_after, 0);
+  double fa = node_frag(ty, after, n->ng,
+                        cpu_after < 0 ? 0 : (uint64_t)cpu_after, 0, n->bit);
   double d = (fb - fa) / 1000.0;
   return (int64_t)(100.0 / (1.0 + exp(-d)));
 }
@@ -531,13 +545,16 @@ int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
     perm[i - 1] = perm[k];
     perm[k] = x;
   }
+  uint32_t bits[SIM_MAX_MODELS];
+  cogpu__sim_spec_bits(t, c, bits);
   for (uint32_t i = 0; i < c->nnodes; i++) {
     const sim_node_t *nd = &c->nodes[i];
     nodes[i] = (fnode_t){.cpu = nd->cpu_milli,
                          .mem = (int64_t)nd->host_mib,
                          .gpu0 = nd->gpu0,
                          .ng = nd->ngpus,
-                         .rank = perm[i]};
+                         .rank = perm[i],
+                         .bit = bits[nd->model]};
     for (uint32_t g = 0; g < nd->ngpus; g++)
       left[nd->gpu0 + g] = 1000;
   }
@@ -550,12 +567,13 @@ int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
   }
   for (size_t i = 0; i < n; i++) {
     const sim_job_t *j = &t->jobs[order[i]];
+    uint32_t jmask = j->spec && j->ngpus ? t->spec_mask[j->spec - 1] : 0;
     uint32_t fit[SIM_MAX_NODE_GPUS], bfit[SIM_MAX_NODE_GPUS];
     uint32_t best = SIM_NONE, bgpu = 0, nf = 0;
     int64_t bscore = INT64_MIN;
     for (uint32_t x = 0; x < c->nnodes; x++) {
       const fnode_t *nd = &nodes[x];
-      if (!ffit(nd, left, j, fit))
+      if (!ffit(nd, left, j, jmask, fit))
         continue;
       feas[nf++] = x;
       if (pl == FP_RANDOM)
@@ -571,7 +589,7 @@ int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
     }
     if (pl == FP_RANDOM && nf) {
       best = feas[frng_below(&s, nf)];
-      ffit(&nodes[best], left, j, bfit);
+      ffit(&nodes[best], left, j, jmask, bfit);
       if (j->ngpus == 1 && j->milli < 1000) {
         /* A uniform pick among the GPUs it fits on. */
         uint32_t seen = 0;

@@ -24,6 +24,11 @@
 #include "ledger/core.h"
 
 #define SIM_GIB (1024ull * 1024 * 1024)
+#define SIM_MAX_MODELS 32
+/* The latest time and the longest duration a trace may give, in ms (about
+ * 31,700 years): sums of times stay far from int64's end. A row past it
+ * is out of range (docs/simulation.md). */
+#define SIM_MAX_MS 1000000000000000ll
 
 /* --- The trace ----------------------------------------------------------- */
 
@@ -62,6 +67,8 @@ typedef struct sim_job_s {
   uint64_t tl_off;   /* first point in sim_trace_t.tl */
   int64_t tl_step;   /* ms of work between points */
   uint64_t host_mib; /* host memory asked (alibaba; FGD's fit) */
+  uint16_t spec;     /* GPU models it may run on: 0 any, k sim_trace_t's
+                        spec_mask[k - 1] (alibaba gpu_spec) */
 } sim_job_t;
 
 typedef struct sim_trace_s {
@@ -73,13 +80,19 @@ typedef struct sim_trace_s {
   size_t skipped; /* rows skipped, by reason in skip[] */
   size_t skip[SIM_SKIP__COUNT];
   uint32_t first_skip_line[SIM_SKIP__COUNT];
-  bool frac; /* shares of a GPU (milli) rather than bytes */
+  bool frac;     /* shares of a GPU (milli) rather than bytes */
+  bool timeless; /* no times (FGD's multi-GPU pod lists): --fgd only */
+  /* gpu_spec: each distinct spec (as written), as a set of the model
+   * names below */
+  char **spec_str;
+  uint32_t *spec_mask;
+  uint32_t nspec, nspec_models;
+  char spec_models[SIM_MAX_MODELS][24];
 } sim_trace_t;
 
 /* --- The cluster -----------------------------------------------------------
  */
 
-#define SIM_MAX_MODELS 32
 #define SIM_MAX_NODE_GPUS COGPU_CORE_MAX_GPUS
 
 typedef struct sim_node_s {
@@ -165,6 +178,15 @@ int cogpu__sim_read_cluster(sim_cluster_t *c, const char *path,
 int cogpu__sim_make_cluster(sim_cluster_t *c, uint32_t n, uint32_t g,
                             uint64_t mem, uint64_t host);
 void cogpu__sim_cluster_free(sim_cluster_t *c);
+/* bits[m] for each model m of c: its bit in t's spec_mask (0: no spec
+ * names it). */
+void cogpu__sim_spec_bits(const sim_trace_t *t, const sim_cluster_t *c,
+                          uint32_t *bits);
+/* May job j go on a node of model bit `bit` (from cogpu__sim_spec_bits)? */
+static inline bool cogpu__sim_spec_ok(const sim_trace_t *t, const sim_job_t *j,
+                                      uint32_t bit) {
+  return !j->spec || !j->ngpus || (t->spec_mask[j->spec - 1] & bit);
+}
 /* The documented GPU memory of a model name (the alibaba table, with the
  * overrides of o), or 0 if unknown. */
 uint64_t cogpu__sim_model_mem(const sim_opts_t *o, const char *model);

@@ -300,6 +300,10 @@ void cogpu__sim_trace_sort(sim_trace_t *t) {
 void cogpu__sim_trace_free(sim_trace_t *t) {
   free(t->jobs);
   free(t->tl);
+  for (uint32_t i = 0; i < t->nspec; i++)
+    free(t->spec_str[i]);
+  free(t->spec_str);
+  free(t->spec_mask);
   memset(t, 0, sizeof *t);
 }
 
@@ -315,17 +319,91 @@ static int qos_prio(const char *q) {
   return 0; /* BE, and anything else */
 }
 
+#define SIM_MAX_SPECS 4096
+
+/* The id (1-based) of gpu_spec `spec` in t, added if new; its models
+ * become a mask over t->spec_models. 0: it names no model (no
+ * constraint, as in the artifact); -1: too many models or specs;
+ * -ENOMEM. */
+static int spec_id(sim_trace_t *t, const char *spec) {
+  for (uint32_t i = 0; i < t->nspec; i++)
+    if (strcmp(t->spec_str[i], spec) == 0)
+      return (int)i + 1;
+  char buf[512];
+  if (strlen(spec) >= sizeof buf)
+    return -1;
+  strcpy(buf, spec);
+  uint32_t mask = 0;
+  for (char *sv = NULL, *m = strtok_r(buf, "|", &sv); m;
+       m = strtok_r(NULL, "|", &sv)) {
+    uint32_t k = 0;
+    while (k < t->nspec_models && strcmp(t->spec_models[k], m) != 0)
+      k++;
+    if (k == t->nspec_models) {
+      if (k == SIM_MAX_MODELS || strlen(m) >= sizeof t->spec_models[0])
+        return -1;
+      strcpy(t->spec_models[t->nspec_models++], m);
+    }
+    mask |= 1u << k;
+  }
+  if (!mask)
+    return 0;
+  if (t->nspec >= SIM_MAX_SPECS)
+    return -1;
+  /* Specs naming the same models differently ("A|B|B") stay apart: FGD's
+   * typical pods key on the spec as written. */
+  char **ns = realloc(t->spec_str, (t->nspec + 1) * sizeof *ns);
+  if (ns)
+    t->spec_str = ns;
+  uint32_t *nm = ns ? realloc(t->spec_mask, (t->nspec + 1) * sizeof *nm) : NULL;
+  if (nm)
+    t->spec_mask = nm;
+  char *str = nm ? strdup(spec) : NULL;
+  if (!str)
+    return -ENOMEM;
+  t->spec_str[t->nspec] = str;
+  t->spec_mask[t->nspec++] = mask;
+  return (int)t->nspec;
+}
+
+void cogpu__sim_spec_bits(const sim_trace_t *t, const sim_cluster_t *c,
+                          uint32_t *bits) {
+  for (uint32_t m = 0; m < c->nmodels; m++) {
+    bits[m] = 0;
+    for (uint32_t k = 0; k < t->nspec_models; k++)
+      if (strcmp(c->models[m], t->spec_models[k]) == 0)
+        bits[m] = 1u << k;
+  }
+}
+
+/* Times in the trace: seconds up to SIM_MAX_MS / 1000. */
+static bool sec_ok(int64_t v) {
+  return v >= 0 && v <= SIM_MAX_MS / 1000;
+}
+
 static int read_alibaba(rd_t *r) {
-  static const char *const need[] = {
-      "cpu_milli", "memory_mib",    "num_gpu",       "gpu_milli",
-      "qos",       "creation_time", "deletion_time", "scheduled_time"};
-  enum { CPU, MEM, NGPU, MILLI, QOS, CREATE, DELETE, SCHED, NNEED };
+  static const char *const need[] = {"cpu_milli", "memory_mib", "num_gpu",
+                                     "gpu_milli"};
+  /* Optional: FGD's multi-GPU pod lists have only the four above (and the
+   * name); its gpuspec lists add gpu_spec. */
+  static const char *const opt[] = {"creation_time", "deletion_time",
+                                    "scheduled_time", "qos", "gpu_spec"};
+  enum { CPU, MEM, NGPU, MILLI, CREATE, DELETE, SCHED, QOS, SPEC, NCOL };
   char *hdr[MAX_FIELDS + 1], *f[MAX_FIELDS + 1];
-  int idx[NNEED], nh;
-  int rc = rd_header(r, ',', hdr, &nh, need, idx, NNEED);
+  int idx[NCOL], nh;
+  int rc = rd_header(r, ',', hdr, &nh, need, idx, 4);
   if (rc)
     return rc;
+  for (int k = CREATE; k < NCOL; k++)
+    idx[k] = col(hdr, nh, opt[k - CREATE]);
+  int ntimes = (idx[CREATE] >= 0) + (idx[DELETE] >= 0) + (idx[SCHED] >= 0);
+  if (ntimes != 0 && ntimes != 3)
+    for (int k = CREATE; k <= SCHED; k++)
+      if (idx[k] < 0)
+        return cogpu__seterr(-EINVAL, "%s:1: no column '%s' in the header",
+                             r->path, opt[k - CREATE]);
   r->t->frac = true;
+  r->t->timeless = ntimes == 0;
   while (!r->fatal && rd_next(r)) {
     if (!*r->line)
       continue;
@@ -335,28 +413,39 @@ static int read_alibaba(rd_t *r) {
       rd_bad(r, SIM_SKIP_COLUMNS, "%d fields, the header has %d", n, nh);
       continue;
     }
-    int64_t v[NNEED] = {0};
+    int64_t v[NCOL] = {0};
     bool ok = true;
-    for (int k = 0; k < NNEED && ok; k++) {
-      if (k == QOS)
+    for (int k = 0; k <= SCHED && ok; k++) {
+      if (idx[k] < 0)
         continue;
       if (k == SCHED && !*f[idx[k]]) {
         v[k] = -1; /* never scheduled (Pending) */
         continue;
       }
       if (!num_i64(f[idx[k]], &v[k])) {
-        rd_bad(r, SIM_SKIP_NUMBER, "%s '%s'", need[k], f[idx[k]]);
+        rd_bad(r, SIM_SKIP_NUMBER, "%s '%s'",
+               k < CREATE ? need[k] : opt[k - CREATE], f[idx[k]]);
         ok = false;
       }
     }
     if (!ok)
       continue;
-    if (v[CPU] < 0 || v[MEM] < 0 || v[NGPU] < 0 || v[NGPU] > 1024 ||
-        v[MILLI] < 0 || v[MILLI] > 1000 || v[CREATE] < 0 ||
-        (v[NGPU] > 0 && v[MILLI] == 0)) {
+    if (v[CPU] < 0 || v[CPU] > UINT32_MAX || v[MEM] < 0 ||
+        v[MEM] > (int64_t)1 << 40 || v[NGPU] < 0 || v[NGPU] > 1024 ||
+        v[MILLI] < 0 || v[MILLI] > 1000 || (v[NGPU] > 0 && v[MILLI] == 0)) {
       rd_bad(r, SIM_SKIP_RANGE,
-             "num_gpu %lld, gpu_milli %lld, creation_time %lld",
-             (long long)v[NGPU], (long long)v[MILLI], (long long)v[CREATE]);
+             "cpu_milli %lld, memory_mib %lld, num_gpu %lld, gpu_milli %lld",
+             (long long)v[CPU], (long long)v[MEM], (long long)v[NGPU],
+             (long long)v[MILLI]);
+      continue;
+    }
+    if (!sec_ok(v[CREATE]) || !sec_ok(v[DELETE]) ||
+        (v[SCHED] != -1 && !sec_ok(v[SCHED]))) {
+      rd_bad(r, SIM_SKIP_RANGE,
+             "creation_time %lld, deletion_time %lld, scheduled_time %lld "
+             "(0 to %lld s)",
+             (long long)v[CREATE], (long long)v[DELETE], (long long)v[SCHED],
+             (long long)(SIM_MAX_MS / 1000));
       continue;
     }
     /* A pod runs from when it was bound (or, never bound, from its
@@ -369,14 +458,27 @@ static int read_alibaba(rd_t *r) {
              (long long)from);
       continue;
     }
+    int spec = 0;
+    if (idx[SPEC] >= 0 && *f[idx[SPEC]]) {
+      spec = spec_id(r->t, f[idx[SPEC]]);
+      if (spec == -ENOMEM)
+        return cogpu__seterr(-ENOMEM, "out of memory reading the trace");
+      if (spec < 0) {
+        rd_bad(r, SIM_SKIP_RANGE,
+               "gpu_spec '%.64s': more than %d models or %d specs",
+               f[idx[SPEC]], SIM_MAX_MODELS, SIM_MAX_SPECS);
+        continue;
+      }
+    }
     sim_job_t j = {.submit = v[CREATE] * 1000,
                    .dur = (v[DELETE] - from) * 1000,
                    .milli = (uint32_t)(v[NGPU] ? v[MILLI] : 0),
                    .ngpus = (uint32_t)v[NGPU],
-                   .prio = qos_prio(f[idx[QOS]]),
+                   .prio = idx[QOS] >= 0 ? qos_prio(f[idx[QOS]]) : 0,
                    .line = r->lineno,
                    .cpu_milli = (uint32_t)v[CPU],
-                   .host_mib = (uint64_t)v[MEM]};
+                   .host_mib = (uint64_t)v[MEM],
+                   .spec = (uint16_t)spec};
     rc = cogpu__sim_trace_add(r->t, &j, NULL);
     if (rc)
       return rc;

@@ -840,3 +840,128 @@ TEST_IMPL(sim_validation_scripts) {
   ASSERT_EQ(c.rc, 2);
   ASSERT_CONTAINS(c.err, "job 1 needs more than --gpu-mem");
 }
+
+/* --- issue 27: FGD's other pod lists, and hostile numbers ---------------- */
+
+static void load_path(sim_trace_t *t, const char *path, int format,
+                      const sim_opts_t *o) {
+  memset(t, 0, sizeof *t);
+  FILE *err = fopen("/dev/null", "w");
+  ASSERT_OK(cogpu__sim_read_trace(t, path, format, o, err));
+  fclose(err);
+}
+
+static void cluster_path(sim_cluster_t *c, const char *path,
+                         const sim_opts_t *o) {
+  FILE *err = fopen("/dev/null", "w");
+  ASSERT_OK(cogpu__sim_read_cluster(c, path, o, err));
+  fclose(err);
+}
+
+/* A node of T4 (16 GiB) and one of V100M32 (32 GiB), one GPU each. */
+static const char two_models[] = "sn,cpu_milli,memory_mib,gpu,model\n"
+                                 "n0,64000,262144,1,T4\n"
+                                 "n1,64000,262144,1,V100M32\n";
+
+/* gpu_spec: a pod goes only on the models it names. Two whole-GPU pods
+ * that both name V100M32 at time 0 for 100 s: the first gets n1's GPU,
+ * the second waits for it (100 s) although n0's T4 is idle; a pod naming
+ * only A10 (not in the cluster) can never run; one naming "T4|V100M32"
+ * takes the T4 at once. In FGD's experiment the same two V100M32 pods
+ * fill 100 % of the request: one is placed (50 % allocated), one fails. */
+TEST_IMPL(sim_gpu_spec_honoured) {
+  const char *nodes = th_path("nodes.csv"), *pods = th_path("pods.csv");
+  th_write_file(nodes, two_models);
+  th_write_file(pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,"
+                      "qos,pod_phase,creation_time,deletion_time,"
+                      "scheduled_time\n"
+                      "p0,1000,1024,1,1000,V100M32,LS,Running,0,100,0\n"
+                      "p1,1000,1024,1,1000,V100M32,LS,Running,0,100,0\n"
+                      "p2,1000,1024,1,1000,A10,LS,Running,0,100,0\n"
+                      "p3,1000,1024,1,1000,T4|V100M32,LS,Running,0,100,0\n");
+  sim_opts_t o = opts_1s();
+  sim_cluster_t c;
+  cluster_path(&c, nodes, &o);
+  sim_trace_t t;
+  load_path(&t, pods, SIM_FMT_ALIBABA, &o);
+  ASSERT_EQ(t.n, 4);
+  ASSERT_EQ(t.nspec, 3);
+  const char *pols[] = {"exclusive", "cogpu", "cogpu:bestfit", "cogpu:fgd"};
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(pols); i++) {
+    sim_result_t res;
+    sim_outcome_t out[4];
+    run(&t, &c, pols[i], &o, &res, out);
+    ASSERT_EQ(out[0].start, 0);
+    ASSERT_EQ(out[0].node, 1);
+    ASSERT_EQ(out[1].start, 100000); /* waited for the V100M32 */
+    ASSERT_EQ(out[1].node, 1);
+    ASSERT_EQ(out[2].start, -1); /* A10: no such GPU here */
+    ASSERT_EQ(out[2].failed, 1);
+    ASSERT_EQ(out[3].start, 0);
+    ASSERT_EQ(out[3].node, 0);
+    ASSERT_EQ(res.unplaceable, 1);
+  }
+  cogpu__sim_trace_free(&t);
+  th_write_file(pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,"
+                      "qos,pod_phase,creation_time,deletion_time,"
+                      "scheduled_time\n"
+                      "p0,1000,1024,1,1000,V100M32,LS,Running,0,100,0\n"
+                      "p1,1000,1024,1,1000,V100M32,LS,Running,0,100,0\n");
+  load_path(&t, pods, SIM_FMT_ALIBABA, &o);
+  static const char *const places[] = {"random",  "dotprod", "clustering",
+                                       "packing", "bestfit", "fgd"};
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(places); i++) {
+    sim_fgd_point_t *pts;
+    size_t n, failed;
+    ASSERT_OK(cogpu__sim_fgd(&t, &c, places[i], &o, 100, &pts, &n, &failed));
+    ASSERT_EQ(failed, 1);
+    ASSERT(n > 0 && pts[n - 1].arrived == 100);
+    ASSERT(fabs(pts[n - 1].alloc - 50.0) < 1e-9);
+    free(pts);
+  }
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* FGD's multi-GPU pod lists have five columns (no gpu_spec, qos or
+ * times): they load, FGD's experiment runs on them, and a replay says
+ * why it cannot. */
+TEST_IMPL(sim_multigpu_lists_read) {
+  const char *nodes = th_path("nodes.csv"), *pods = th_path("pods.csv");
+  th_write_file(nodes, two_models);
+  th_write_file(pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                      "p0,1000,1024,1,500\n"
+                      "p1,1000,1024,1,1000\n");
+  sim_opts_t o = opts_1s();
+  sim_trace_t t;
+  load_path(&t, pods, SIM_FMT_ALIBABA, &o);
+  ASSERT_EQ(t.n, 2);
+  ASSERT(t.timeless);
+  cogpu__sim_trace_free(&t);
+  cmd_t c;
+  const char *fgd[] = {"--fgd",   "all",        "--trace", pods,     "--format",
+                       "alibaba", "--cluster",  nodes,     "--upto", "100",
+                       "--out",   th_path("f"), "--quiet", NULL};
+  cogpu_cmd(&c, fgd);
+  ASSERT_EQ(c.rc, 0);
+  size_t n;
+  char *md = slurp(th_path("f/fgd.md"), &n);
+  md = realloc(md, n + 1);
+  md[n] = 0;
+  /* 1.5 GPUs of 2 arrived and placed: 75 % at the last point. */
+  ASSERT_CONTAINS(md, "| bestfit | ");
+  ASSERT_CONTAINS(md, "| 75.00 |");
+  free(md);
+  const char *replay[] = {"--trace",   pods,         "--format", "alibaba",
+                          "--cluster", nodes,        "--policy", "exclusive",
+                          "--out",     th_path("r"), "--quiet",  NULL};
+  cogpu_cmd(&c, replay);
+  ASSERT_EQ(c.rc, 125);
+  ASSERT_CONTAINS(c.err, "no times");
+  /* A list with some of the times but not all is refused by name. */
+  th_write_file(pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,"
+                      "creation_time\np0,1000,1024,1,500,0\n");
+  memset(&t, 0, sizeof t);
+  ASSERT(cogpu__sim_read_trace(&t, pods, SIM_FMT_ALIBABA, &o, NULL) == -EINVAL);
+  ASSERT_CONTAINS(cogpu_last_error(), "no column 'deletion_time'");
+}
