@@ -481,6 +481,12 @@ static int64_t fscore(int place, const typs_t *ty, const fnode_t *n,
   }
 }
 
+/* The records whose arrived share rounds to one point. */
+typedef struct fbin_s {
+  double alloc, frag, ratio;
+  size_t n, nratio;
+} fbin_t;
+
 int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
                    const char *place, const sim_opts_t *o, double upto,
                    sim_fgd_point_t **pts, size_t *npts, size_t *failed) {
@@ -505,10 +511,12 @@ int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
   uint32_t *perm = malloc(c->nnodes * sizeof *perm);
   typs_t ty = {0};
   size_t nbins = (size_t)upto + 3;
-  double *sum = calloc(nbins, sizeof *sum);
-  size_t *cnt = calloc(nbins, sizeof *cnt);
+  fbin_t *bin = calloc(nbins, sizeof *bin);
+  /* Each node's fragmentation now (thousandths of a GPU): a placement
+   * changes one node's only, so the cluster's is kept as a running sum. */
+  double *nfrag = malloc((c->nnodes ? c->nnodes : 1) * sizeof *nfrag);
   int rc = typical(t, true, &ty);
-  if (!order || !nodes || !left || !perm || !sum || !cnt || rc) {
+  if (!order || !nodes || !left || !perm || !bin || !nfrag || rc) {
     rc = -ENOMEM;
     goto out;
   }
@@ -559,6 +567,13 @@ int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
       left[nd->gpu0 + g] = 1000;
   }
   uint64_t arrived = 0, used = 0;
+  double frag = 0;
+  for (uint32_t i = 0; i < c->nnodes; i++) {
+    const fnode_t *nd = &nodes[i];
+    nfrag[i] =
+        node_frag(&ty, left + nd->gpu0, nd->ng, (uint64_t)nd->cpu, 0, nd->bit);
+    frag += nfrag[i];
+  }
   *failed = 0;
   uint32_t *feas = malloc(c->nnodes * sizeof *feas);
   if (!feas) {
@@ -619,14 +634,28 @@ int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
         nd->tags[tag_of(j)]++;
         nd->gpods++;
       }
+      frag -= nfrag[best];
+      nfrag[best] = node_frag(&ty, left + nd->gpu0, nd->ng,
+                              nd->cpu < 0 ? 0 : (uint64_t)nd->cpu, 0, nd->bit);
+      frag += nfrag[best];
     }
     /* The artifact's merge: the arrived share rounded half to even, the
      * allocation rounded to 0.01 %. */
     double a = nearbyint((double)arrived / c->ngpus / 10.0);
     double u = nearbyint((double)used / c->ngpus / 10.0 * 100.0) / 100.0;
     if (a >= 0 && a < (double)nbins) {
-      sum[(size_t)a] += u;
-      cnt[(size_t)a]++;
+      fbin_t *b = &bin[(size_t)a];
+      b->alloc += u;
+      b->n++;
+      /* Fragmentation as the artifact reports it: the amount as a share
+       * of the cluster's GPUs, and the ratio to the idle GPU (none idle:
+       * no ratio, as its NaN that the mean skips). */
+      b->frag += frag / 10.0 / c->ngpus;
+      uint64_t idle = cap - used;
+      if (idle) {
+        b->ratio += 100.0 * frag / (double)idle;
+        b->nratio++;
+      }
     }
   }
   free(feas);
@@ -637,19 +666,24 @@ int cogpu__sim_fgd(const sim_trace_t *t, const sim_cluster_t *c,
     goto out;
   }
   for (size_t k = 0; k + 2 < nbins; k++) {
-    double su = sum[k];
-    size_t cn = cnt[k];
-    if (!cn) {
+    fbin_t b = bin[k];
+    if (!b.n) {
       /* None rounded to k: those within one point of it. */
       for (size_t q = k ? k - 1 : 0; q <= k + 1 && q < nbins; q++) {
-        su += sum[q];
-        cn += cnt[q];
+        b.alloc += bin[q].alloc;
+        b.frag += bin[q].frag;
+        b.ratio += bin[q].ratio;
+        b.n += bin[q].n;
+        b.nratio += bin[q].nratio;
       }
     }
-    if (!cn)
+    if (!b.n)
       continue;
     (*pts)[(*npts)++] = (sim_fgd_point_t){
-        .arrived = (double)k, .alloc = su / (double)cn, .frag = 0};
+        .arrived = (double)k,
+        .alloc = b.alloc / (double)b.n,
+        .frag = b.frag / (double)b.n,
+        .frag_ratio = b.nratio ? b.ratio / (double)b.nratio : 0};
   }
 out:
   free(order);
@@ -657,7 +691,7 @@ out:
   free(left);
   free(perm);
   free(ty.v);
-  free(sum);
-  free(cnt);
+  free(bin);
+  free(nfrag);
   return rc == -ENOMEM ? cogpu__seterr(rc, "out of memory") : rc;
 }

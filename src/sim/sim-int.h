@@ -296,9 +296,10 @@ int cogpu__sim_write(const char *dir, const sim_report_t *rep);
 /* --- FGD-style experiment (fgd.c) --------------------------------------- */
 
 typedef struct sim_fgd_point_s {
-  double arrived; /* arrived GPU request / cluster GPUs, percent */
-  double alloc;   /* allocated GPU / cluster GPUs, percent */
-  double frag;    /* FGD fragmentation / cluster GPUs, percent */
+  double arrived;    /* arrived GPU request / cluster GPUs, percent */
+  double alloc;      /* allocated GPU / cluster GPUs, percent */
+  double frag;       /* FGD fragmentation / cluster GPUs, percent */
+  double frag_ratio; /* FGD fragmentation / idle GPU, percent */
 } sim_fgd_point_t;
 
 /* Arrivals only up to `upto` percent of the cluster's GPU capacity;

@@ -149,7 +149,8 @@ static int mkdir_p_out(const char *dir) {
 
 /* FGD's experiment: each placement, each seed (seed, seed + 1, ...);
  * DIR/fgd.csv has every point, DIR/fgd.md the means at 100 % and at the
- * last point. */
+ * last point: allocation, fragmentation (of all GPUs) and its ratio (to
+ * the idle GPU), as the artifact's three curves. */
 static int run_fgd(const char *list, const sim_trace_t *t,
                    const sim_cluster_t *c, const sim_opts_t *o, const char *out,
                    uint64_t seeds, double upto) {
@@ -180,16 +181,22 @@ static int run_fgd(const char *list, const sim_trace_t *t,
       fclose(md);
     return CLI_EXIT_FAIL;
   }
-  fprintf(csv, "placement,seed,arrived_pct,alloc_pct\n");
+  fprintf(csv, "placement,seed,arrived_pct,alloc_pct,frag_pct,"
+               "frag_ratio_pct\n");
   fprintf(md,
           "# FGD's experiment (arrivals only, up to %.0f %%)\n\n"
-          "GPU allocation ratio (%%) at arrived workload, mean over %llu "
-          "seed(s) from %llu.\n\n| placement | at 100 %% | at %.0f %% | "
-          "failed pods (mean) |\n|---|---:|---:|---:|\n",
-          upto, (unsigned long long)seeds, (unsigned long long)o->seed, upto);
+          "At arrived workload (%%), mean over %llu seed(s) from %llu: GPU "
+          "allocation ratio (%%), fragmentation (%% of the GPUs) and "
+          "fragmentation ratio (%% of the idle GPU).\n\n| placement | at "
+          "100 %% | at %.0f %% | failed pods (mean) | frag at 100 %% | frag "
+          "at %.0f %% | frag ratio at 100 %% | frag ratio at %.0f %% "
+          "|\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+          upto, (unsigned long long)seeds, (unsigned long long)o->seed, upto,
+          upto, upto);
   int ret = 0;
   for (size_t p = 0; p < n && !ret; p++) {
-    double a100 = 0, aend = 0, fails = 0;
+    double a100 = 0, aend = 0, fails = 0, f100 = 0, fend = 0, r100 = 0,
+           rend = 0;
     for (uint64_t k = 0; k < seeds; k++) {
       sim_opts_t so = *o;
       so.seed = o->seed + k;
@@ -201,20 +208,28 @@ static int run_fgd(const char *list, const sim_trace_t *t,
         break;
       }
       for (size_t i = 0; i < np; i++) {
-        fprintf(csv, "%s,%llu,%.0f,%.4f\n", names[p],
-                (unsigned long long)so.seed, pts[i].arrived, pts[i].alloc);
-        if (pts[i].arrived == 100)
+        fprintf(csv, "%s,%llu,%.0f,%.4f,%.4f,%.4f\n", names[p],
+                (unsigned long long)so.seed, pts[i].arrived, pts[i].alloc,
+                pts[i].frag, pts[i].frag_ratio);
+        if (pts[i].arrived == 100) {
           a100 += pts[i].alloc;
-        if (i + 1 == np)
+          f100 += pts[i].frag;
+          r100 += pts[i].frag_ratio;
+        }
+        if (i + 1 == np) {
           aend += pts[i].alloc;
+          fend += pts[i].frag;
+          rend += pts[i].frag_ratio;
+        }
       }
       fails += (double)failed;
       free(pts);
     }
     if (!ret)
-      fprintf(md, "| %s | %.2f | %.2f | %.0f |\n", names[p],
-              a100 / (double)seeds, aend / (double)seeds,
-              fails / (double)seeds);
+      fprintf(md, "| %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f |\n",
+              names[p], a100 / (double)seeds, aend / (double)seeds,
+              fails / (double)seeds, f100 / (double)seeds, fend / (double)seeds,
+              r100 / (double)seeds, rend / (double)seeds);
     if (!o->quiet)
       fprintf(stderr,
               "cogpu: sim: fgd %s: %.2f %% at 100 %%, %.2f %% at "
