@@ -1391,6 +1391,11 @@ int cogpu__sim_run(const sim_trace_t *t, const sim_cluster_t *c,
   r.sample = o->sample > 0 ? o->sample : (span + maxdur) / 1000;
   if (r.sample < 1000)
     r.sample = 1000;
+  /* At most about a million samples, whatever --sample asks: the series'
+   * memory stays bounded (the readers bound span and maxdur, so the sum
+   * cannot overflow). */
+  if (r.sample < (span + maxdur) / 1000000 + 1)
+    r.sample = (span + maxdur) / 1000000 + 1;
   r.next_sample = t0;
   while (rc == 0) {
     bool arr = r.next_arrival < t->n;

@@ -29,6 +29,9 @@
  * 31,700 years): sums of times stay far from int64's end. A row past it
  * is out of range (docs/simulation.md). */
 #define SIM_MAX_MS 1000000000000000ll
+/* The most GPU memory a trace may give a job, per GPU (1 PiB): more is
+ * out of range, not wrapped or saturated. */
+#define SIM_MAX_BYTES (1ull << 50)
 
 /* --- The trace ----------------------------------------------------------- */
 

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "internal.h"
@@ -101,8 +102,9 @@ int cogpu__sim_parse_model_mem(sim_opts_t *o, const char *s) {
     int rc = cogpu__parse_size("--gpu-model-mem", eq + 1, &b);
     if (rc)
       return rc;
-    if (b == 0)
-      return cogpu__seterr(-EINVAL, "--gpu-model-mem: %s has no memory", tok);
+    if (b == 0 || b > SIM_MAX_BYTES)
+      return cogpu__seterr(-EINVAL, "--gpu-model-mem: %s is not 1 byte to 1P",
+                           tok);
     if (o->nmodel_mem >= SIM_MAX_MODELS)
       return cogpu__seterr(-EINVAL, "--gpu-model-mem: too many models");
     sim_model_mem_t *m = &o->model_mem[o->nmodel_mem++];
@@ -212,6 +214,26 @@ static bool num_dbl(const char *s, double *out) {
   return true;
 }
 
+/* v units of `unit` ms, if that is 0 to SIM_MAX_MS (no overflow on the
+ * way: a trace's numbers are not trusted). */
+static bool to_ms(int64_t v, int64_t unit, int64_t *out) {
+  int64_t x;
+  if (v < 0 || unit <= 0 || __builtin_mul_overflow(v, unit, &x) ||
+      x > SIM_MAX_MS)
+    return false;
+  *out = x;
+  return true;
+}
+
+/* The same for a number of seconds read as a double (cogpu's JSON). */
+static bool dbl_ms(double sec, double unit, int64_t *out) {
+  double x = sec * unit;
+  if (!(x >= 0) || x > (double)SIM_MAX_MS)
+    return false;
+  *out = (int64_t)x;
+  return true;
+}
+
 static int rd_open(rd_t *r, const char *path, sim_trace_t *t,
                    const sim_opts_t *o, FILE *err) {
   memset(r, 0, sizeof *r);
@@ -222,6 +244,14 @@ static int rd_open(rd_t *r, const char *path, sim_trace_t *t,
   r->f = fopen(path, "re");
   if (!r->f)
     return cogpu__seterr(-errno, "%s: %s", path, strerror(errno));
+  /* A device or a pipe (/dev/zero) would be read for ever: as with the
+   * config files, only a regular file. */
+  struct stat st;
+  if (fstat(fileno(r->f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    fclose(r->f);
+    r->f = NULL;
+    return cogpu__seterr(-EINVAL, "%s: not a regular file", path);
+  }
   return 0;
 }
 
@@ -470,7 +500,7 @@ static int read_alibaba(rd_t *r) {
         continue;
       }
     }
-    sim_job_t j = {.submit = v[CREATE] * 1000,
+    sim_job_t j = {.submit = v[CREATE] * 1000, /* sec_ok: no overflow */
                    .dur = (v[DELETE] - from) * 1000,
                    .milli = (uint32_t)(v[NGPU] ? v[MILLI] : 0),
                    .ngpus = (uint32_t)v[NGPU],
@@ -527,11 +557,13 @@ static int read_philly(rd_t *r) {
              f[idx[NGPU]], f[idx[SUBMIT]], f[idx[DUR]], f[idx[BEST]]);
       continue;
     }
-    if (g < 0 || g > 1024 || s < 0 || d < 0) {
+    int64_t s_ms, d_ms;
+    if (g < 0 || g > 1024 || !to_ms(s, r->o->time_unit, &s_ms) ||
+        !to_ms(d, r->o->time_unit, &d_ms)) {
       rd_bad(r, SIM_SKIP_RANGE,
-             "num_gpu %lld, submit_time %lld, duration "
-             "%lld",
-             (long long)g, (long long)s, (long long)d);
+             "num_gpu %lld, submit_time %lld, duration %lld (times 0 to "
+             "%lld ms)",
+             (long long)g, (long long)s, (long long)d, (long long)SIM_MAX_MS);
       continue;
     }
     uint64_t mem = 0;
@@ -542,8 +574,8 @@ static int read_philly(rd_t *r) {
       rd_bad(r, SIM_SKIP_UNKNOWN, "model_name '%s'", f[idx[MODEL]]);
       continue;
     }
-    sim_job_t j = {.submit = s * r->o->time_unit,
-                   .dur = d * r->o->time_unit,
+    sim_job_t j = {.submit = s_ms,
+                   .dur = d_ms,
                    .mem = mem,
                    .ngpus = (uint32_t)g,
                    .prio = be ? 0 : 1, /* SLO jobs before best effort */
@@ -592,7 +624,8 @@ static int read_pollux(rd_t *r) {
              f[idx[NREP]]);
       continue;
     }
-    if (tm < 0 || nr < 1 || nr > 1024) {
+    int64_t tm_ms;
+    if (!to_ms(tm, 1000, &tm_ms) || nr < 1 || nr > 1024) {
       rd_bad(r, SIM_SKIP_RANGE, "time %lld, num_replicas %lld", (long long)tm,
              (long long)nr);
       continue;
@@ -606,7 +639,7 @@ static int read_pollux(rd_t *r) {
       continue;
     }
     sim_job_t j = {
-        .submit = tm * 1000,
+        .submit = tm_ms,
         .dur = (int64_t)(pollux_apps[a].gpu_hours * 3600e3 / (double)nr),
         .mem = pollux_apps[a].gib * SIM_GIB,
         .ngpus = (uint32_t)nr,
@@ -660,18 +693,26 @@ static const char *tres_get(const char *tres, const char *key, char *buf,
   return typed;
 }
 
-/* The largest value of "key": N in cogpu's AdminComment JSON. */
-static uint64_t json_max(const char *s, const char *key) {
+/* The largest value of "key": N in cogpu's AdminComment JSON; false if
+ * one is not a whole number of bytes up to SIM_MAX_BYTES (1e300 is not
+ * 1, nor a huge number the largest). */
+static bool json_max(const char *s, const char *key, uint64_t *out) {
   uint64_t best = 0;
   size_t kl = strlen(key);
   for (const char *p = strstr(s, key); p; p = strstr(p + kl, key)) {
     const char *q = p + kl;
     while (*q == ' ' || *q == ':')
       q++;
-    uint64_t v = strtoull(q, NULL, 10);
+    char *end;
+    errno = 0;
+    uint64_t v = strtoull(q, &end, 10);
+    if (errno || end == q || *q == '-' || v > SIM_MAX_BYTES ||
+        (*end && !strchr(",}] ", *end)))
+      return false;
     best = v > best ? v : best;
   }
-  return best;
+  *out = best;
+  return true;
 }
 
 static int read_sacct(rd_t *r) {
@@ -701,13 +742,20 @@ static int read_sacct(rd_t *r) {
       continue;
     }
     int64_t sub, st, en;
-    if (!sacct_time(f[idx[SUBMIT]], &sub)) {
+    if (!sacct_time(f[idx[SUBMIT]], &sub) || sub < 0 ||
+        sub > SIM_MAX_MS / 1000) { /* before 1970 or past the limit */
       rd_bad(r, SIM_SKIP_NUMBER, "Submit '%s'", f[idx[SUBMIT]]);
       continue;
     }
     if (!sacct_time(f[idx[START]], &st) || !sacct_time(f[idx[END]], &en)) {
       rd_bad(r, SIM_SKIP_NEVER_RAN, "job %s: Start '%s', End '%s'", f[idx[ID]],
              f[idx[START]], f[idx[END]]);
+      continue;
+    }
+    if (st > SIM_MAX_MS / 1000 || en > SIM_MAX_MS / 1000) {
+      rd_bad(r, SIM_SKIP_RANGE, "job %s: Start '%s', End '%s' past %lld s",
+             f[idx[ID]], f[idx[START]], f[idx[END]],
+             (long long)(SIM_MAX_MS / 1000));
       continue;
     }
     if (en < st || st < sub) {
@@ -727,12 +775,18 @@ static int read_sacct(rd_t *r) {
     /* Memory per GPU: cogpu's record of the job (its peak, else what it
      * declared), else its --gpu-mem (gres/cogpumem, per node), else the
      * whole GPU. */
-    uint64_t mem = 0;
-    if (adm >= 0 && strstr(f[adm], "\"cogpu\"")) {
-      mem = json_max(f[adm], "\"peak_bytes\"");
-      if (!mem)
-        mem = json_max(f[adm], "\"declared_bytes\"");
+    uint64_t mem = 0, decl = 0;
+    if (adm >= 0 && strstr(f[adm], "\"cogpu\"") &&
+        (!json_max(f[adm], "\"peak_bytes\"", &mem) ||
+         !json_max(f[adm], "\"declared_bytes\"", &decl))) {
+      rd_bad(r, SIM_SKIP_RANGE,
+             "job %s: peak_bytes or declared_bytes not a whole number up to "
+             "%llu",
+             f[idx[ID]], (unsigned long long)SIM_MAX_BYTES);
+      continue;
     }
+    if (!mem)
+      mem = decl;
     char mb[64];
     const char *cm = tres_get(f[idx[ALLOC]], "gres/cogpumem", mb, sizeof mb);
     if (!cm)
@@ -747,8 +801,15 @@ static int read_sacct(rd_t *r) {
       size_t l = strlen(mb);
       if (l && isdigit((unsigned char)mb[l - 1]) && l + 1 < sizeof mb)
         strcat(mb, "M");
-      if (cogpu__parse_size("gres/cogpumem", mb, &b) == 0)
-        mem = b / (uint64_t)ng;
+      if (cogpu__parse_size("gres/cogpumem", mb, &b) != 0 ||
+          b / (uint64_t)ng > SIM_MAX_BYTES) {
+        rd_bad(r, SIM_SKIP_RANGE,
+               "job %s: gres/cogpumem '%s' is not a size "
+               "up to 1P per GPU",
+               f[idx[ID]], cm);
+        continue;
+      }
+      mem = b / (uint64_t)ng;
     }
     sim_job_t j = {.submit = sub * 1000,
                    .dur = (en - st) * 1000,
@@ -958,7 +1019,7 @@ static int read_cogpu(rd_t *r) {
               break;
             }
             double v;
-            if (!js_num(&m, &v) || v < 0) {
+            if (!js_num(&m, &v) || !(v >= 0) || v > (double)SIM_MAX_BYTES) {
               tl_bad = true;
               break;
             }
@@ -1003,20 +1064,33 @@ static int read_cogpu(rd_t *r) {
         break;
       continue;
     }
+    int64_t start_ms, wait_ms, run_ms, step_ms = 0;
+    if (!dbl_ms(start, 1, &start_ms) || !dbl_ms(wait, 1000, &wait_ms) ||
+        !dbl_ms(run, 1000, &run_ms) || !dbl_ms(tli, 1000, &step_ms) ||
+        peak > (double)SIM_MAX_BYTES || decl > (double)SIM_MAX_BYTES) {
+      rd_bad(r, SIM_SKIP_RANGE,
+             "times past %lld ms or bytes past %llu (start_ms %.17g, "
+             "wait_seconds %.17g, run_seconds %.17g, peak_bytes %.17g)",
+             (long long)SIM_MAX_MS, (unsigned long long)SIM_MAX_BYTES, start,
+             wait, run, peak);
+      if (r->fatal)
+        break;
+      continue;
+    }
     if (end >= 0 && end < start) {
       rd_bad(r, SIM_SKIP_ORDER, "end_ms before start_ms");
       if (r->fatal)
         break;
       continue;
     }
-    sim_job_t j = {.submit = (int64_t)(start - wait * 1000),
-                   .dur = (int64_t)(run * 1000),
+    sim_job_t j = {.submit = start_ms - wait_ms,
+                   .dur = run_ms,
                    .mem = peak > 0 ? (uint64_t)peak : (uint64_t)decl,
                    .ngpus = 1,
                    .line = r->lineno};
     if (ntl > 0 && tli > 0) {
       j.tl_n = (uint32_t)ntl;
-      j.tl_step = (int64_t)(tli * 1000);
+      j.tl_step = step_ms;
       if (j.tl_step < 1)
         j.tl_step = 1;
     }
@@ -1065,8 +1139,18 @@ int cogpu__sim_read_trace(sim_trace_t *t, const char *path, int format,
     return rc;
   }
   if (o && o->time_scale != 1.0)
-    for (size_t i = 0; i < t->n; i++)
-      t->jobs[i].submit = (int64_t)((double)t->jobs[i].submit / o->time_scale);
+    for (size_t i = 0; i < t->n; i++) {
+      double x = (double)t->jobs[i].submit / o->time_scale;
+      if (!(x >= 0 && x <= (double)SIM_MAX_MS)) {
+        uint32_t line = t->jobs[i].line;
+        cogpu__sim_trace_free(t);
+        return cogpu__seterr(-EINVAL,
+                             "%s:%u: --time-scale %g puts the arrival past "
+                             "%lld ms",
+                             path, line, o->time_scale, (long long)SIM_MAX_MS);
+      }
+      t->jobs[i].submit = (int64_t)x;
+    }
   cogpu__sim_trace_sort(t);
   return 0;
 }
@@ -1168,8 +1252,8 @@ int cogpu__sim_read_cluster(sim_cluster_t *c, const char *path,
       break;
     }
     if (!num_i64(f[idx[CPU]], &cpu) || !num_i64(f[idx[MEM]], &mem) ||
-        !num_i64(f[idx[GPU]], &g) || cpu < 0 || mem < 0 || g < 0 ||
-        g > SIM_MAX_NODE_GPUS) {
+        !num_i64(f[idx[GPU]], &g) || cpu < 0 || cpu > UINT32_MAX || mem < 0 ||
+        mem > (int64_t)1 << 40 || g < 0 || g > SIM_MAX_NODE_GPUS) {
       rc = cogpu__seterr(-EINVAL,
                          "%s:%u: cpu_milli, memory_mib or gpu is "
                          "not a number in range (gpu at most %u)",
@@ -1177,9 +1261,11 @@ int cogpu__sim_read_cluster(sim_cluster_t *c, const char *path,
       break;
     }
     uint64_t bytes = 0;
-    if (gm >= 0 && *f[gm] && cogpu__parse_size("gpu_mem", f[gm], &bytes) != 0) {
-      rc = cogpu__seterr(-EINVAL, "%s:%u: gpu_mem '%s' is not a size", path,
-                         r.lineno, f[gm]);
+    if (gm >= 0 && *f[gm] &&
+        (cogpu__parse_size("gpu_mem", f[gm], &bytes) != 0 ||
+         bytes > SIM_MAX_BYTES)) {
+      rc = cogpu__seterr(-EINVAL, "%s:%u: gpu_mem '%s' is not a size up to 1P",
+                         path, r.lineno, f[gm]);
       break;
     }
     if (!bytes)

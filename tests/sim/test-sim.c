@@ -979,6 +979,157 @@ TEST_IMPL(sim_multigpu_lists_read) {
   ASSERT_CONTAINS(cogpu_last_error(), "no column 'deletion_time'");
 }
 
+/* Reads `text` as a trace of `format` (written to a file in the test's
+ * directory); returns what the reader said on its error stream. */
+static char *read_text(sim_trace_t *t, const char *name, const char *text,
+                       int format, const sim_opts_t *o, int want_rc) {
+  const char *path = th_path(name);
+  th_write_file(path, text);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *err = open_memstream(&buf, &len);
+  memset(t, 0, sizeof *t);
+  ASSERT_EQ(cogpu__sim_read_trace(t, path, format, o, err), want_rc);
+  fclose(err);
+  return buf;
+}
+
+/* Numbers at the edge of their types: each row is reported with its line
+ * and skipped (none wraps into a job that looks valid), and the run of
+ * what is left ends. */
+TEST_IMPL(sim_huge_numbers_refused) {
+  sim_opts_t o = opts_1s();
+  sim_trace_t t;
+  char want[PATH_MAX + 64];
+  /* Alibaba: a pod at 9223372036854775 s (x 1000 is near INT64_MAX),
+   * another lasting until INT64_MAX. */
+  char *err = read_text(
+      &t, "a.csv",
+      "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+      "creation_time,deletion_time,scheduled_time\n"
+      "p0,1000,1024,1,1000,,LS,Running,0,10,0\n"
+      "p1,1000,1024,1,1000,,LS,Running,9223372036854775,9223372036854775,"
+      "9223372036854775\n"
+      "p2,1000,1024,1,1000,,LS,Running,5,9223372036854775807,5\n"
+      "p3,99999999999,1024,1,1000,,LS,Running,5,6,5\n",
+      SIM_FMT_ALIBABA, &o, 0);
+  ASSERT_EQ(t.n, 1);
+  ASSERT_EQ(t.skip[SIM_SKIP_RANGE], 3);
+  snprintf(want, sizeof want, "%s:3: creation_time 9223372036854775",
+           th_path("a.csv"));
+  ASSERT_CONTAINS(err, want);
+  snprintf(want, sizeof want, "%s:4: ", th_path("a.csv"));
+  ASSERT_CONTAINS(err, want);
+  snprintf(want, sizeof want, "%s:5: cpu_milli 99999999999", th_path("a.csv"));
+  ASSERT_CONTAINS(err, want);
+  free(err);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t res;
+  run(&t, &c, "exclusive", &o, &res, NULL);
+  ASSERT_EQ(res.done, 1);
+  cogpu__sim_trace_free(&t);
+  /* Philly: ticks times the unit overflowed (UBSan: signed overflow). */
+  err = read_text(&t, "p.csv",
+                  "job_id,user,num_gpu,submit_time,iterations,model_name,"
+                  "duration,interval,expect_time_list,expect_value_list,"
+                  "best_effort,job_type\n"
+                  "0,vc_a,1,9223372036854775807,100,alexnet,10,10,0,10,1,"
+                  "best\n"
+                  "1,vc_a,1,0,100,alexnet,9223372036854775,10,0,10,1,best\n"
+                  "2,vc_a,1,0,100,alexnet,10,10,0,10,1,best\n",
+                  SIM_FMT_PHILLY, &o, 0);
+  ASSERT_EQ(t.n, 1);
+  ASSERT_EQ(t.skip[SIM_SKIP_RANGE], 2);
+  snprintf(want, sizeof want, "%s:2: num_gpu 1, submit_time", th_path("p.csv"));
+  ASSERT_CONTAINS(err, want);
+  free(err);
+  cogpu__sim_trace_free(&t);
+  /* sacct: a peak of 1e300 bytes (was read as 1), a --gpu-mem too large
+   * to be a size (was the whole GPU), a year of five digits. */
+  err = read_text(
+      &t, "s.sacct",
+      "JobID|Submit|Start|End|AllocTRES|ReqTRES|AdminComment\n"
+      "1|2024-05-01T10:00:00|2024-05-01T10:00:00|2024-05-01T10:01:00|"
+      "gres/gpu=1|gres/gpu=1|{\"cogpu\":[{\"peak_bytes\":1e300}]}\n"
+      "2|2024-05-01T10:00:00|2024-05-01T10:00:00|2024-05-01T10:01:00|"
+      "gres/cogpumem=99999999999999999T|gres/gpu=1|\n"
+      "3|2024-05-01T10:00:00|2024-05-01T10:00:00|99999-05-01T10:01:00|"
+      "gres/gpu=1|gres/gpu=1|\n"
+      "4|2024-05-01T10:00:00|2024-05-01T10:00:00|2024-05-01T10:01:00|"
+      "gres/gpu=1|gres/gpu=1|{\"cogpu\":[{\"peak_bytes\":4096}]}\n",
+      SIM_FMT_SACCT, &o, 0);
+  ASSERT_EQ(t.n, 1);
+  ASSERT_UEQ(t.jobs[0].mem, 4096);
+  snprintf(want, sizeof want, "%s:2: job 1: peak_bytes", th_path("s.sacct"));
+  ASSERT_CONTAINS(err, want);
+  snprintf(want, sizeof want, "%s:3: job 2: gres/cogpumem", th_path("s.sacct"));
+  ASSERT_CONTAINS(err, want);
+  snprintf(want, sizeof want, "%s:4: job 3: Start", th_path("s.sacct"));
+  ASSERT_CONTAINS(err, want);
+  /* strptime reads a year of at most 4 digits: "never ran" (no time). */
+  ASSERT_EQ(t.skip[SIM_SKIP_RANGE], 2);
+  ASSERT_EQ(t.skip[SIM_SKIP_NEVER_RAN], 1);
+  free(err);
+  cogpu__sim_trace_free(&t);
+  /* cogpu's JSON: run_seconds and peak_bytes past every limit. */
+  err = read_text(&t, "h.json",
+                  "[\n{\"start_ms\":1000,\"wait_seconds\":0,\"run_seconds\":"
+                  "1e300,\"peak_bytes\":10}\n,"
+                  "{\"start_ms\":1000,\"wait_seconds\":0,\"run_seconds\":1,"
+                  "\"peak_bytes\":1e300}\n,"
+                  "{\"start_ms\":1000,\"wait_seconds\":0,\"run_seconds\":1,"
+                  "\"peak_bytes\":10}]\n",
+                  SIM_FMT_COGPU, &o, 0);
+  ASSERT_EQ(t.n, 1);
+  ASSERT_EQ(t.skip[SIM_SKIP_RANGE], 2);
+  snprintf(want, sizeof want, "%s:2: times past", th_path("h.json"));
+  ASSERT_CONTAINS(err, want);
+  free(err);
+  cogpu__sim_trace_free(&t);
+  /* --sample 1ms over 10^12 s: at most about a million samples. */
+  err = read_text(
+      &t, "l.csv",
+      "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+      "creation_time,deletion_time,scheduled_time\n"
+      "p0,1000,1024,1,1000,,LS,Running,0,10,0\n"
+      "p1,1000,1024,1,1000,,LS,Running,1000000000000,1000000000000,"
+      "1000000000000\n",
+      SIM_FMT_ALIBABA, &o, 0);
+  free(err);
+  ASSERT_EQ(t.n, 2);
+  o.sample = 1;
+  sim_policy_t p;
+  ASSERT_OK(cogpu__sim_policy("cogpu", &p));
+  sim_series_t ser = {0};
+  ASSERT_OK(cogpu__sim_run(&t, &c, &p, &o, &res, &ser, NULL));
+  ASSERT_EQ(res.done, 2);
+  ASSERT(ser.n > 0 && ser.n <= 1000002);
+  free(ser.v);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+  /* Through the command: a trace that is not a regular file is refused
+   * at once (it was read for ever), and so is a node count out of range,
+   * by what the range is. */
+  cmd_t cm;
+  const char *dev[] = {
+      "--trace",   "/dev/zero",  "--format",        "alibaba",
+      "--nodes",   "1",          "--gpus-per-node", "1",
+      "--gpu-mem", "16G",        "--policy",        "exclusive",
+      "--out",     th_path("o"), "--quiet",         NULL};
+  cogpu_cmd(&cm, dev);
+  ASSERT_EQ(cm.rc, 125);
+  ASSERT_CONTAINS(cm.err, "/dev/zero: not a regular file");
+  const char *nodes[] = {
+      "--trace",     th_path("l.csv"),  "--format", "alibaba",    "--nodes",
+      "99999999999", "--gpus-per-node", "1",        "--gpu-mem",  "16G",
+      "--policy",    "exclusive",       "--out",    th_path("o"), "--quiet",
+      NULL};
+  cogpu_cmd(&cm, nodes);
+  ASSERT_EQ(cm.rc, 2);
+  ASSERT_CONTAINS(cm.err, "--nodes '99999999999' is not 1 to 10000000");
+}
+
 /* FGD's fragmentation in its experiment, worked by hand. One node of two
  * GPUs; pods of 0.6 GPU (the only typical pod). Arrivals to 100 %: the
  * two pods, then one copy (1.8 GPUs; a fourth would pass 2). BestFit:

@@ -308,15 +308,16 @@ int cli_sim(int argc, char **argv) {
       break;
     case O_NODES:
       if (!num_u64(optarg, 10000000, &nodes) || nodes == 0)
-        return bad("--nodes '%s' is not a positive number", optarg);
+        return bad("--nodes '%s' is not 1 to 10000000", optarg);
       break;
     case O_GPN:
       if (!num_u64(optarg, SIM_MAX_NODE_GPUS, &gpn) || gpn == 0)
         return bad("--gpus-per-node '%s' is not 1 to 16", optarg);
       break;
     case O_GPUMEM:
-      if (cogpu__parse_size("--gpu-mem", optarg, &gpumem) || !gpumem)
-        return bad("--gpu-mem '%s' is not a size (80G)", optarg);
+      if (cogpu__parse_size("--gpu-mem", optarg, &gpumem) || !gpumem ||
+          gpumem > SIM_MAX_BYTES)
+        return bad("--gpu-mem '%s' is not a size up to 1P (80G)", optarg);
       break;
     case O_HOSTMEM:
       if (cogpu__parse_size("--host-mem", optarg, &hostmem))
@@ -381,14 +382,14 @@ int cli_sim(int argc, char **argv) {
       break;
     case O_SRATE:
     case O_RRATE:
-      if (!num_pos(optarg, &d))
-        return bad("a rate must be a positive number of GiB/s, not '%s'",
-                   optarg);
+      /* Bounded so that a copy's time stays a number of ms. */
+      if (!num_pos(optarg, &d) || d < 0.001 || d > 1e6)
+        return bad("a rate must be 0.001 to 1000000 GiB/s, not '%s'", optarg);
       *(c == O_SRATE ? &o.susp_gibps : &o.resume_gibps) = d;
       break;
     case O_SLOW:
-      if (!num_pos(optarg, &d) || d < 1)
-        return bad("--remote-slowdown '%s' is not a factor >= 1", optarg);
+      if (!num_pos(optarg, &d) || d < 1 || d > 1000)
+        return bad("--remote-slowdown '%s' is not a factor 1 to 1000", optarg);
       o.remote_slowdown = d;
       break;
     case O_LINKS:
@@ -397,8 +398,9 @@ int cli_sim(int argc, char **argv) {
       o.remote_links = (uint32_t)v;
       break;
     case O_SAMPLE:
-      if (cogpu__parse_duration_ms("--sample", optarg, &ms) || ms <= 0)
-        return bad("--sample '%s' is not a duration", optarg);
+      if (cogpu__parse_duration_ms("--sample", optarg, &ms) || ms <= 0 ||
+          ms > SIM_MAX_MS)
+        return bad("--sample '%s' is not a duration (up to 10^12 s)", optarg);
       o.sample = ms;
       break;
     case O_SDELAY:
@@ -430,8 +432,8 @@ int cli_sim(int argc, char **argv) {
       o.max_crashes = (uint32_t)v;
       break;
     case O_TSCALE:
-      if (!num_pos(optarg, &d))
-        return bad("--time-scale '%s' is not a positive factor", optarg);
+      if (!num_pos(optarg, &d) || d < 0.001 || d > 1e9)
+        return bad("--time-scale '%s' is not a factor 0.001 to 1e9", optarg);
       o.time_scale = d;
       break;
     case O_HELP:
