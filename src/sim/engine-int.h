@@ -28,7 +28,7 @@ typedef struct sim_js_s {
   uint8_t st;
   uint8_t remote;       /* runs with remote GPUs (rqueue) */
   uint8_t grow_pending; /* suspended while a growth waited: ask again */
-  uint8_t pad;
+  uint8_t gave_up;      /* JS_FAILED after too many crashes, not unplaceable */
   uint16_t crashes, susp;
   uint32_t epoch;        /* bumps invalidate its pending events */
   uint32_t nwait;        /* its entries in node queues not yet served */

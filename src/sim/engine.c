@@ -694,6 +694,17 @@ static int grow(sim_run_t *r, uint32_t j, uint64_t to) {
   return 0;
 }
 
+/* Does one of j's GPUs hold more than it has (shares)? */
+static bool overflowing(const sim_run_t *r, uint32_t j) {
+  const sim_js_t *s = &r->js[j];
+  for (uint32_t k = 0; k < s->nslot; k++) {
+    uint32_t g = r->jg[r->goff[j] + k];
+    if (r->used[g] > r->c->nodes[r->c->gpu_node[g]].gpu_total)
+      return true;
+  }
+  return false;
+}
+
 /* Starts j's run on the GPUs in its slots (booked already). */
 static int run_job(sim_run_t *r, uint32_t j) {
   sim_js_t *s = &r->js[j];
@@ -705,13 +716,14 @@ static int run_job(sim_run_t *r, uint32_t j) {
       uint32_t g = r->jg[r->goff[j] + k];
       if (r->used[g] > r->c->nodes[r->c->gpu_node[g]].gpu_total) {
         /* Co-located jobs need more memory than the GPU has: the last one
-         * to allocate dies of out-of-memory, after running a while. */
-        int64_t after = r->o->crash_after;
-        if (after > job(r, j)->dur)
-          after = job(r, j)->dur;
+         * to allocate dies of out-of-memory, after running a while. A
+         * job that ends by then (a zero-length one included) ends: its
+         * end comes no later than the crash, and wins the tie. */
+        if (job(r, j)->dur <= r->o->crash_after)
+          break;
         s->st = JS_RUN;
         s->seg = r->now;
-        return ev_push(r, r->now + after, EV_CRASH, j, ++s->epoch);
+        return ev_push(r, r->now + r->o->crash_after, EV_CRASH, j, ++s->epoch);
       }
     }
   }
@@ -853,6 +865,7 @@ static int end_job(sim_run_t *r, uint32_t j, bool finished) {
   } else if (s->crashes > r->o->max_crashes) {
     /* Its user gives up on it (Slurm's requeue limit does the same). */
     s->st = JS_FAILED;
+    s->gave_up = 1;
     s->end = r->now;
     r->res->abandoned++;
   } else {
@@ -1311,7 +1324,8 @@ static int finish_results(sim_run_t *r, sim_outcome_t *out) {
                                .crashes = s->crashes,
                                .suspensions = s->susp,
                                .remote = s->remote,
-                               .failed = s->st == JS_FAILED};
+                               .failed = s->st == JS_FAILED && !s->gave_up,
+                               .given_up = s->gave_up};
     if (s->end > last)
       last = s->end;
     /* Wait and completion time of GPU jobs that ran to their end. */
@@ -1433,6 +1447,13 @@ int cogpu__sim_run(const sim_trace_t *t, const sim_cluster_t *c,
         break;
       case EV_CRASH:
         if (e.epoch == r.js[e.a].epoch && r.js[e.a].st == JS_RUN) {
+          if (!overflowing(&r, e.a)) {
+            /* The overflow cleared meanwhile (a co-located job ended):
+             * it runs on, its work so far kept. */
+            r.js[e.a].done = work_done(&r, &r.js[e.a]);
+            rc = go(&r, e.a);
+            break;
+          }
           res->crashes++;
           r.js[e.a].crashes++;
           rc = end_job(&r, e.a, false);

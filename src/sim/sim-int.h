@@ -270,7 +270,9 @@ typedef struct sim_outcome_s {
   int64_t end;   /* -1: never */
   uint32_t node; /* where it last ran */
   uint16_t crashes, suspensions;
-  uint8_t remote, failed;
+  uint8_t remote;
+  uint8_t failed;   /* could not run on this cluster (results: not run) */
+  uint8_t given_up; /* crashed too often (results: given up) */
 } sim_outcome_t;
 
 /* Replays t on c under p. out (may be NULL) gets one outcome per job. */

@@ -114,8 +114,9 @@ TEST_IMPL(sim_exclusive_and_cogpu_by_hand) {
 
 /* shares (4 per GPU, crash after 5 s): C joins A and B at 20 with
  * 10 + 4 + 6 = 20 GiB > 16: it dies at 25, is resubmitted, placed again,
- * dies at 30, ... 55, 60 (8 crashes). At 60 B's end comes first (its event
- * is older), so C's ninth start fits (10 + 6 = 16): 60-90. With
+ * dies at 30, ... 55 (7 crashes). Its eighth start, at 55, would die at
+ * 60, but at 60 B's end comes first (its event is older) and the
+ * overflow clears (10 + 6 = 16): C runs on, 55-85. With
  * --max-crashes 3 it is given up after its fourth crash, at 40. */
 TEST_IMPL(sim_shares_crash_by_hand) {
   sim_opts_t o = opts_1s();
@@ -132,9 +133,9 @@ TEST_IMPL(sim_shares_crash_by_hand) {
   ASSERT_EQ(out[1].start, 10000);
   ASSERT_EQ(out[1].end, 60000);
   ASSERT_EQ(out[2].start, 20000); /* its first start */
-  ASSERT_EQ(out[2].end, 90000);
-  ASSERT_EQ(out[2].crashes, 8);
-  ASSERT_EQ(r.crashes, 8);
+  ASSERT_EQ(out[2].end, 85000);
+  ASSERT_EQ(out[2].crashes, 7);
+  ASSERT_EQ(r.crashes, 7);
   ASSERT_EQ(r.abandoned, 0);
   o.max_crashes = 3;
   run(&t, &c, "shares", &o, &r, out);
@@ -1183,5 +1184,90 @@ TEST_IMPL(sim_fgd_fragmentation_by_hand) {
   ASSERT_CONTAINS(csv, "placement,seed,arrived_pct,alloc_pct,frag_pct,"
                        "frag_ratio_pct\n");
   ASSERT_CONTAINS(csv, "bestfit,1,30,30.0000,20.0000,28.5714\n");
+  free(csv);
+}
+
+/* Philly rows (1 GPU, times in s with opts_1s): model, submit, duration. */
+static void philly_text(const char *path, const char *const *rows, size_t n) {
+  char buf[4096];
+  size_t len = (size_t)snprintf(
+      buf, sizeof buf,
+      "job_id,user,num_gpu,submit_time,iterations,model_name,duration,"
+      "interval,expect_time_list,expect_value_list,best_effort,job_type\n");
+  for (size_t i = 0; i < n; i++)
+    len += (size_t)snprintf(buf + len, sizeof buf - len,
+                            "%zu,vc_a,1,%s,10,0,10,1,best\n", i, rows[i]);
+  th_write_file(path, buf);
+}
+
+/* shares on one 16 GiB GPU (vgg16: 10 GiB, 2 shares fit):
+ *  - B (10 s long) joins A at 10 and overflows: with --crash-after 60 s it
+ *    ends at 20 before any crash (it was killed at 20, its end, 4 times);
+ *  - Z (0 s) overflows at 10: it ends at once (it crashed 4 times in that
+ *    instant and was given up);
+ *  - L (100 s) joins A (0-30) at 10: its crash was due at 70, but the
+ *    overflow cleared at 30: it runs on, 10-110 (it crashed at 70);
+ *  - a job given up after its 4th crash (three.csv, --crash-after 5 s) is
+ *    given_up=1, not not_run=1, in the per-job CSV. */
+TEST_IMPL(sim_shares_crash_edges) {
+  sim_opts_t o = opts_1s();
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  static const struct {
+    const char *rows[2];
+    int64_t start, end;
+  } cases[] = {
+      {{"0,100,vgg16,100", "10,100,vgg16,10"}, 10000, 20000},
+      {{"0,100,vgg16,100", "10,100,vgg16,0"}, 10000, 10000},
+      {{"0,100,vgg16,30", "10,100,vgg16,100"}, 10000, 110000},
+  };
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(cases); i++) {
+    philly_text(th_path("e.csv"), cases[i].rows, 2);
+    sim_trace_t t;
+    load_path(&t, th_path("e.csv"), SIM_FMT_PHILLY, &o);
+    ASSERT_EQ(t.n, 2);
+    sim_result_t res;
+    sim_outcome_t out[2];
+    run(&t, &c, "shares", &o, &res, out);
+    ASSERT_EQ(out[1].start, cases[i].start);
+    ASSERT_EQ(out[1].end, cases[i].end);
+    ASSERT_EQ(out[1].crashes, 0);
+    ASSERT_EQ(res.crashes, 0);
+    ASSERT_EQ(res.done, 2);
+    cogpu__sim_trace_free(&t);
+  }
+  cogpu__sim_cluster_free(&c);
+  const char *args[] = {"--trace",
+                        fixture("three.csv"),
+                        "--format",
+                        "philly",
+                        "--time-unit",
+                        "1s",
+                        "--nodes",
+                        "1",
+                        "--gpus-per-node",
+                        "1",
+                        "--gpu-mem",
+                        "16G",
+                        "--policy",
+                        "shares",
+                        "--crash-after",
+                        "5s",
+                        "--max-crashes",
+                        "3",
+                        "--out",
+                        th_path("o"),
+                        "--jobs",
+                        "--quiet",
+                        NULL};
+  cmd_t cm;
+  cogpu_cmd(&cm, args);
+  ASSERT_EQ(cm.rc, 0);
+  size_t len;
+  char *csv = slurp(th_path("o/shares-jobs.csv"), &len);
+  csv = realloc(csv, len + 1);
+  csv[len] = 0;
+  ASSERT_CONTAINS(csv, "remote,not_run,given_up\n");
+  ASSERT_CONTAINS(csv, "\n4,20.000,20.000,40.000,1,0,4,0,0,0,1\n");
   free(csv);
 }

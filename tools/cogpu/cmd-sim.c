@@ -120,15 +120,15 @@ static int write_jobs(const char *dir, const char *policy, const sim_trace_t *t,
     return CLI_EXIT_FAIL;
   }
   fprintf(f, "line,submit_s,start_s,end_s,gpus,node,crashes,suspensions,"
-             "remote,not_run\n");
+             "remote,not_run,given_up\n");
   for (size_t i = 0; i < t->n; i++) {
     const sim_job_t *j = &t->jobs[i];
-    fprintf(f, "%u,%.3f,%.3f,%.3f,%u,%u,%u,%u,%u,%u\n", j->line,
+    fprintf(f, "%u,%.3f,%.3f,%.3f,%u,%u,%u,%u,%u,%u,%u\n", j->line,
             (double)j->submit / 1000.0,
             o[i].start < 0 ? -1.0 : (double)o[i].start / 1000.0,
             o[i].end < 0 ? -1.0 : (double)o[i].end / 1000.0, j->ngpus,
-            o[i].node, o[i].crashes, o[i].suspensions, o[i].remote,
-            o[i].failed);
+            o[i].node, o[i].crashes, o[i].suspensions, o[i].remote, o[i].failed,
+            o[i].given_up);
   }
   if (fclose(f) != 0) {
     cli_err("sim: %s: write failed", path);
