@@ -1067,6 +1067,7 @@ static int read_cogpu(rd_t *r) {
     int64_t start_ms, wait_ms, run_ms, step_ms = 0;
     if (!dbl_ms(start, 1, &start_ms) || !dbl_ms(wait, 1000, &wait_ms) ||
         !dbl_ms(run, 1000, &run_ms) || !dbl_ms(tli, 1000, &step_ms) ||
+        (ntl && step_ms > SIM_MAX_MS / (int64_t)ntl) ||
         peak > (double)SIM_MAX_BYTES || decl > (double)SIM_MAX_BYTES) {
       rd_bad(r, SIM_SKIP_RANGE,
              "times past %lld ms or bytes past %llu (start_ms %.17g, "

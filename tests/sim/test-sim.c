@@ -1073,17 +1073,21 @@ TEST_IMPL(sim_huge_numbers_refused) {
   ASSERT_EQ(t.skip[SIM_SKIP_NEVER_RAN], 1);
   free(err);
   cogpu__sim_trace_free(&t);
-  /* cogpu's JSON: run_seconds and peak_bytes past every limit. */
+  /* cogpu's JSON: run_seconds and peak_bytes past every limit, and a
+   * timeline whose points would pass it (3 x 10^12 s). */
   err = read_text(&t, "h.json",
                   "[\n{\"start_ms\":1000,\"wait_seconds\":0,\"run_seconds\":"
                   "1e300,\"peak_bytes\":10}\n,"
                   "{\"start_ms\":1000,\"wait_seconds\":0,\"run_seconds\":1,"
                   "\"peak_bytes\":1e300}\n,"
                   "{\"start_ms\":1000,\"wait_seconds\":0,\"run_seconds\":1,"
+                  "\"peak_bytes\":10,\"timeline_interval_seconds\":"
+                  "999999999999,\"timeline_bytes\":[1,2,3]}\n,"
+                  "{\"start_ms\":1000,\"wait_seconds\":0,\"run_seconds\":1,"
                   "\"peak_bytes\":10}]\n",
                   SIM_FMT_COGPU, &o, 0);
   ASSERT_EQ(t.n, 1);
-  ASSERT_EQ(t.skip[SIM_SKIP_RANGE], 2);
+  ASSERT_EQ(t.skip[SIM_SKIP_RANGE], 3);
   snprintf(want, sizeof want, "%s:2: times past", th_path("h.json"));
   ASSERT_CONTAINS(err, want);
   free(err);
