@@ -496,6 +496,32 @@ TEST_IMPL(sim_public_traces_load) {
     }
     cogpu__sim_trace_free(&t);
   }
+  /* FGD's other pod lists (rows from the traces' README): every one loads
+   * whole, the gpuspec ones with their specs, the multigpu ones (five
+   * columns) without times. */
+  static const struct {
+    const char *name;
+    size_t rows;
+  } fgd[] = {{"cpu037", 7336},     {"cpu050", 7439},     {"cpu072", 7608},
+             {"cpu100", 7853},     {"cpu200", 8832},     {"cpu235", 9240},
+             {"cpu250", 9420},     {"cpu300", 10094},    {"gpushare20", 8152},
+             {"gpushare80", 8152}, {"gpuspec05", 8152},  {"gpuspec10", 8152},
+             {"gpuspec20", 8152},  {"gpuspec25", 8152},  {"gpuspec33", 8152},
+             {"multigpu20", 8324}, {"multigpu30", 8508}, {"multigpu40", 8746},
+             {"multigpu50", 9061}};
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(fgd); i++) {
+    sim_trace_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(p, sizeof p, "%s/alibaba-clusterdata/openb_pod_list_%s.csv", dir,
+             fgd[i].name);
+    ASSERT_OK(cogpu__sim_read_trace(&t, p, SIM_FMT_ALIBABA, &o, err));
+    ASSERT_EQ(t.rows, fgd[i].rows);
+    ASSERT_EQ(t.n, fgd[i].rows);
+    ASSERT_EQ(t.skipped, 0);
+    ASSERT_EQ(t.timeless, !strncmp(fgd[i].name, "multigpu", 8));
+    ASSERT_EQ(t.nspec > 0, !strncmp(fgd[i].name, "gpuspec", 7));
+    cogpu__sim_trace_free(&t);
+  }
   sim_cluster_t c;
   snprintf(p, sizeof p, "%s/alibaba-clusterdata/openb_node_list_gpu_node.csv",
            dir);
