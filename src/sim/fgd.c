@@ -210,10 +210,10 @@ bool cogpu__sim_fgd_find(sim_run_t *r, uint32_t j, sim_slot_t *s) {
   double best = INFINITY;
   bool found = false;
   uint32_t left[SIM_MAX_NODE_GPUS], after[SIM_MAX_NODE_GPUS];
-  /* Idle nodes of one shape give the same answer, and the first of them
-   * wins ties: only that one is worked out. */
+  /* Idle nodes of one shape (and model: gpu_spec) give the same answer,
+   * and the first of them wins ties: only that one is worked out. */
   struct {
-    uint32_t ngpus;
+    uint32_t ngpus, model;
     uint64_t total;
   } seen[16];
   uint32_t nseen = 0;
@@ -227,11 +227,12 @@ bool cogpu__sim_fgd_find(sim_run_t *r, uint32_t j, sim_slot_t *s) {
     if (cogpu__sim_node_free(r, n)) {
       bool dup = false;
       for (uint32_t i = 0; i < nseen && !dup; i++)
-        dup = seen[i].ngpus == nd->ngpus && seen[i].total == nd->gpu_total;
+        dup = seen[i].ngpus == nd->ngpus && seen[i].total == nd->gpu_total &&
+              seen[i].model == nd->model;
       if (dup)
         continue;
       if (nseen < 16)
-        seen[nseen++] = (typeof(seen[0])){nd->ngpus, nd->gpu_total};
+        seen[nseen++] = (typeof(seen[0])){nd->ngpus, nd->model, nd->gpu_total};
     }
     uint32_t cand[SIM_MAX_NODE_GPUS], nc = 0;
     for (uint32_t x = 0; x < nd->ngpus; x++) {

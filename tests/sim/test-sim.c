@@ -942,6 +942,28 @@ TEST_IMPL(sim_gpu_spec_honoured) {
     ASSERT_EQ(res.unplaceable, 1);
   }
   cogpu__sim_trace_free(&t);
+  /* cogpu:fgd works out one idle node per shape: a G2 node has a
+   * V100M32's shape (one GPU of 32 GiB) but not its model. */
+  const char *same = th_path("same.csv");
+  th_write_file(same, "sn,cpu_milli,memory_mib,gpu,model\n"
+                      "n0,64000,262144,1,G2\n"
+                      "n1,64000,262144,1,V100M32\n");
+  sim_cluster_t c2;
+  cluster_path(&c2, same, &o);
+  th_write_file(pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,"
+                      "qos,pod_phase,creation_time,deletion_time,"
+                      "scheduled_time\n"
+                      "p0,1000,1024,1,500,V100M32,LS,Running,0,100,0\n");
+  load_path(&t, pods, SIM_FMT_ALIBABA, &o);
+  for (size_t i = 0; i < COGPU_ARRAY_SIZE(pols); i++) {
+    sim_result_t res;
+    sim_outcome_t out[1];
+    run(&t, &c2, pols[i], &o, &res, out);
+    ASSERT_EQ(out[0].start, 0);
+    ASSERT_EQ(out[0].node, 1);
+  }
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c2);
   th_write_file(pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,"
                       "qos,pod_phase,creation_time,deletion_time,"
                       "scheduled_time\n"
