@@ -132,6 +132,12 @@ static int cmp_victim(const void *a, const void *b) {
   return x->job < y->job ? -1 : x->job > y->job;
 }
 
+/* May j (its gpu_spec) use node n's GPUs? */
+static bool spec_node(const sim_run_t *r, uint32_t j, uint32_t n) {
+  return cogpu__sim_spec_ok(r->t, &r->t->jobs[j],
+                            r->model_bit[r->c->nodes[n].model]);
+}
+
 /* A one-GPU job that finds no room suspends running one-GPU jobs of lower
  * priority on the first GPU where that makes room and the node's host
  * memory can take them; it then waits there for their memory, ahead of
@@ -144,7 +150,7 @@ static int fallback_suspend(sim_run_t *r, uint32_t j, sim_slot_t *s) {
   victim_t v[64];
   for (uint32_t g = 0; g < r->c->ngpus; g++) {
     uint32_t n = r->c->gpu_node[g];
-    if (r->nq[n].n || r->gpu[g].excl)
+    if (r->nq[n].n || r->gpu[g].excl || !spec_node(r, j, n))
       continue;
     uint64_t need = cogpu__sim_need_bytes(r, j, g);
     uint64_t room = cogpu__core_free(&r->gpu[g]);
@@ -211,6 +217,8 @@ static int fallback_remote(sim_run_t *r, uint32_t j, sim_slot_t *s) {
     return 0;
   uint32_t home = SIM_NONE, best = 0;
   for (uint32_t n = 0; n < r->c->nnodes; n++) {
+    if (!spec_node(r, j, n))
+      continue;
     uint32_t c = idle_on(r, n);
     if (c > best && r->links[n] < L) {
       best = c;
@@ -229,7 +237,7 @@ static int fallback_remote(sim_run_t *r, uint32_t j, sim_slot_t *s) {
       s->gpus[got++] = g;
   uint32_t used[SIM_MAX_NODE_GPUS * 64], nu = 0;
   for (uint32_t n = 0; n < r->c->nnodes && got < k; n++) {
-    if (n == home || r->links[n] >= L)
+    if (n == home || r->links[n] >= L || !spec_node(r, j, n))
       continue;
     const sim_node_t *nd = &r->c->nodes[n];
     uint32_t here = 0;

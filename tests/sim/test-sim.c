@@ -985,6 +985,64 @@ TEST_IMPL(sim_gpu_spec_honoured) {
   cogpu__sim_cluster_free(&c);
 }
 
+/* The fallbacks honour gpu_spec too. cogpu+suspend, a T4 node and a
+ * V100M32 node of one GPU each, both held by best-effort pods: an LS pod
+ * naming V100M32 suspends the V100M32's holder, not the T4's. rqueue,
+ * a T4 node and two V100M32 nodes of 2 GPUs: W (2 GPUs) holds n1 0-5, X
+ * takes n2g0 at 1, V n1g0 at 6; Z (2 V100M32) at 7 finds one idle
+ * V100M32 on each of n1 and n2 and runs across them, although n0's two
+ * T4s are idle. */
+TEST_IMPL(sim_gpu_spec_fallbacks) {
+  const char *nodes = th_path("nodes.csv"), *pods = th_path("pods.csv");
+  const char *hdr = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,"
+                    "qos,pod_phase,creation_time,deletion_time,"
+                    "scheduled_time\n";
+  char buf[2048];
+  th_write_file(nodes, two_models);
+  snprintf(buf, sizeof buf,
+           "%sa,1000,1024,1,1000,T4,BE,Running,0,100,0\n"
+           "b,1000,1024,1,1000,V100M32,BE,Running,0,100,0\n"
+           "c,1000,1024,1,1000,V100M32,LS,Running,10,20,10\n",
+           hdr);
+  th_write_file(pods, buf);
+  sim_opts_t o = opts_1s();
+  sim_cluster_t c;
+  cluster_path(&c, nodes, &o);
+  sim_trace_t t;
+  load_path(&t, pods, SIM_FMT_ALIBABA, &o);
+  sim_result_t res;
+  sim_outcome_t out[5];
+  run(&t, &c, "cogpu+suspend", &o, &res, out);
+  ASSERT_EQ(out[0].suspensions, 0);
+  ASSERT_EQ(out[1].suspensions, 1);
+  ASSERT_EQ(out[2].node, 1);
+  /* After b's 32 GiB are copied out (13.3 s at 2.4 GiB/s), not at b's end. */
+  ASSERT(out[2].start > 10000 && out[2].start < 100000);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+  th_write_file(nodes, "sn,cpu_milli,memory_mib,gpu,model\n"
+                       "n0,64000,262144,2,T4\n"
+                       "n1,64000,262144,2,V100M32\n"
+                       "n2,64000,262144,2,V100M32\n");
+  snprintf(buf, sizeof buf,
+           "%sw,1000,1024,2,1000,V100M32,LS,Running,0,5,0\n"
+           "x,1000,1024,1,1000,V100M32,LS,Running,1,100,1\n"
+           "v,1000,1024,1,1000,V100M32,LS,Running,6,100,6\n"
+           "z,1000,1024,2,1000,V100M32,LS,Running,7,17,7\n",
+           hdr);
+  th_write_file(pods, buf);
+  cluster_path(&c, nodes, &o);
+  load_path(&t, pods, SIM_FMT_ALIBABA, &o);
+  run(&t, &c, "rqueue", &o, &res, out);
+  ASSERT_EQ(out[1].node, 2);
+  ASSERT_EQ(out[2].node, 1);
+  ASSERT_EQ(out[3].start, 7000);
+  ASSERT_EQ(out[3].remote, 1);
+  ASSERT_EQ(out[3].node, 1);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
 /* FGD's multi-GPU pod lists have five columns (no gpu_spec, qos or
  * times): they load, FGD's experiment runs on them, and a replay says
  * why it cannot. */
