@@ -495,7 +495,8 @@ static int read_alibaba(rd_t *r) {
         return cogpu__seterr(-ENOMEM, "out of memory reading the trace");
       if (spec < 0) {
         rd_bad(r, SIM_SKIP_RANGE,
-               "gpu_spec '%.64s': more than %d models or %d specs",
+               "gpu_spec '%.64s': too long, or past %d models or %d "
+               "distinct specs",
                f[idx[SPEC]], SIM_MAX_MODELS, SIM_MAX_SPECS);
         continue;
       }
