@@ -9,6 +9,9 @@
 #include "sim/sim-int.h"
 
 #define SIM_NONE UINT32_MAX
+/* The latest simulated time a run reaches (ms; about 127 million years):
+ * past it the run stops with an error. */
+#define SIM_MAX_NOW 4000000000000000000ll
 
 /* A job's state in a run. */
 enum sim_js_state {
@@ -143,6 +146,7 @@ typedef struct sim_run_s {
   int64_t sample, next_sample;
   double frag_sum;
   size_t frag_n;
+  bool too_late;     /* an event was due past SIM_MAX_NOW */
   bool scan_due;     /* a scan is due at an EV_SCAN (--sched-delay) */
   bool freed;        /* something was released: the cluster queue is scanned */
   uint32_t new_from; /* first job queued since the last scan */

@@ -56,6 +56,14 @@ static bool ev_less(const sim_ev_t *a, const sim_ev_t *b) {
 
 static int ev_push(sim_run_t *r, int64_t t, uint32_t type, uint32_t a,
                    uint32_t epoch) {
+  /* Each step adds at most about 10^18 ms (10^15 of work at a slowdown of
+   * up to 1000) to a time below SIM_MAX_NOW: no sum can overflow. Jobs
+   * whose run times add up past it end the run with an error (the main
+   * loop), not a wrapped clock. */
+  if (t > SIM_MAX_NOW) {
+    r->too_late = true;
+    t = SIM_MAX_NOW;
+  }
   if (r->nh == r->caph) {
     size_t nc = r->caph ? r->caph * 2 : 1024;
     sim_ev_t *nv = realloc(r->heap, nc * sizeof *nv);
@@ -1421,6 +1429,13 @@ int cogpu__sim_run(const sim_trace_t *t, const sim_cluster_t *c,
       at = r.heap[0].t;
     advance(&r, at);
     r.now = at;
+    if (r.too_late) {
+      rc = cogpu__seterr(-EOVERFLOW,
+                         "the simulated time would pass %lld ms (the jobs' "
+                         "run times add up past what a run counts)",
+                         (long long)SIM_MAX_NOW);
+      break;
+    }
     bool scan_now = false; /* a delayed scan is due at this instant */
     /* Everything that happens at this instant, then one scan. */
     while (rc == 0 && r.next_arrival < t->n &&

@@ -1219,6 +1219,31 @@ TEST_IMPL(sim_huge_numbers_refused) {
   free(ser.v);
   cogpu__sim_trace_free(&t);
   cogpu__sim_cluster_free(&c);
+  /* 9,300 jobs of 10^12 s each, one after another on one GPU: their run
+   * times add up past INT64_MAX ms (the clock wrapped); the run stops
+   * with an error at 4 x 10^18 ms. */
+  {
+    const char *path = th_path("long.csv");
+    FILE *f = fopen(path, "w");
+    ASSERT(f);
+    fprintf(f, "job_id,user,num_gpu,submit_time,iterations,model_name,"
+               "duration,interval,expect_time_list,expect_value_list,"
+               "best_effort,job_type\n");
+    for (int i = 0; i < 9300; i++)
+      fprintf(f, "%d,vc_a,1,0,10,alexnet,1000000000000,10,0,10,1,best\n", i);
+    fclose(f);
+    load_path(&t, path, SIM_FMT_PHILLY, &o);
+    ASSERT_EQ(t.n, 9300);
+    sim_cluster_t one;
+    ASSERT_OK(cogpu__sim_make_cluster(&one, 1, 1, 16 * GIB, 64 * GIB));
+    sim_policy_t ex;
+    ASSERT_OK(cogpu__sim_policy("exclusive", &ex));
+    o.sample = 0;
+    ASSERT_EQ(cogpu__sim_run(&t, &one, &ex, &o, &res, NULL, NULL), -EOVERFLOW);
+    ASSERT_CONTAINS(cogpu_last_error(), "would pass 4000000000000000000 ms");
+    cogpu__sim_trace_free(&t);
+    cogpu__sim_cluster_free(&one);
+  }
   /* Through the command: a trace that is not a regular file is refused
    * at once (it was read for ever), and so is a node count out of range,
    * by what the range is. */
