@@ -36,8 +36,10 @@ static const char sim_usage[] =
     "       cogpu sim --fgd PLACEMENT[,...]|all --trace FILE --format alibaba\n"
     "         --cluster NODES.csv --out DIR [--seed S] [--seeds N] [--upto "
     "PCT]\n"
-    "FGD's arrivals-only experiment (its Fig. 9a): placements random,\n"
-    "dotprod, clustering, packing, bestfit, fgd. See docs/simulation.md.\n";
+    "FGD's arrivals-only experiment (its Fig. 9): placements random,\n"
+    "dotprod, clustering, packing, bestfit, fgd; GPU allocation and\n"
+    "fragmentation (amount and ratio) as arrivals grow. See\n"
+    "docs/simulation.md.\n";
 
 enum {
   O_TRACE = 1000,
