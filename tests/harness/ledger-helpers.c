@@ -6,9 +6,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/sched.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -271,4 +273,100 @@ pid_t lt_fork_as_pid(pid_t pid) {
     waitpid(c, NULL, 0);
   }
   return -1;
+}
+
+/* --- test users ---------------------------------------------------------- */
+
+static char lt_users[2][40];
+
+static void lt_users_remove(void) {
+  for (int i = 0; i < 2; i++) {
+    if (!lt_users[i][0])
+      continue;
+    const char *argv[] = {"userdel", lt_users[i], NULL};
+    char out[512], err[512];
+    th_run(argv, NULL, out, sizeof out, err, sizeof err, 20000);
+    lt_users[i][0] = 0;
+  }
+}
+
+/* Users an earlier test left behind (killed at its time limit): theirs is
+ * a PID that no longer runs. */
+static void lt_users_reap(void) {
+  FILE *f = fopen("/etc/passwd", "r");
+  char line[512];
+  while (f && fgets(line, sizeof line, f)) {
+    int pid, n;
+    char name[40];
+    if (sscanf(line, "cogpu-t%d-%d:", &pid, &n) != 2 || kill(pid, 0) == 0 ||
+        errno != ESRCH)
+      continue;
+    snprintf(name, sizeof name, "cogpu-t%d-%d", pid, n);
+    const char *argv[] = {"userdel", name, NULL};
+    char out[512], err[512];
+    th_run(argv, NULL, out, sizeof out, err, sizeof err, 20000);
+  }
+  if (f)
+    fclose(f);
+}
+
+void lt_test_user(int n, unsigned *uid, unsigned *gid) {
+  ASSERT(n == 1 || n == 2);
+  if (geteuid() != 0)
+    th_fail(__FILE__, __LINE__, "test users need root");
+  char *name = lt_users[n - 1];
+  if (!name[0]) {
+    static bool reaped, registered;
+    if (!reaped)
+      lt_users_reap();
+    reaped = true;
+    snprintf(lt_users[n - 1], sizeof lt_users[0], "cogpu-t%d-%d", (int)getpid(),
+             n);
+    if (!registered)
+      th_on_end(lt_users_remove);
+    registered = true;
+    const char *argv[] = {"useradd", "-M",           "-N", "-s", "/bin/sh",
+                          "-d",      "/nonexistent", name, NULL};
+    char out[1024], err[1024];
+    /* Tests at once each take /etc/passwd's lock: a busy lock is tried
+     * again (useradd exits 1 or 10 when it cannot lock a file). */
+    int rc = -1;
+    for (int t = 0; t < 100 && rc != 0; t++) {
+      rc = th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(20000));
+      if (rc == 9) /* the name is taken: a leftover of this PID */
+        rc = 0;
+      if (rc != 0 && rc != 1 && rc != 10)
+        break;
+      if (rc != 0)
+        th_sleep_ms(50); /* a lock held by another test's useradd */
+    }
+    if (rc != 0)
+      th_fail(__FILE__, __LINE__, "useradd %s: exit %d: %s", name, rc, err);
+  }
+  struct passwd *pw = getpwnam(name);
+  if (!pw)
+    th_fail(__FILE__, __LINE__, "no user %s after useradd", name);
+  *uid = (unsigned)pw->pw_uid;
+  *gid = (unsigned)pw->pw_gid;
+}
+
+const char *const *lt_as_user(int n, const char *const *argv, const char **buf,
+                              size_t max) {
+  if (geteuid() != 0)
+    return argv;
+  unsigned uid, gid;
+  lt_test_user(n, &uid, &gid);
+  ASSERT(chmod(th_tmpdir(), 0711) == 0);
+  static char ids[2][2][24];
+  snprintf(ids[n - 1][0], sizeof ids[0][0], "--reuid=%u", uid);
+  snprintf(ids[n - 1][1], sizeof ids[0][0], "--regid=%u", gid);
+  size_t k = 0;
+  const char *pre[] = {"setpriv", ids[n - 1][0], ids[n - 1][1],
+                       "--clear-groups"};
+  for (size_t i = 0; i < 4 && k + 1 < max; i++)
+    buf[k++] = pre[i];
+  for (size_t i = 0; argv[i] && k + 1 < max; i++)
+    buf[k++] = argv[i];
+  buf[k] = NULL;
+  return buf;
 }

@@ -41,6 +41,17 @@ void lt_fake_reset_peak(void);
  * not do (a restore without room, a checkpoint of managed memory). */
 unsigned long long lt_fake_wedged(void);
 
+/* Jobs as real users run them (issue 26): an unprivileged user of the
+ * node made for this test (`cogpu-tPID-N`, N = 1 or 2: the job's user and
+ * another user), removed when the test process exits (and, if a killed
+ * test left one, by a later test). Needs root; *uid and *gid are set. */
+void lt_test_user(int n, unsigned *uid, unsigned *gid);
+/* argv to run `argv` as test user n (setpriv), in buf of room for max
+ * pointers; argv itself when not root (the test runs as its own user). The
+ * test's files must be reachable: its tmpdir is made 0711. */
+const char *const *lt_as_user(int n, const char *const *argv, const char **buf,
+                              size_t max);
+
 /* Start a hold helper: attaches with command `name` and `prio`, reserves
  * `bytes` on `gpu` (-1 auto; bytes 0 = exclusive) waiting at most
  * timeout_ms (-1 forever), holds for hold_ms (-1: until killed), releases,

@@ -61,6 +61,20 @@ void th_register_helper(const char *name, th_helper_fn fn) {
     helpers[nhelpers++] = (helper_t){name, fn};
 }
 
+static void (*on_end[8])(void);
+static int non_end;
+
+void th_on_end(void (*fn)(void)) {
+  if (non_end < (int)(sizeof on_end / sizeof on_end[0]))
+    on_end[non_end++] = fn;
+}
+
+/* In the test's process, as it ends: the latest first, each once. */
+static void run_on_end(void) {
+  while (non_end > 0)
+    on_end[--non_end]();
+}
+
 void th_fail(const char *file, int line, const char *fmt, ...) {
   char msg[2048];
   va_list ap;
@@ -69,6 +83,7 @@ void th_fail(const char *file, int line, const char *fmt, ...) {
   va_end(ap);
   fprintf(stderr, "FAIL %s:%d: %s\n", file, line, msg);
   fflush(stderr);
+  run_on_end();
   exit(1);
 }
 
@@ -558,6 +573,7 @@ static int start_one(const test_t *t, running_t *r) {
     if (node_mode())
       th_daemon_start();
     t->fn();
+    run_on_end();
     fflush(NULL);
     _exit(0);
   }

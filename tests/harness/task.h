@@ -26,6 +26,9 @@ void th_register_test(const char *name, th_test_fn fn, const char *file,
 void th_register_single(const char *name, th_test_fn fn, const char *file,
                         int timeout_s);
 void th_register_helper(const char *name, th_helper_fn fn);
+/* fn runs when the test process ends, passed or failed (not when killed
+ * at its time limit): cleanup of what outlives the process, e.g. users. */
+void th_on_end(void (*fn)(void));
 void th_register_group(const char *file, const char *group, int most);
 void th_register_file_once(const char *file);
 _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)

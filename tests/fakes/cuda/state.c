@@ -39,9 +39,17 @@ static void state_path(char *buf, size_t len) {
 static bool state_create(const char *path) {
   char tmp[PATH_MAX + 32];
   snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0)
     return false;
+  /* Every user of the node may use the GPU, as with the real driver's
+   * device nodes (/dev/nvidia*, 0666): jobs of ordinary users share the
+   * fake GPU with root's daemon. */
+  if (fchmod(fd, 0666) != 0) {
+    close(fd);
+    unlink(tmp);
+    return false;
+  }
   unsigned char hdr[16];
   uint64_t magic = FAKE_CUDA_STATE_MAGIC;
   uint32_t version = FAKE_CUDA_STATE_VERSION,
