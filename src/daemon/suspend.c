@@ -87,6 +87,7 @@ typedef struct cu_api_s {
   CUresult (*checkpoint)(int, CUcheckpointCheckpointArgs *);
   CUresult (*restore)(int, CUcheckpointRestoreArgs *);
   CUresult (*unlock)(int, CUcheckpointUnlockArgs *);
+  CUresult (*get_state)(int, CUprocessState *); /* optional: NULL */
 } cu_api_t;
 
 /* Idle tracking (max_idle): when each registration's process last did GPU
@@ -174,6 +175,7 @@ static void load_cuda(cogpu__susp_t *s) {
     *(void **)&s->cu.checkpoint = dlsym(lib, "cuCheckpointProcessCheckpoint");
     *(void **)&s->cu.restore = dlsym(lib, "cuCheckpointProcessRestore");
     *(void **)&s->cu.unlock = dlsym(lib, "cuCheckpointProcessUnlock");
+    *(void **)&s->cu.get_state = dlsym(lib, "cuCheckpointProcessGetState");
     int v = 0;
     CUresult r;
     if (!s->cu.init || !s->cu.lock || !s->cu.checkpoint || !s->cu.restore ||
@@ -352,8 +354,30 @@ static bool room_for(sjob_t *j) {
   return false;
 }
 
+/* Does a process of the job still have its memory in host memory? A
+ * resume a previous daemon began may have restored it already (killed
+ * mid-restore, or after the restore and before the unlock): the process
+ * then holds its footprint on the GPU, LOCKED, and waiting for the driver
+ * to have that much free again would wait for memory it holds itself
+ * (issue 25: the new daemon left such jobs locked for good). Without
+ * GetState: assumed so. GetState is slow on some drivers (seconds): asked
+ * only here, once per process of a resume. */
+static bool any_checkpointed(cogpu__susp_t *s, sjob_t *j) {
+  if (!s->cu.get_state)
+    return true;
+  for (int i = 0; i < j->npids; i++) {
+    CUprocessState st = CU_PROCESS_STATE_RUNNING;
+    if (!same_process(j, i))
+      continue;
+    if (s->cu.get_state(j->pids[i], &st) != CUDA_SUCCESS ||
+        st == CU_PROCESS_STATE_CHECKPOINTED)
+      return true;
+  }
+  return false;
+}
+
 static void run_resume(cogpu__susp_t *s, sjob_t *j) {
-  if (!room_for(j))
+  if (any_checkpointed(s, j) && !room_for(j))
     return;
   for (int i = 0; i < j->npids; i++) {
     CUcheckpointRestoreArgs ra = {0};

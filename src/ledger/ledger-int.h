@@ -177,6 +177,11 @@ typedef struct ledger_slot_s {
 _Static_assert(COGPU_USAGE_GPUS == LEDGER_MAX_GPUS,
                "a usage page has a word per ledger GPU");
 
+/* A resume entry: queued when the ledger parked the job (it waits until
+ * the job can grow to its expected peak), or by `cogpu resume` (back as
+ * soon as its footprint fits). */
+enum { LEDGER_RESUME_AUTO = 1, LEDGER_RESUME_BY_HAND = 2 };
+
 typedef struct ledger_waiter_s {
   _Atomic uint32_t futex; /* 0 while waiting; set to 1 to wake */
   uint32_t pad0;
@@ -195,7 +200,7 @@ typedef struct ledger_waiter_s {
   /* A suspended job's resume: it asks for the job's parked footprint plus
    * what the job's own requests on that GPU ask (computed when served);
    * no client waits on it, the daemon restores the job when it is served. */
-  uint64_t resume;
+  uint64_t resume; /* 0, or LEDGER_RESUME_AUTO or _BY_HAND */
   /* COGPU__REQ_DEVICE_WAIT, COGPU__REQ_JOB_SPARE (internal.h). */
   uint64_t flags;
 } ledger_waiter_t;

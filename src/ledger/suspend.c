@@ -177,7 +177,7 @@ int cogpu__ledger_suspend_begin(struct cogpu_s *h, uint32_t s, bool manual,
  * the queue as it is now. Not its oldest request's place: the requests
  * already waiting are those it was suspended for, and a resume ahead of
  * them would hold back, under fifo, the very memory it just gave up. */
-static void enqueue_resume(struct cogpu_s *h, uint32_t s) {
+static void enqueue_resume(struct cogpu_s *h, uint32_t s, bool by_hand) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
   uint64_t ticket = hd->next_ticket;
@@ -196,7 +196,7 @@ static void enqueue_resume(struct cogpu_s *h, uint32_t s) {
     wt->exclusive = 0;
     wt->nowait = 0;
     wt->granted_gpu = -1;
-    wt->resume = 1;
+    wt->resume = by_hand ? LEDGER_RESUME_BY_HAND : LEDGER_RESUME_AUTO;
     cogpu__ledger_tx_set(h, &wt->ticket, ticket);
     cogpu__ledger_tx_set(h, &hd->next_ticket, hd->next_ticket + 1);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting + 1);
@@ -257,7 +257,7 @@ void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
   cogpu__ledger_tx_commit(h);
   cogpu__ledger_note_left(h); /* the driver has just freed that memory */
   if (!sl->susp_manual)
-    enqueue_resume(h, s);
+    enqueue_resume(h, s, false);
   cogpu__ledger_serve(h);
 }
 
@@ -281,7 +281,7 @@ int cogpu__ledger_resume_ask(struct cogpu_s *h, uint32_t s, char *why,
     cogpu__ledger_tx_commit(h);
   }
   if (!has_resume_entry(h, s))
-    enqueue_resume(h, s);
+    enqueue_resume(h, s, true);
   cogpu__ledger_serve(h);
   return 0;
 }
@@ -433,6 +433,8 @@ bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
   uint64_t need = sl->parked + pending_on(h, s, g);
   if (!cogpu__ledger_fits(h, g, s, need, false))
     return false;
+  if (wt->resume == LEDGER_RESUME_BY_HAND)
+    return true; /* a person asked (cogpu resume): back when it fits */
   bool any;
   uint64_t growth = others_growth(h, s, g, &any);
   if (!any)
@@ -640,7 +642,7 @@ void cogpu__ledger_susp_check(struct cogpu_s *h) {
     const ledger_slot_t *sl = &h->st->slots[s];
     if (sl->state == SLOT_ACTIVE && sl->susp == SUSP_SUSPENDED &&
         !sl->susp_manual && !has_resume_entry(h, s))
-      enqueue_resume(h, s);
+      enqueue_resume(h, s, false);
   }
 }
 

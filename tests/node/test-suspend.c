@@ -755,6 +755,44 @@ TEST_IMPL_T(susp_daemon_killed_mid_resume, 60) {
   lt_check_invariants();
 }
 
+/* The same on a full GPU (issue 25): the restore had put the job's memory
+ * back when the daemon died, so the job holds it, locked. The next daemon
+ * must not wait for the driver to have the footprint free (the job holds
+ * it itself: the GPU has no other room until the neighbour ends): it asks
+ * the driver that the job is no longer checkpointed, and unlocks it. */
+TEST_IMPL_T(susp_daemon_killed_mid_resume_full_gpu, 60) {
+  th_setenv("FAKE_CUDA_CKPT_GBPS", "2"); /* 4 GiB: about 2 s each way */
+  su_begin();
+  pid_t job = su_job("job", "0", "alloc:4G", "hold:1000");
+  int cpid = su_holder(4 * GiB);
+  pid_t big = su_job("big", "0", "alloc:11G", "hold:60000");
+  su_holder(11 * GiB);
+  unsigned long long full = lt_fake_cuda_used();
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
+  const char *res[] = {"cogpu", "resume", pidtxt, NULL};
+  pid_t r = lt_spawn_logged("resume", res);
+  /* Killed once the restore has charged the job's memory back (its copy
+   * then takes about 2 s more). */
+  for (int t = 0; lt_fake_cuda_used() < full; t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the restore never charged the memory");
+    th_sleep_ms(10);
+  }
+  th_daemon_stop(SIGKILL);
+  th_wait(r, th_ms(10000));
+  th_daemon_start();
+  /* It finishes while its neighbour still holds the rest of the GPU. */
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT_EQ(kill(big, 0), 0);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+  kill(big, SIGTERM);
+  th_wait(big, th_ms(10000));
+}
+
 /* Exactly one suspension per job at a time: a second `cogpu suspend`
  * while the first is under way is refused, and so is a resume of a job
  * that is not suspended. */
