@@ -66,9 +66,11 @@ int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (r->gpu != COGPU_GPU_AUTO && (int64_t)g != r->gpu)
       continue;
+    /* Admission needs the daemon's hooks: single-user mode pays a load. */
     if (!cogpu__ledger_fits(h, g, h->res_slot, r->bytes, r->exclusive) ||
-        cogpu__ledger_admit_holds(h, h->res_slot, r->bytes, r->exclusive, g,
-                                  UINT64_MAX))
+        (cogpu__ledger_suspender &&
+         cogpu__ledger_admit_holds(h, h->res_slot, r->bytes, r->exclusive, g,
+                                   UINT64_MAX)))
       continue;
     uint64_t cap = cogpu__ledger_capacity(&hd->gpus[g]),
              res = hd->gpus[g].reserved;
