@@ -174,12 +174,16 @@ static int su_cmd(const char *verb, int pid, char *out, size_t len) {
 /* Starts a growing job: `cogpu run [--mem mem] -- cudaprog` taking its
  * context, then `steps` steps of 512 MiB `hold_ms` apart, then checking
  * its data; output in th_path(tag). */
-static pid_t su_growing(const char *tag, const char *mem, int steps,
-                        const char *hold) {
+static pid_t su_growing_prio(const char *tag, const char *mem, int steps,
+                             const char *hold, const char *prio) {
   const char *argv[64];
   int k = 0;
   argv[k++] = "cogpu";
   argv[k++] = "run";
+  if (prio) {
+    argv[k++] = "--priority";
+    argv[k++] = prio;
+  }
   if (mem) {
     argv[k++] = "--mem";
     argv[k++] = mem;
@@ -200,6 +204,11 @@ static pid_t su_growing(const char *tag, const char *mem, int steps,
    * user's processes, as on a real node (issue 26). */
   const char *as[72];
   return lt_spawn_logged(tag, lt_as_user(1, argv, as, 72));
+}
+
+static pid_t su_growing(const char *tag, const char *mem, int steps,
+                        const char *hold) {
+  return su_growing_prio(tag, mem, steps, hold, NULL);
 }
 
 /* Eight unmodified programs, each growing to 4.8 GiB (its 300 MiB context,
@@ -280,6 +289,39 @@ TEST_IMPL_T(susp_growing_jobs_on_demand, 180) {
  * default now), and suspension keeps that from deadlocking. */
 TEST_IMPL_T(susp_growing_jobs_underdeclared, 180) {
   growing_jobs("2G");
+}
+
+/* Sixteen of them on two 16 GiB GPUs (2.4 times their memory), half at a
+ * higher priority, placed on demand where most is free (issue 25's wider
+ * shapes): all complete with their data, none is told out-of-memory, and
+ * suspension still converges: at most one per job on average. */
+TEST_IMPL_T(susp_growing_jobs_two_gpus_priorities, 240) {
+  th_setenv("FAKE_NVML_GPUS", "16G,16G");
+  su_begin();
+  enum { N = 16 };
+  pid_t p[N];
+  char tag[N][16];
+  for (int i = 0; i < N; i++) {
+    snprintf(tag[i], sizeof tag[i], "job%d", i);
+    p[i] = su_growing_prio(tag[i], NULL, 9, "hold:50", i % 2 ? "5" : "0");
+  }
+  int failed = 0, suspensions = 0;
+  for (int i = 0; i < N; i++)
+    failed += su_finish(p[i], tag[i], 200000) != 0;
+  for (int i = 0; i < N; i++) {
+    const char *out = lt_slurp(tag[i]);
+    ASSERT_CONTAINS(out, "verify ok");
+    suspensions += su_count(out, "suspended: this job");
+  }
+  fprintf(stderr, "# %d suspensions for %d jobs\n", suspensions, N);
+  ASSERT_EQ(failed, 0);
+  /* Issue 25's target is one per job on average; on this VM 11 to 14 for
+   * the 16. The bound leaves room for loaded runs, where the order in
+   * which the jobs start and grow changes; the thrash this guards against
+   * took 2 to 4 per suspended job. */
+  ASSERT_LE(suspensions, N + N / 2);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
 }
 
 /* Peaks the node has learnt (issue 25): after the eight have run one at a
