@@ -278,6 +278,9 @@ pid_t lt_fork_as_pid(pid_t pid) {
 /* --- test users ---------------------------------------------------------- */
 
 static char lt_users[2][40];
+/* useradd and userdel without a sanitizer build's runtime (its leak check
+ * would fail them). */
+static const char *const lt_plain_env[] = {"LD_PRELOAD=", NULL};
 
 static void lt_users_remove(void) {
   for (int i = 0; i < 2; i++) {
@@ -285,7 +288,7 @@ static void lt_users_remove(void) {
       continue;
     const char *argv[] = {"userdel", lt_users[i], NULL};
     char out[512], err[512];
-    th_run(argv, NULL, out, sizeof out, err, sizeof err, 20000);
+    th_run(argv, lt_plain_env, out, sizeof out, err, sizeof err, 20000);
     lt_users[i][0] = 0;
   }
 }
@@ -304,7 +307,7 @@ static void lt_users_reap(void) {
     snprintf(name, sizeof name, "cogpu-t%d-%d", pid, n);
     const char *argv[] = {"userdel", name, NULL};
     char out[512], err[512];
-    th_run(argv, NULL, out, sizeof out, err, sizeof err, 20000);
+    th_run(argv, lt_plain_env, out, sizeof out, err, sizeof err, 20000);
   }
   if (f)
     fclose(f);
@@ -332,7 +335,8 @@ void lt_test_user(int n, unsigned *uid, unsigned *gid) {
      * again (useradd exits 1 or 10 when it cannot lock a file). */
     int rc = -1;
     for (int t = 0; t < 100 && rc != 0; t++) {
-      rc = th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(20000));
+      rc = th_run(argv, lt_plain_env, out, sizeof out, err, sizeof err,
+                  th_ms(20000));
       if (rc == 9) /* the name is taken: a leftover of this PID */
         rc = 0;
       if (rc != 0 && rc != 1 && rc != 10)
