@@ -30,6 +30,9 @@ enum dconn_kind { DC_NEW = 0, DC_MAIN, DC_WAIT, DC_QUERY, DC_PIDFD };
 typedef struct dconn_s {
   int fd;
   int kind; /* enum dconn_kind */
+  /* The protocol version of its first message (0: none yet): its other
+   * messages must carry the same, and every answer is in its layout. */
+  uint16_t version;
   pid_t pid;
   uid_t uid;
   gid_t gid;

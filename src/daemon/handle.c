@@ -20,8 +20,18 @@
 /* --- replies ---------------------------------------------------------------
  */
 
-static int send_msg(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
+/* Every message to a client goes through here: in the layout of the
+ * client's version (a refusal, sent before any version was taken, in the
+ * daemon's own). */
+static int send_msg(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *msg,
                     int passfd) {
+  cogpu__msg_t out = *msg;
+  cogpu__msg_t *m = &out;
+  if (m->type == COGPU_M_REPLY && m->rc != -EPROTONOSUPPORT)
+    snprintf(m->u.reply.release, sizeof m->u.reply.release, "%s",
+             COGPU_VERSION_STRING);
+  if (c->version)
+    cogpu__msg_to_version(m, c->version);
   if (d->fuzz || c->fd < 0)
     return 0;
   struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof *m};
@@ -1022,11 +1032,33 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
   if (len != sizeof m || d->failed)
     return -1;
   memcpy(&m, buf, sizeof m);
-  if (cogpu__msg_check(&m, len, why, sizeof why) != 0) {
+  int crc = cogpu__msg_check(&m, len, why, sizeof why);
+  if (crc == -EPROTONOSUPPORT && !c->version) {
+    /* A client of another release: told what this daemon speaks, in the
+     * layout every version reads, so that it can say what to upgrade. */
+    cogpu__log(COGPU_LOG_WARN,
+               "client pid %d (uid %u) speaks node protocol %u; this cogpud "
+               "(cogpu %s) accepts %u to %u: refused",
+               (int)c->pid, (unsigned)c->uid, (unsigned)m.version,
+               COGPU_VERSION_STRING, COGPU_PROTO_VERSION_MIN,
+               COGPU_PROTO_VERSION);
+    cogpu__msg_t r;
+    cogpu__msg_refusal(&r, &m);
+    send_msg(d, c, &r, -1);
+    return -1;
+  }
+  if (crc == 0 && c->version && m.version != c->version) {
+    snprintf(why, sizeof why, "protocol version %u after %u",
+             (unsigned)m.version, (unsigned)c->version);
+    crc = -EPROTO;
+  }
+  if (crc != 0) {
     cogpu__log(COGPU_LOG_INFO, "client pid %d (uid %u): %s: disconnected",
                (int)c->pid, (unsigned)c->uid, why);
     return -1;
   }
+  c->version = m.version;
+  cogpu__msg_to_current(&m);
   int rc = cogpu__daemon_ensure_state(d);
   if (rc != 0) {
     /* No GPUs discovered yet: every request gets the reason. */

@@ -115,8 +115,33 @@ static int msg_send(int fd, const cogpu__msg_t *m) {
   return n < 0 ? -errno : -EPIPE;
 }
 
+/* The daemon refused this client's protocol version (proto.h, "Versions"):
+ * -EPROTONOSUPPORT, and what to upgrade as the last error. */
+static int refused(const cogpu__msg_t *r) {
+  unsigned ours = cogpu__proto_client_version;
+  unsigned lo = (unsigned)r->u.reply.a, hi = (unsigned)r->u.reply.b;
+  if (ours > hi)
+    return cogpu__seterr(
+        -EPROTONOSUPPORT,
+        "cogpud on this node speaks node protocol %u to %u (cogpu %s); this "
+        "program speaks protocol %u (cogpu %s): cogpud is older than this "
+        "program. Upgrade the cogpu package on this node (its upgrade "
+        "restarts cogpud), or restart cogpud if it was upgraded already "
+        "(systemctl restart cogpud)",
+        lo, hi, r->u.reply.msg, ours, COGPU_VERSION_STRING);
+  return cogpu__seterr(
+      -EPROTONOSUPPORT,
+      "this program speaks node protocol %u (cogpu %s), which cogpud on this "
+      "node (cogpu %s) no longer accepts (it speaks %u to %u): upgrade this "
+      "program to the node's cogpu release (or rebuild it against the "
+      "node's libcogpu)",
+      ours, COGPU_VERSION_STRING, r->u.reply.msg, lo, hi);
+}
+
 /* Receives one message within the deadline: 0, -ETIMEDOUT, -EPIPE (the
- * daemon went away) or -EPROTO. Takes a passed descriptor if fd_out. */
+ * daemon went away), -EPROTONOSUPPORT (it refused this client's protocol
+ * version; the last error says what to upgrade) or -EPROTO. Takes a passed
+ * descriptor if fd_out. */
 static int msg_recv(int fd, cogpu__msg_t *m, uint64_t deadline, int *fd_out) {
   for (;;) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -151,7 +176,15 @@ static int msg_recv(int fd, cogpu__msg_t *m, uint64_t deadline, int *fd_out) {
   int got = -1;
   int nfds = cogpu__msg_fds(&mh, fd_out && *fd_out < 0 ? &got : NULL);
   char why[64];
+  if (n > 0 && !(mh.msg_flags & MSG_TRUNC) &&
+      m->version != cogpu__proto_client_version &&
+      cogpu__msg_is_refusal(m, (size_t)n)) {
+    if (got >= 0)
+      close(got);
+    return refused(m);
+  }
   if (n == 0 || nfds < 0 || nfds > 1 || (mh.msg_flags & MSG_TRUNC) ||
+      m->version != cogpu__proto_client_version ||
       cogpu__msg_check(m, (size_t)n, why, sizeof why) != 0) {
     if (got >= 0)
       close(got);
@@ -170,6 +203,62 @@ static int reply_rc(const cogpu__msg_t *r) {
       r->rc, "%s", r->u.reply.msg[0] ? r->u.reply.msg : cogpu_strerror(r->rc));
 }
 
+/* Whether the daemon answers a STATUS of version v: 1 yes, 0 it ended the
+ * connection without an answer (or gave none in time), < 0 unreachable.
+ * Read here, not by msg_recv, which takes only this client's version. */
+static int answers_version(const char *sock, uint16_t v, uint64_t dl) {
+  int fd = sock_connect(sock, dl);
+  if (fd < 0)
+    return fd;
+  cogpu__msg_t m, r;
+  cogpu__msg_init(&m, COGPU_M_STATUS, 1);
+  m.version = v;
+  int ok = 0;
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  if (msg_send(fd, &m) == 0 && poll(&p, 1, ms_until(dl)) == 1) {
+    union {
+      char buf[CMSG_SPACE(sizeof(int))];
+      struct cmsghdr align;
+    } cbuf;
+    struct iovec iov = {.iov_base = &r, .iov_len = sizeof r};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = cbuf.buf,
+                        .msg_controllen = sizeof cbuf.buf};
+    ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    if (n >= 0)
+      cogpu__msg_fds(&mh, NULL); /* the snapshot: closed unread */
+    ok = n == (ssize_t)sizeof r && !(mh.msg_flags & MSG_TRUNC) &&
+         r.magic == COGPU_PROTO_MAGIC && r.type == COGPU_M_REPLY &&
+         r.version == v;
+  }
+  close(fd);
+  return ok;
+}
+
+/* The daemon ended the connection at this client's first message without
+ * a word. cogpud of protocol 2 (cogpu 0.1.0) does so to a version it does
+ * not know, where later ones send a refusal (proto.h). Asks again, with a
+ * STATUS (which changes nothing), in this version and then in the one
+ * before it: when only the older one is answered, says what to upgrade and
+ * returns -EPROTONOSUPPORT; otherwise 0 (the daemon was restarting, or
+ * failed, and the caller reports that as before). */
+static int older_daemon(const char *sock, uint64_t dl) {
+  uint16_t ours = cogpu__proto_client_version;
+  if (ours <= 1 || answers_version(sock, ours, dl) != 0 ||
+      answers_version(sock, (uint16_t)(ours - 1), dl) != 1)
+    return 0;
+  return cogpu__seterr(
+      -EPROTONOSUPPORT,
+      "cogpud on this node speaks node protocol %u (cogpu %s or older); this "
+      "program speaks protocol %u (cogpu %s): cogpud is older than this "
+      "program. Upgrade the cogpu package on this node (its upgrade "
+      "restarts cogpud), or restart cogpud if it was upgraded already "
+      "(systemctl restart cogpud)",
+      (unsigned)(ours - 1), ours - 1 <= 2 ? "0.1.0" : "of that protocol",
+      (unsigned)ours, COGPU_VERSION_STRING);
+}
+
 /* One request and its reply on a fresh connection (queries). */
 static int query(const cogpu__config_t *cfg, cogpu__msg_t *m,
                  cogpu__msg_t *reply, int *fd_out) {
@@ -185,6 +274,9 @@ static int query(const cogpu__config_t *cfg, cogpu__msg_t *m,
     break;
   }
   close(fd);
+  if (rc == -EPIPE &&
+      older_daemon(cfg->v[COGPU_OPT_SOCKET].s, deadline_after(2000)) != 0)
+    return -EPROTONOSUPPORT;
   if (rc == -EPIPE || rc == -EPROTO)
     return cogpu__seterr(rc, "the node daemon closed the connection");
   if (rc == -ETIMEDOUT)
@@ -267,9 +359,11 @@ int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
     rc = msg_recv(n->fd, &r, dl, NULL);
   if (rc == 0 && (r.type != COGPU_M_REPLY || r.seq != m.seq))
     rc = -EPROTO;
+  if (rc == -EPIPE && older_daemon(n->sock, deadline_after(2000)) != 0)
+    rc = -EPROTONOSUPPORT;
   if (rc == 0)
     rc = reply_rc(&r);
-  else
+  else if (rc != -EPROTONOSUPPORT) /* the last error says what to upgrade */
     rc = cogpu__seterr(rc, "the node daemon did not accept this process: %s",
                        strerror(-rc));
   if (rc == 0) {
@@ -296,6 +390,12 @@ int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
   }
   if (r.u.reply.flags & COGPU_REPLY_PRIORITY_CAPPED)
     cogpu__log(COGPU_LOG_WARN, "%s", r.u.reply.msg);
+  /* Served, but by another release: a node half way through an upgrade. */
+  if (r.u.reply.release[0] && strcmp(r.u.reply.release, COGPU_VERSION_STRING))
+    cogpu__log(COGPU_LOG_INFO,
+               "cogpud on this node is cogpu %s; this program "
+               "is cogpu %s",
+               r.u.reply.release, COGPU_VERSION_STRING);
   *out = n;
   return 0;
 }
@@ -380,6 +480,13 @@ static int node_resume(cogpu__node_t *n, uint64_t dl) {
       return 0;
     }
     close(fd);
+    /* A daemon of a release that refuses this one's protocol (a package
+     * downgraded under running jobs): the last error says what to do. */
+    if (rc == -EPROTONOSUPPORT)
+      return rc;
+    if (rc == -EPIPE && ms_until(dl) == 0 &&
+        older_daemon(n->sock, deadline_after(2000)) != 0)
+      return -EPROTONOSUPPORT;
     if ((rc != -EPIPE && rc != -ECONNRESET && rc != -EPROTO) ||
         ms_until(dl) == 0)
       return cogpu__seterr(rc, "cannot re-register with the node daemon: %s",

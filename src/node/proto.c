@@ -14,10 +14,12 @@
 #include "internal.h"
 #include "node/proto.h"
 
+uint16_t cogpu__proto_client_version = COGPU_PROTO_VERSION;
+
 void cogpu__msg_init(cogpu__msg_t *m, int type, uint32_t seq) {
   memset(m, 0, sizeof *m);
   m->magic = COGPU_PROTO_MAGIC;
-  m->version = COGPU_PROTO_VERSION;
+  m->version = cogpu__proto_client_version;
   m->type = (uint16_t)type;
   m->seq = seq;
 }
@@ -104,8 +106,13 @@ int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why, size_t wl) {
     return bad(why, wl, "message of the wrong size");
   if (m->magic != COGPU_PROTO_MAGIC)
     return bad(why, wl, "bad magic");
-  if (m->version != COGPU_PROTO_VERSION)
-    return bad(why, wl, "protocol version mismatch");
+  if (m->version < COGPU_PROTO_VERSION_MIN ||
+      m->version > COGPU_PROTO_VERSION) {
+    snprintf(why, wl, "protocol version %u (this build accepts %u to %u)",
+             (unsigned)m->version, COGPU_PROTO_VERSION_MIN,
+             COGPU_PROTO_VERSION);
+    return -EPROTONOSUPPORT;
+  }
   switch (m->type) {
   case COGPU_M_ATTACH: {
     const cogpu__m_attach_t *a = &m->u.attach;
@@ -174,6 +181,8 @@ int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why, size_t wl) {
   case COGPU_M_REPLY:
     if (!STR_OK(m->u.reply.msg))
       return bad(why, wl, "reply: unterminated message");
+    if (m->version >= 3 && !STR_OK(m->u.reply.release))
+      return bad(why, wl, "reply: unterminated release");
     return 0;
   case COGPU_M_GPU:
     if (!STR_OK(m->u.gpu.uuid) || !STR_OK(m->u.gpu.name))
@@ -182,4 +191,42 @@ int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why, size_t wl) {
   default:
     return bad(why, wl, "unknown message type");
   }
+}
+
+/* Requests are laid out alike in versions 2 and 3: only the version
+ * changes. A later version that moves a request's fields translates them
+ * here, from the layout m->version names. */
+void cogpu__msg_to_current(cogpu__msg_t *m) {
+  m->version = COGPU_PROTO_VERSION;
+}
+
+void cogpu__msg_to_version(cogpu__msg_t *m, uint16_t v) {
+  m->version = v;
+  /* Version 2 replies end before release: bytes its clients never read,
+   * zero as version 2 daemons sent them. */
+  if (v < 3 && m->type == COGPU_M_REPLY)
+    memset(m->u.reply.release, 0, sizeof m->u.reply.release);
+}
+
+void cogpu__msg_refusal(cogpu__msg_t *r, const cogpu__msg_t *req) {
+  memset(r, 0, sizeof *r);
+  r->magic = COGPU_PROTO_MAGIC;
+  r->version = COGPU_PROTO_VERSION;
+  r->type = COGPU_M_REPLY;
+  r->seq = req->seq;
+  r->rc = -EPROTONOSUPPORT;
+  r->u.reply.gpu = -1;
+  r->u.reply.a = COGPU_PROTO_VERSION_MIN;
+  r->u.reply.b = COGPU_PROTO_VERSION;
+  snprintf(r->u.reply.msg, sizeof r->u.reply.msg, "%s", COGPU_VERSION_STRING);
+  snprintf(r->u.reply.release, sizeof r->u.reply.release, "%s",
+           COGPU_VERSION_STRING);
+}
+
+bool cogpu__msg_is_refusal(const cogpu__msg_t *m, size_t len) {
+  /* Only what every version keeps in place: the header, a, b and msg. */
+  return len == sizeof *m && m->magic == COGPU_PROTO_MAGIC &&
+         m->type == COGPU_M_REPLY && m->rc == -EPROTONOSUPPORT &&
+         m->u.reply.a <= m->u.reply.b && m->u.reply.b <= UINT16_MAX &&
+         STR_OK(m->u.reply.msg);
 }

@@ -23,6 +23,33 @@
  *    memory booked to itself.
  *  - a query connection: STATUS (answered with a sealed memfd holding the
  *    snapshot) or RESET, without attaching.
+ *
+ * Versions (rolling upgrades: the processes of a node are not all upgraded
+ * at once; a job started before a package upgrade keeps running on the old
+ * library against the restarted, newer cogpud):
+ *  - the header (magic, version, type, seq, rc) and the message size never
+ *    change; version names the layout of the rest.
+ *  - every message of a connection carries the version of its first. The
+ *    daemon accepts COGPU_PROTO_VERSION_MIN to COGPU_PROTO_VERSION, the
+ *    current one and the one before it (one release), translates an older
+ *    request to the current form on the way in (cogpu__msg_to_current) and
+ *    answers it in its own layout (cogpu__msg_to_version).
+ *  - a version the daemon does not accept is answered, before it ends the
+ *    connection, with a refusal that every version can read: a REPLY whose
+ *    header carries the daemon's own version, rc -EPROTONOSUPPORT, a and b
+ *    the lowest and highest version it accepts, and msg its release
+ *    ("0.1.0"); a client reads it as such whatever its version
+ *    (cogpu__msg_is_refusal) and says what to upgrade. Version 2 daemons
+ *    (cogpu 0.1.0) ended the connection without a word: a client that gets
+ *    no answer at all asks again in the version before its own
+ *    (client.c).
+ *  - what travels beside messages is part of the version too: the
+ *    snapshot (COGPU_SNAP_VERSION) and history memfds a client reads, and
+ *    the usage page it passes (its size is checked). A version that changes
+ *    one of them has the daemon write and read the older layout for a
+ *    client of the older version.
+ * Version history: 2: cogpu 0.1.0. 3: the refusal above; replies carry the
+ * daemon's release (reply.release). Requests are the same in 2 and 3.
  */
 #ifndef COGPU_NODE_PROTO_H
 #define COGPU_NODE_PROTO_H
@@ -33,7 +60,9 @@
 #include "cogpu.h"
 
 #define COGPU_PROTO_MAGIC 0x55504743u /* "CGPU" */
-#define COGPU_PROTO_VERSION 2u
+#define COGPU_PROTO_VERSION 3u
+/* The oldest version cogpud still serves: the previous release's. */
+#define COGPU_PROTO_VERSION_MIN 2u
 #define COGPU_MSG_SIZE 512u
 
 enum cogpu__msg_type {
@@ -172,6 +201,9 @@ typedef struct cogpu__m_reply_s {
    * the most its processes held outside the preload library. */
   uint64_t c, d, e;
   uint32_t n1, n2;
+  /* Version 3: the daemon's release (COGPU_VERSION_STRING), so that a
+   * node half way through an upgrade shows; zero in version 2. */
+  char release[16];
 } cogpu__m_reply_t;
 #define COGPU_REPLY_PRIORITY_CAPPED 0x1u
 #define COGPU_REPLY_QUEUED 0x2u /* WAIT: not served yet; answer follows */
@@ -217,14 +249,36 @@ typedef struct cogpu__msg_s {
 _Static_assert(sizeof(cogpu__msg_t) == COGPU_MSG_SIZE,
                "protocol messages have one fixed size");
 
-/* Sets magic, version, type and seq, and zeroes the payload. */
+/* The version this process's client side speaks: COGPU_PROTO_VERSION,
+ * changed only by tests, to act as a client of another release. */
+extern uint16_t cogpu__proto_client_version;
+
+/* Sets magic, version (cogpu__proto_client_version), type and seq, and
+ * zeroes the payload. */
 void cogpu__msg_init(cogpu__msg_t *m, int type, uint32_t seq);
 
 /* Checks a received message: size, magic, version, a known type, and every
- * field of its payload (ranges, NUL-terminated strings). Returns 0 or
- * -EPROTO with a reason in why. */
+ * field of its payload as that version lays it out (ranges, NUL-terminated
+ * strings). Returns 0, -EPROTONOSUPPORT for a well-formed header of a
+ * version outside COGPU_PROTO_VERSION_MIN..COGPU_PROTO_VERSION, or -EPROTO,
+ * with a reason in why. */
 int cogpu__msg_check(const cogpu__msg_t *m, size_t len, char *why,
                      size_t whylen);
+
+/* A checked request of an older version in the current form (in place). */
+void cogpu__msg_to_current(cogpu__msg_t *m);
+
+/* A message of the current form in the layout of version v (in place;
+ * COGPU_PROTO_VERSION_MIN <= v <= COGPU_PROTO_VERSION). */
+void cogpu__msg_to_version(cogpu__msg_t *m, uint16_t v);
+
+/* The refusal of a request whose version the daemon does not accept (see
+ * "Versions" above). */
+void cogpu__msg_refusal(cogpu__msg_t *r, const cogpu__msg_t *req);
+
+/* Whether len bytes of m are a refusal, of any version: the only message
+ * of another version than its own that a client reads. */
+bool cogpu__msg_is_refusal(const cogpu__msg_t *m, size_t len);
 
 /* A string field holds a NUL within its size. */
 bool cogpu__msg_str_ok(const char *s, size_t size);

@@ -48,6 +48,7 @@ static int write_seeds(const char *dir) {
     for (int k = 0; k < 3; k++) {
       fz_make(&m[n], COGPU_M_ATTACH, &rnd);
       m[n].seq = (m[n].seq & ~0xffu) | (uint32_t)(seed + k);
+      fz_version(&m[n]);
       n++;
     }
     while (n < 12) {
@@ -56,6 +57,7 @@ static int write_seeds(const char *dir) {
       m[n].seq = (m[n].seq & ~0xffu) | (uint32_t)(seed + n % 3);
       if (t == COGPU_M_WAIT || t == COGPU_M_RESUME)
         m[n].seq = (m[n].seq & ~0xffu) | (uint32_t)(seed + 3);
+      fz_version(&m[n]);
       n++;
     }
     char path[4096];

@@ -226,8 +226,15 @@ int fz_feed(const uint8_t *buf, size_t len, const char **why) {
     if (gone)
       continue;
     c = fz_conn[i];
+    if (rc == 0 && c->version != m.version) {
+      snprintf(fz_why, sizeof fz_why,
+               "a message of version %u was served on a connection of %u",
+               (unsigned)m.version, (unsigned)c->version);
+      return -1;
+    }
     if (rc == 0) {
       fz_st.accepted++;
+      fz_st.old_accepted += m.version == COGPU_PROTO_VERSION_MIN;
       fz_st.attached += before == DC_NEW && c->kind == DC_MAIN;
       fz_st.reserved_ok += m.type == COGPU_M_RESERVE;
     }
@@ -252,12 +259,21 @@ static uint64_t fz_rand(uint64_t *s) {
   return *s = x;
 }
 
+void fz_version(cogpu__msg_t *m) {
+  int i = (int)((m->seq & 0xff) % FZ_CONNS);
+  m->version = i % 2 ? COGPU_PROTO_VERSION_MIN : COGPU_PROTO_VERSION;
+}
+
 void fz_make(cogpu__msg_t *m, int t, uint64_t *rnd) {
   static const uint64_t sizes[] = {0,           1,          1 << 20,
                                    1ull << 30,  4ull << 30, 15ull << 30,
                                    16ull << 30, UINT64_MAX};
   cogpu__msg_init(m, t, (uint32_t)fz_rand(rnd));
   uint64_t r = fz_rand(rnd);
+  fz_version(m);
+  if ((r >> 52) % 97 == 1) /* now and then a version cogpud refuses */
+    m->version =
+        (r >> 51) % 2 ? COGPU_PROTO_VERSION + 1 : COGPU_PROTO_VERSION_MIN - 1;
   int gpu = r % 8 == 0 ? (int)(r >> 8) % 3 - 1 : 0; /* -1 is GPU_AUTO */
   uint64_t bytes = sizes[(r >> 16) % 8];
   switch (t) {

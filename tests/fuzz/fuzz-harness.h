@@ -37,10 +37,14 @@ void fz_fini(void);
 /* Counts of what happened, for the tests' sanity checks. */
 typedef struct fz_stats_s {
   uint64_t msgs, accepted, closed, attached, reserved_ok;
+  uint64_t old_accepted; /* accepted in COGPU_PROTO_VERSION_MIN */
 } fz_stats_t;
 const fz_stats_t *fz_stats(void);
 /* A valid-looking message of type t with random fields drawn from rnd (an
  * xorshift state), for seeds and the random test. */
 void fz_make(cogpu__msg_t *m, int t, uint64_t *rnd);
+/* Sets m's version from the connection its seq names: every other one
+ * speaks the previous protocol version (proto.h), each keeps its own. */
+void fz_version(cogpu__msg_t *m);
 
 #endif /* COGPU_FUZZ_HARNESS_H */

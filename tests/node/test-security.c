@@ -914,9 +914,36 @@ TEST_IMPL(sec_malformed_messages) {
   cogpu__msg_init(&m, COGPU_M_ATTACH, 1);
   m.magic ^= 1;
   ASSERT_EQ(raw_exchange(&m, sizeof m), 1);
+  /* A version it does not serve: refused in a reply (proto.h), then
+   * ended; one of its versions after another on one connection: ended. */
   cogpu__msg_init(&m, COGPU_M_ATTACH, 1);
   m.version = 99;
-  ASSERT_EQ(raw_exchange(&m, sizeof m), 1);
+  ASSERT_EQ(raw_exchange(&m, sizeof m), -EPROTONOSUPPORT);
+  m.version = COGPU_PROTO_VERSION_MIN - 1;
+  ASSERT_EQ(raw_exchange(&m, sizeof m), -EPROTONOSUPPORT);
+  {
+    int fd = raw_connect();
+    cogpu__msg_init(&m, COGPU_M_ATTACH, 1);
+    m.version = COGPU_PROTO_VERSION_MIN;
+    ASSERT_EQ(send(fd, &m, sizeof m, MSG_NOSIGNAL), (ssize_t)sizeof m);
+    ASSERT_EQ(raw_recv(fd, &m), (ssize_t)sizeof m);
+    ASSERT_EQ(m.rc, 0);
+    ASSERT_EQ(m.version, COGPU_PROTO_VERSION_MIN);
+    for (uint32_t g = m.u.reply.ngpus; g > 0; g--) {
+      ASSERT_EQ(raw_recv(fd, &m), (ssize_t)sizeof m);
+      ASSERT_EQ(m.type, COGPU_M_GPU);
+      ASSERT_EQ(m.version, COGPU_PROTO_VERSION_MIN);
+    }
+    cogpu__msg_init(&m, COGPU_M_HELD, 2);
+    m.version = COGPU_PROTO_VERSION_MIN;
+    ASSERT_EQ(send(fd, &m, sizeof m, MSG_NOSIGNAL), (ssize_t)sizeof m);
+    ASSERT_EQ(raw_recv(fd, &m), (ssize_t)sizeof m);
+    ASSERT_EQ(m.rc, 0);
+    cogpu__msg_init(&m, COGPU_M_HELD, 3); /* now the current version */
+    ASSERT_EQ(send(fd, &m, sizeof m, MSG_NOSIGNAL), (ssize_t)sizeof m);
+    ASSERT_EQ(raw_recv(fd, &m), 0);
+    close(fd);
+  }
   cogpu__msg_init(&m, 200, 1);
   ASSERT_EQ(raw_exchange(&m, sizeof m), 1);
   cogpu__msg_init(&m, COGPU_M_REPLY, 1); /* a client's reply: not a request */
@@ -1001,7 +1028,7 @@ HELPER_IMPL(sec_flood_as) {
       p[j] = (unsigned char)(rnd >> 56);
     if (r % 3 == 1) {
       m.magic = COGPU_PROTO_MAGIC;
-      m.version = COGPU_PROTO_VERSION;
+      m.version = (r >> 16) % 2 ? COGPU_PROTO_VERSION : COGPU_PROTO_VERSION_MIN;
       m.type = (uint16_t)(1 + (r >> 8) % COGPU_M_RESET);
     } else if (r % 3 == 2) {
       fz_make(&m, (int)(1 + (r >> 8) % COGPU_M_RESET), &rnd);
@@ -1079,7 +1106,8 @@ TEST_IMPL_T(sec_handler_random, 120) {
      * enough: a loaded machine (TSan beside other tests) runs fewer
      * messages a second, never fewer kinds. */
     const fz_stats_t *c = fz_stats();
-    bool covered = c->attached > 100 && c->reserved_ok > 20 && c->closed > 100;
+    bool covered = c->attached > 100 && c->reserved_ok > 20 &&
+                   c->closed > 100 && c->old_accepted > 100;
     if (covered && (int64_t)(cogpu__now_ns() / 1000000) - t0 > th_ms(10000))
       break;
   }
@@ -1093,6 +1121,7 @@ TEST_IMPL_T(sec_handler_random, 120) {
   ASSERT_GT(s->attached, 100);
   ASSERT_GT(s->reserved_ok, 20);
   ASSERT_GT(s->closed, 100);
+  ASSERT_GT(s->old_accepted, 100); /* the previous version is served */
   fz_fini();
 }
 
