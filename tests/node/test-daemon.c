@@ -11,6 +11,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@
 
 #include "ledger-helpers.h"
 #include "node/node.h"
+#include "node/proto.h"
 
 /* Every test here runs against a node daemon it starts itself when the
  * runner gives none: once per build. */
@@ -733,4 +736,229 @@ TEST_IMPL_ONCE_T(daemon_descriptor_limit_no_spin, 60) {
   ASSERT_CONTAINS(nd_slurp(log), "accepting connections again");
   kill(d, SIGTERM);
   ASSERT_EQ(th_exit_code(th_wait(d, th_ms(10000))), 0);
+}
+
+/* --- rolling upgrades (issue 28, item 5) ---------------------------------
+ * A node is upgraded one process at a time: cogpud restarts from the new
+ * package while jobs keep running on the old library. cogpud serves the
+ * previous protocol version beside its own, and a client that cannot be
+ * served says what to upgrade (proto.h, "Versions"). An old client is this
+ * build speaking COGPU_PROTO_VERSION_MIN (its requests are laid out as
+ * that release's were); an old daemon is simulated by a socket that does
+ * what cogpud 0.1.0 did. */
+
+/* One message of version v on a new connection, and the answer's header:
+ * 1 answered (in *r), 0 closed without an answer. */
+static int nd_raw_ask(int type, uint16_t v, cogpu__msg_t *r) {
+  int fd = nd_connect(getenv("COGPU_SOCKET"));
+  cogpu__msg_t m;
+  cogpu__msg_init(&m, type, 7);
+  m.version = v;
+  ASSERT_EQ(send(fd, &m, sizeof m, MSG_NOSIGNAL), (ssize_t)sizeof m);
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  ASSERT_EQ(poll(&p, 1, th_ms(10000)), 1);
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {.iov_base = r, .iov_len = sizeof *r};
+  struct msghdr mh = {.msg_iov = &iov,
+                      .msg_iovlen = 1,
+                      .msg_control = cbuf,
+                      .msg_controllen = sizeof cbuf};
+  ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+  if (n > 0)
+    cogpu__msg_fds(&mh, NULL);
+  close(fd);
+  if (n <= 0)
+    return 0;
+  ASSERT_EQ(n, (ssize_t)sizeof *r);
+  return 1;
+}
+
+/* A client of the previous protocol is served all the way (attach,
+ * reserve, status, release), answered in its own layout; the current one
+ * gets the daemon's release in its replies. */
+TEST_IMPL(daemon_serves_previous_protocol) {
+  nd_begin();
+  cogpu__msg_t r;
+  ASSERT_EQ(nd_raw_ask(COGPU_M_STATUS, COGPU_PROTO_VERSION_MIN, &r), 1);
+  ASSERT_EQ(r.version, COGPU_PROTO_VERSION_MIN);
+  ASSERT_EQ(r.rc, 0);
+  char zero[sizeof r.u.reply.release] = {0};
+  ASSERT(memcmp(r.u.reply.release, zero, sizeof zero) == 0);
+  ASSERT_EQ(nd_raw_ask(COGPU_M_STATUS, COGPU_PROTO_VERSION, &r), 1);
+  ASSERT_EQ(r.version, COGPU_PROTO_VERSION);
+  ASSERT_STREQ(r.u.reply.release, COGPU_VERSION_STRING);
+
+  cogpu__proto_client_version = COGPU_PROTO_VERSION_MIN;
+  cogpu_t *h;
+  ASSERT_OK(cogpu_attach(NULL, &h));
+  nd_reserve(h, 0, GiB);
+  uint64_t held = 0;
+  ASSERT_OK(cogpu_held(h, 0, &held));
+  ASSERT_UEQ(held, GiB);
+  ASSERT_UEQ(reserved_now(), GiB); /* STATUS, on a query connection */
+  ASSERT_OK(cogpu_release(h, 0, GiB));
+  cogpu_detach(h);
+  cogpu__proto_client_version = COGPU_PROTO_VERSION;
+  wait_empty(5000);
+}
+
+/* A version outside the daemon's two is refused with a reply every
+ * version reads, and the client says what to upgrade: cogpud when the
+ * client is newer, the program when it is older than cogpud serves. */
+TEST_IMPL(daemon_refuses_other_protocol_clearly) {
+  nd_begin();
+  cogpu__msg_t r;
+  ASSERT_EQ(nd_raw_ask(COGPU_M_ATTACH, COGPU_PROTO_VERSION + 1, &r), 1);
+  ASSERT(cogpu__msg_is_refusal(&r, sizeof r));
+  ASSERT_EQ(r.version, COGPU_PROTO_VERSION);
+  ASSERT_UEQ(r.u.reply.a, COGPU_PROTO_VERSION_MIN);
+  ASSERT_UEQ(r.u.reply.b, COGPU_PROTO_VERSION);
+  ASSERT_STREQ(r.u.reply.msg, COGPU_VERSION_STRING);
+
+  cogpu_t *h;
+  cogpu__proto_client_version = COGPU_PROTO_VERSION + 1;
+  ASSERT_EQ(cogpu_attach(NULL, &h), -EPROTONOSUPPORT);
+  fprintf(stderr, "# %s\n", cogpu_last_error());
+  ASSERT_CONTAINS(cogpu_last_error(), "cogpud is older than this program");
+  ASSERT_CONTAINS(cogpu_last_error(), "Upgrade the cogpu package");
+  cogpu_status_t *st;
+  ASSERT_EQ(cogpu_status(NULL, &st), -EPROTONOSUPPORT);
+  ASSERT_CONTAINS(cogpu_last_error(), "cogpud is older than this program");
+  cogpu__proto_client_version = COGPU_PROTO_VERSION_MIN - 1;
+  ASSERT_EQ(cogpu_attach(NULL, &h), -EPROTONOSUPPORT);
+  fprintf(stderr, "# %s\n", cogpu_last_error());
+  ASSERT_CONTAINS(cogpu_last_error(), "no longer accepts");
+  ASSERT_CONTAINS(cogpu_last_error(), "upgrade this program");
+  cogpu__proto_client_version = COGPU_PROTO_VERSION;
+  /* Nothing else changed: the node serves. */
+  ASSERT_OK(cogpu_attach(NULL, &h));
+  nd_reserve(h, 0, GiB);
+  cogpu_detach(h);
+  wait_empty(5000);
+}
+
+/* What cogpud 0.1.0 (protocol 2) does: it answers a request of its own
+ * version, and ends a connection of any other without a word. */
+typedef struct {
+  int lfd;
+  int stop[2]; /* a pipe: closing its write end stops the thread */
+  int conns;   /* connections served */
+} nd_old_daemon_t;
+
+static void *nd_old_daemon(void *arg) {
+  nd_old_daemon_t *o = arg;
+  for (;;) {
+    struct pollfd p[2] = {{.fd = o->lfd, .events = POLLIN},
+                          {.fd = o->stop[0], .events = POLLIN}};
+    if (poll(p, 2, -1) < 0 || p[1].revents)
+      return NULL;
+    int fd = accept4(o->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+      return NULL;
+    o->conns++;
+    cogpu__msg_t m;
+    if (recv(fd, &m, sizeof m, 0) == (ssize_t)sizeof m && m.version == 2) {
+      cogpu__msg_t r;
+      memset(&r, 0, sizeof r);
+      r.magic = COGPU_PROTO_MAGIC;
+      r.version = 2;
+      r.type = COGPU_M_REPLY;
+      r.seq = m.seq;
+      send(fd, &r, sizeof r, MSG_NOSIGNAL);
+    }
+    close(fd);
+  }
+}
+
+/* A client newer than cogpud 0.1.0, which ends the connection without a
+ * word, finds out that the daemon speaks protocol 2 and says to upgrade
+ * it: it never runs on a ledger of its own. */
+TEST_IMPL(daemon_client_names_old_daemon) {
+  const char *sock = th_path("old.sock");
+  nd_old_daemon_t o = {.lfd =
+                           socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)};
+  ASSERT(o.lfd >= 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+  ASSERT_EQ(bind(o.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  ASSERT_EQ(listen(o.lfd, 8), 0);
+  ASSERT_EQ(pipe2(o.stop, O_CLOEXEC), 0);
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, nd_old_daemon, &o), 0);
+  char saved[4200];
+  snprintf(saved, sizeof saved, "%s", getenv("COGPU_SOCKET"));
+  setenv("COGPU_SOCKET", sock, 1);
+  setenv("COGPU_NODE_MODE", "daemon", 1);
+  cogpu__proto_client_version = 3; /* the release after 0.1.0 */
+  cogpu_t *h;
+  ASSERT_EQ(cogpu_attach(NULL, &h), -EPROTONOSUPPORT);
+  fprintf(stderr, "# %s\n", cogpu_last_error());
+  ASSERT_CONTAINS(cogpu_last_error(),
+                  "cogpud on this node speaks node protocol 2 (cogpu 0.1.0");
+  ASSERT_CONTAINS(cogpu_last_error(), "Upgrade the cogpu package");
+  cogpu_status_t *st;
+  ASSERT_EQ(cogpu_status(NULL, &st), -EPROTONOSUPPORT);
+  ASSERT_CONTAINS(cogpu_last_error(), "speaks node protocol 2");
+  cogpu__proto_client_version = COGPU_PROTO_VERSION;
+  close(o.stop[1]);
+  pthread_join(t, NULL);
+  close(o.stop[0]);
+  close(o.lfd);
+  /* Each: the request, then the same asked in 3 and in 2. */
+  ASSERT_EQ(o.conns, 6);
+  setenv("COGPU_SOCKET", saved, 1);
+}
+
+/* A job of the previous release holds a reservation; the package upgrade
+ * restarts cogpud (SIGTERM and start, as systemctl restart does) into
+ * this release: the job keeps its reservation, re-registers in its own
+ * protocol, and reserves and releases as before. */
+HELPER_IMPL(nd_old_job) {
+  (void)argc;
+  cogpu__proto_client_version = COGPU_PROTO_VERSION_MIN;
+  cogpu_t *h;
+  if (cogpu_attach(NULL, &h) != 0) {
+    fprintf(stderr, "old job: attach: %s\n", cogpu_last_error());
+    return 10;
+  }
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = GiB,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = COGPU_NOWAIT};
+  if (cogpu_reserve(h, &r, NULL) != 0)
+    return 11;
+  th_write_file(argv[0], "ready");
+  for (int t = 0; access(argv[1], F_OK) != 0; t += 10) {
+    if (t > 30000)
+      return 12;
+    th_sleep_ms(10);
+  }
+  uint64_t held = 0;
+  if (cogpu_held(h, 0, &held) != 0 || held != GiB)
+    return 13;
+  r.bytes = 256 * MiB;
+  if (cogpu_reserve(h, &r, NULL) != 0 || cogpu_held(h, 0, &held) != 0 ||
+      held != GiB + 256 * MiB || cogpu_release(h, 0, 256 * MiB) != 0) {
+    fprintf(stderr, "old job: after the restart: %s\n", cogpu_last_error());
+    return 14;
+  }
+  cogpu_detach(h);
+  return 0;
+}
+
+TEST_IMPL(daemon_upgrade_keeps_old_job) {
+  nd_begin();
+  char ready[4200], go[4200];
+  snprintf(ready, sizeof ready, "%s", th_path("ready"));
+  snprintf(go, sizeof go, "%s", th_path("go"));
+  pid_t p =
+      th_spawn_helper("nd_old_job", (const char *const[]){ready, go, NULL});
+  wait_file(ready, 10000);
+  ASSERT_UEQ(reserved_now(), GiB);
+  th_daemon_stop(SIGTERM);
+  th_daemon_start();
+  ASSERT_UEQ(reserved_now(), GiB);
+  th_write_file(go, "go");
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(30000))), 0);
+  wait_empty(5000);
 }
