@@ -2,7 +2,8 @@
 # Builds the Debian packages (debian/) with dpkg-buildpackage -b from a copy
 # of this checkout's tracked files (out of tree: the checkout gets no
 # build-deb/ and no ../*.deb), runs lintian on them, and tests them: install,
-# cogpu doctor, upgrade over an older build, remove, purge.
+# cogpu doctor, upgrade over an older build (which must restart cogpud, not
+# stop it before unpacking), remove, purge.
 #
 # The test never changes this machine's system: dpkg runs chrooted in a
 # copy-on-write view of / (an overlay whose writes go to a tmpfs), in a
@@ -87,6 +88,13 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 cd /debs
 # man-db's trigger rebuilds its whole database at each dpkg run: not here.
 echo "man-db man-db/auto-update boolean false" | debconf-set-selections
+# systemd as the maintainer scripts see it on a booted node
+# (/run/systemd/system), with what they ask of it logged instead of done.
+mkdir -p /run/systemd/system
+for t in systemctl deb-systemd-invoke; do
+  printf '#!/bin/sh\necho "%s $*" >>/tmp/systemd.log\n' "$t" >"/usr/bin/$t"
+  chmod 755 "/usr/bin/$t"
+done
 step "install the older build"
 dpkg -i old/*.deb >/dev/null
 grep -q "older build" /etc/cogpu.conf || bad "the older /etc/cogpu.conf is not installed"
@@ -101,9 +109,20 @@ for f in /usr/bin/cogpu /usr/sbin/cogpud /usr/lib/cogpu/libcogpu-preload.so \
   /usr/share/doc/cogpu/security.md; do
   [ -e "$f" ] || bad "$f is missing"
 done
-step "upgrade to the new build"
+step "upgrade to the new build: cogpud keeps running through the unpack, then restarts"
+: >/tmp/systemd.log
 dpkg -i new/*.deb >/dev/null
 dpkg -s cogpu | grep -qx "Version: $VERSION" || bad "cogpu is not at $VERSION after the upgrade"
+# Jobs run through an upgrade (docs/architecture.md "Rolling upgrades"):
+# cogpud is restarted after the new files are in place, never stopped
+# before them (a stopped cogpud would leave clients waiting daemon_wait).
+cat /tmp/systemd.log
+grep -q "^deb-systemd-invoke stop .*cogpud" /tmp/systemd.log &&
+  bad "the upgrade stopped cogpud before unpacking"
+restarts=$(grep "^deb-systemd-invoke restart " /tmp/systemd.log || true)
+for u in cogpud.service cogpud.socket; do
+  echo "$restarts" | grep -qw "$u" || bad "the upgrade did not restart $u"
+done
 grep -q "older build" /etc/cogpu.conf && bad "the unmodified conffile was not upgraded"
 /usr/bin/cogpu --version
 /usr/sbin/cogpud --check
@@ -121,6 +140,8 @@ fi
 step "remove: /etc/cogpu.conf stays, the programs go"
 dpkg -r cogpu-slurm libcogpu-dev cogpu >/dev/null
 [ -e /usr/bin/cogpu ] && bad "/usr/bin/cogpu is still there after remove"
+grep -q "^deb-systemd-invoke stop .*cogpud.service" /tmp/systemd.log ||
+  bad "removing cogpu did not stop cogpud"
 [ -e /etc/cogpu.conf ] || bad "remove took /etc/cogpu.conf (a conffile stays until purge)"
 step "purge: nothing left"
 dpkg -P cogpu >/dev/null # the others, without conffiles, went with -r
