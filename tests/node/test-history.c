@@ -28,8 +28,18 @@ static void hist_env(void) {
   setenv("COGPU_LOG", "warn", 1);
 }
 
+/* In node mode the jobs, and `cogpu history`, run as an ordinary user of
+ * the node (the daemon, root, keeps the history): what that user sees of
+ * their own jobs (issue 26). In single-user mode, as the test's user (the
+ * history is that user's own). */
+static pid_t spawn_job(const char *tag, const char *const argv[]) {
+  static const char *as[64];
+  return lt_spawn_logged(tag,
+                         th_node_mode() ? lt_as_user(1, argv, as, 64) : argv);
+}
+
 static int run_logged(const char *tag, const char *const argv[]) {
-  pid_t p = lt_spawn_logged(tag, argv);
+  pid_t p = spawn_job(tag, argv);
   return th_exit_code(th_wait(p, th_ms(30000)));
 }
 
@@ -134,7 +144,7 @@ TEST_IMPL(history_after_kill9) {
   hist_env();
   const char *argv[] = {"cogpu", "run", "--",       lt_cudaprog(), "direct",
                         "init",  "ctx", "alloc:2G", "hold:20000",  NULL};
-  pid_t p = lt_spawn_logged("job", argv);
+  pid_t p = spawn_job("job", argv);
   for (int i = 0; i < 250; i++) {
     cogpu_status_t *st = lt_status();
     uint64_t peak =
@@ -163,7 +173,7 @@ TEST_IMPL(history_status_shows_used_and_peak) {
   const char *argv[] = {"cogpu",  "run",        "--",        lt_cudaprog(),
                         "direct", "init",       "ctx",       "alloc:1G",
                         "free",   "alloc:512M", "hold:3000", NULL};
-  pid_t p = lt_spawn_logged("job", argv);
+  pid_t p = spawn_job("job", argv);
   uint64_t used = 0, peak = 0, gused = 0;
   for (int i = 0; i < 250; i++) {
     cogpu_status_t *st = lt_status();
