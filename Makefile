@@ -451,6 +451,9 @@ install: lib cli daemon preload man $(SPANK) $(B)/cogpu.pc
 	sed 's|/usr/local/lib/cogpu|$(LIBDIR)/cogpu|' contrib/slurm/plugstack.conf \
 	    > $(DESTDIR)$(DATADIR)/cogpu/slurm/plugstack.conf
 	$(if $(SPANK),install -m 0755 $(SPANK) $(DESTDIR)$(LIBDIR)/cogpu/spank_cogpu.so)
+	install -d $(DESTDIR)$(DATADIR)/cogpu/prometheus
+	install -m 0644 contrib/prometheus/cogpu.rules.yml contrib/prometheus/cogpu.rules.test.yml \
+	    contrib/prometheus/grafana-dashboard.json $(DESTDIR)$(DATADIR)/cogpu/prometheus/
 
 uninstall:
 	rm -rf $(DESTDIR)$(LIBDIR)/cogpu

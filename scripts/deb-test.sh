@@ -106,6 +106,7 @@ for f in /usr/bin/cogpu /usr/sbin/cogpud /usr/lib/cogpu/libcogpu-preload.so \
   /usr/share/man/man8/cogpud.8.gz /usr/share/man/man8/spank_cogpu.8.gz \
   /usr/include/cogpu.h /usr/lib/libcogpu.a /usr/lib/pkgconfig/cogpu.pc \
   /usr/share/bash-completion/completions/cogpu /usr/share/cogpu/slurm/plugstack.conf \
+  /usr/share/cogpu/prometheus/cogpu.rules.yml /usr/share/cogpu/prometheus/grafana-dashboard.json \
   /usr/share/doc/cogpu/security.md; do
   [ -e "$f" ] || bad "$f is missing"
 done

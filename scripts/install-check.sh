@@ -48,6 +48,10 @@ fi
 for f in cli_filter.lua job_submit.lua plugstack.conf slurm.conf; do
   test -r "$prefix/share/cogpu/slurm/$f"
 done
+# Prometheus rules (with their unit tests) and the Grafana dashboard.
+for f in cogpu.rules.yml cogpu.rules.test.yml grafana-dashboard.json; do
+  test -r "$prefix/share/cogpu/prometheus/$f"
+done
 # The node daemon, its systemd units (pointing at it) and the tmpfiles.d
 # snippet that makes /run/cogpu at boot.
 test -x "$prefix/sbin/cogpud"

@@ -42,8 +42,13 @@ existing_parent() {
 # with groff -ww (a page with a warning fails).
 # dpkg-dev, debhelper, lintian: the Debian packages (debian/), which CI
 # builds, lints and tests (scripts/deb-test.sh).
+# prometheus (with promtool), python3-yaml: the suite scrapes cogpu's
+# exporter with a private Prometheus of its own and checks the rules and
+# dashboard of contrib/prometheus (tests/node/test-prometheus.c). On a host
+# with systemd the package also enables prometheus.service, which the suite
+# does not use: `systemctl disable --now prometheus` if it is not wanted.
 deps="gcc make libc6-dev pkg-config python3 libsystemd-dev libsqlite3-dev libslurm-dev slurmctld slurmd
-      slurm-client munge gnuplot-nox groff-base dpkg-dev debhelper lintian"
+      slurm-client munge gnuplot-nox groff-base dpkg-dev debhelper lintian prometheus python3-yaml"
 missing=""
 for p in $deps; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
