@@ -59,8 +59,8 @@ static void need_prometheus(void) {
     ok = ok && have(progs[i]);
   if (!ok || run_tool(yaml, out, sizeof out, err, sizeof err) != 0)
     SKIP_UNLESS_REQUIRED("COGPU_TEST_REQUIRE_PROMETHEUS",
-                           "prometheus, promtool and python3-yaml "
-                           "(scripts/setup.sh installs them)");
+                         "prometheus, promtool and python3-yaml "
+                         "(scripts/setup.sh installs them)");
 }
 
 /* A file of the source tree. */
@@ -132,17 +132,12 @@ TEST_IMPL(prom_rules_dashboard_names) {
   ASSERT_CONTAINS(lt_slurp("m.prom"), "cogpu_job_peak_bytes{");
   check_names(th_path("m.prom"), NULL);
   /* A dashboard naming a series cogpu does not export is refused. */
-  th_write_file(th_path("bad.json"),
-                "{\"panels\":[{\"targets\":[{\"expr\":"
-                "\"cogpu_gpu_reserved_byte\"}]}]}");
-  const char *bad[] = {"python3",
-                       src("tests/prom-names.py"),
-                       "--metrics",
-                       th_path("m.prom"),
-                       "--rules",
-                       src("contrib/prometheus/cogpu.rules.yml"),
-                       "--dashboard",
-                       th_path("bad.json"),
+  th_write_file(th_path("bad.json"), "{\"panels\":[{\"targets\":[{\"expr\":"
+                                     "\"cogpu_gpu_reserved_byte\"}]}]}");
+  const char *bad[] = {"python3",     src("tests/prom-names.py"),
+                       "--metrics",   th_path("m.prom"),
+                       "--rules",     src("contrib/prometheus/cogpu.rules.yml"),
+                       "--dashboard", th_path("bad.json"),
                        NULL};
   ASSERT_EQ(run_tool(bad, out, sizeof out, err, sizeof err), 1);
   ASSERT_CONTAINS(err, "cogpu_gpu_reserved_byte is not a series");
@@ -150,7 +145,8 @@ TEST_IMPL(prom_rules_dashboard_names) {
   th_wait(h, th_ms(5000));
 }
 
-/* --- a live Prometheus ----------------------------------------------------- */
+/* --- a live Prometheus -----------------------------------------------------
+ */
 
 /* A TCP port free on 127.0.0.1 now (the kernel's pick). Prometheus binds
  * it a moment later: if someone takes it meanwhile, Prometheus exits and
@@ -265,8 +261,7 @@ static void prom_expect_(const char *file, int line, const prom_t *p,
   }
   if (seen)
     th_fail(file, line, "Prometheus: %s is %.17g, not %.17g", query, v, want);
-  th_fail(file, line, "Prometheus: %s gives nothing (want %.17g)", query,
-          want);
+  th_fail(file, line, "Prometheus: %s gives nothing (want %.17g)", query, want);
 }
 #define PROM_EXPECT(p, query, want)                                            \
   prom_expect_(__FILE__, __LINE__, p, query, want)
@@ -409,21 +404,22 @@ TEST_IMPL_T(prom_live_scrape, 120) {
   if (th_daemon_pid() <= 0)
     th_daemon_start();
 
-  const char *exp_argv[] = {"cogpu",    "exporter", "--listen", "127.0.0.1:0",
-                            "--max-jobs", "all",    NULL};
+  const char *exp_argv[] = {"cogpu",      "exporter", "--listen", "127.0.0.1:0",
+                            "--max-jobs", "all",      NULL};
   pid_t exporter = lt_spawn_logged("exporter.log", exp_argv);
   prom_t prom = prom_start(exporter_port());
   PROM_EXPECT(&prom, "cogpu_up", 1);
   PROM_EXPECT(&prom, "up{job=\"cogpu\"}", 1);
 
-  const char *go = th_path("go");
+  /* (A copy: th_path's buffers are reused by later calls.) */
+  char go[PATH_MAX];
+  snprintf(go, sizeof go, "%s", th_path("go"));
   char waitarg[PATH_MAX + 16];
   snprintf(waitarg, sizeof waitarg, "waitfile:%s", go);
-  const char *job_argv[] = {"cogpu",    "run",      "--mem",    "6G",
-                            "--job-id", "prom-a",   "--",       lt_cudaprog(),
-                            "direct",   "init",     "ctx",      "alloc:2G",
-                            "alloc:2G", "free",     waitarg,    "verify",
-                            "freeall",  NULL};
+  const char *job_argv[] = {
+      "cogpu",    "run",         "--mem",  "6G",     "--job-id", "prom-a",
+      "--",       lt_cudaprog(), "direct", "init",   "ctx",      "alloc:2G",
+      "alloc:2G", "free",        waitarg,  "verify", "freeall",  NULL};
   pid_t job = lt_spawn_logged("job", job_argv);
   wait_for_text("job", "waiting");
   int jpid = client_reserving(6 * GiB);
