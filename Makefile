@@ -12,6 +12,10 @@ BINDIR ?= $(PREFIX)/bin
 INCDIR ?= $(PREFIX)/include
 DATADIR ?= $(PREFIX)/share
 PCDIR ?= $(LIBDIR)/pkgconfig
+# cogpu's private libraries (the preload library, the SPANK plug-in).
+# `cogpu run` looks for the preload library at ../lib/cogpu from its own
+# binary, so this stays $(PREFIX)/lib/cogpu where LIBDIR is lib64 (RPM).
+PKGLIBDIR ?= $(LIBDIR)/cogpu
 SBINDIR ?= $(PREFIX)/sbin
 DOCDIR ?= $(DATADIR)/doc/cogpu
 MANDIR ?= $(DATADIR)/man
@@ -150,11 +154,12 @@ $(B)/cogpu.conf.example: $(B)/man/gen-conf
 	$(B)/man/gen-conf --example > $@.tmp && mv $@.tmp $@
 MAN_SED := sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
                -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@DATADIR@|$(DATADIR)|g' \
+               -e 's|@PKGLIBDIR@|$(PKGLIBDIR)|g' \
                -e 's|@UNITDIR@|$(UNITDIR)|g'
 # The paths in the pages are install's: rewritten whenever they change.
 $(B)/man/paths: FORCE
 	@mkdir -p $(dir $@)
-	@printf '%s\n' '$(VERSION)' '$(DOCDIR)' '$(LIBDIR)' '$(DATADIR)' '$(UNITDIR)' > $@.tmp; \
+	@printf '%s\n' '$(VERSION)' '$(DOCDIR)' '$(LIBDIR)' '$(DATADIR)' '$(UNITDIR)' '$(PKGLIBDIR)' > $@.tmp; \
 	if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 $(B)/man/%: man/%.in $(B)/man/paths include/cogpu.h
 	@echo "MAN $@"
@@ -405,6 +410,13 @@ sim-validate: tests
 	COGPU_TEST_REPLAY_JOBS=300 COGPU_TEST_REPLAY_SKIP=100 COGPU_TEST_REPLAY_SPAN=400 \
 	  $(B)/tests/run-tests slurm_replay_trace
 
+# The RPM packages (contrib/rpm/cogpu.spec), built with rpmbuild from the
+# tracked files and their file lists checked (README.md, "RPM packages"). Needs
+# the rpm package; about a minute. Not part of CI.
+.PHONY: rpm
+rpm:
+	./scripts/rpm-test.sh
+
 # The workload-mix experiment on a GPU node (docs/experiment.md).
 .PHONY: experiment
 experiment: all
@@ -413,7 +425,7 @@ experiment: all
 
 install: lib cli daemon preload man $(SPANK) $(B)/cogpu.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
-	install -d $(DESTDIR)$(LIBDIR)/cogpu
+	install -d $(DESTDIR)$(PKGLIBDIR)
 	install -m 0755 $(B)/cogpu $(DESTDIR)$(BINDIR)/cogpu
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(TMPFILESDIR) \
 	    $(DESTDIR)$(DOCDIR)
@@ -437,7 +449,7 @@ install: lib cli daemon preload man $(SPANK) $(B)/cogpu.pc
 	install -m 0644 contrib/bash-completion/cogpu $(DESTDIR)$(BASHCOMPDIR)/cogpu
 	install -d $(DESTDIR)$(DATADIR)/cogpu
 	install -m 0644 $(B)/cogpu.conf.example $(DESTDIR)$(DATADIR)/cogpu/cogpu.conf.example
-	install -m 0755 $(B)/libcogpu-preload.so $(DESTDIR)$(LIBDIR)/cogpu/libcogpu-preload.so
+	install -m 0755 $(B)/libcogpu-preload.so $(DESTDIR)$(PKGLIBDIR)/libcogpu-preload.so
 	install -m 0644 $(B)/libcogpu.a $(DESTDIR)$(LIBDIR)/libcogpu.a
 	install -m 0755 $(B)/libcogpu.so $(DESTDIR)$(LIBDIR)/libcogpu.so.$(VERSION)
 	ln -sf libcogpu.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcogpu.so.0
@@ -448,15 +460,15 @@ install: lib cli daemon preload man $(SPANK) $(B)/cogpu.pc
 	install -m 0644 contrib/slurm/cli_filter.lua contrib/slurm/job_submit.lua \
 	    contrib/slurm/slurm.conf \
 	    $(DESTDIR)$(DATADIR)/cogpu/slurm/
-	sed 's|/usr/local/lib/cogpu|$(LIBDIR)/cogpu|' contrib/slurm/plugstack.conf \
+	sed 's|/usr/local/lib/cogpu|$(PKGLIBDIR)|' contrib/slurm/plugstack.conf \
 	    > $(DESTDIR)$(DATADIR)/cogpu/slurm/plugstack.conf
-	$(if $(SPANK),install -m 0755 $(SPANK) $(DESTDIR)$(LIBDIR)/cogpu/spank_cogpu.so)
+	$(if $(SPANK),install -m 0755 $(SPANK) $(DESTDIR)$(PKGLIBDIR)/spank_cogpu.so)
 	install -d $(DESTDIR)$(DATADIR)/cogpu/prometheus
 	install -m 0644 contrib/prometheus/cogpu.rules.yml contrib/prometheus/cogpu.rules.test.yml \
 	    contrib/prometheus/grafana-dashboard.json $(DESTDIR)$(DATADIR)/cogpu/prometheus/
 
 uninstall:
-	rm -rf $(DESTDIR)$(LIBDIR)/cogpu
+	rm -rf $(DESTDIR)$(PKGLIBDIR)
 	rm -f $(DESTDIR)$(SBINDIR)/cogpud $(DESTDIR)$(UNITDIR)/cogpud.socket \
 	      $(DESTDIR)$(UNITDIR)/cogpud.service $(DESTDIR)$(UNITDIR)/cogpu-exporter.service \
 	      $(DESTDIR)$(TMPFILESDIR)/cogpu.conf
