@@ -388,7 +388,7 @@ static int cogpu_verb(const char *verb, int pid) {
  * scraping the exporter every second, holds each figure: reserved, used
  * and peak of the job, the queue, the suspension and resume counters,
  * and the rules' recorded series. Then every dashboard query is sent to
- * it, which must parse them. */
+ * it, which must parse them; last, cogpud stops. */
 TEST_IMPL_T(prom_live_scrape, 120) {
   need_prometheus();
   if (th_sanitizer_runtime()[0])
@@ -406,7 +406,12 @@ TEST_IMPL_T(prom_live_scrape, 120) {
 
   const char *exp_argv[] = {"cogpu",      "exporter", "--listen", "127.0.0.1:0",
                             "--max-jobs", "all",      NULL};
+  /* As cogpu-exporter.service does: while cogpud is down, a scrape waits
+   * this long for it, then says cogpu_up 0 (with daemon_wait's default
+   * 30 s the scrape would time out instead, 1 s here). */
+  setenv("COGPU_DAEMON_WAIT", "300ms", 1);
   pid_t exporter = lt_spawn_logged("exporter.log", exp_argv);
+  unsetenv("COGPU_DAEMON_WAIT");
   prom_t prom = prom_start(exporter_port());
   PROM_EXPECT(&prom, "cogpu_up", 1);
   PROM_EXPECT(&prom, "up{job=\"cogpu\"}", 1);
@@ -478,6 +483,15 @@ TEST_IMPL_T(prom_live_scrape, 120) {
   /* The job gone, its series go stale. */
   snprintf(q, sizeof q, "count(cogpu_job_reserved_bytes%s) or vector(0)", sel);
   PROM_EXPECT(&prom, q, 0);
+
+  /* cogpud stops: the exporter still answers, with cogpu_up 0, and the
+   * rules' CogpuDaemonDown alert is pending (it fires after 2 minutes,
+   * which promtool test rules checks). */
+  th_daemon_stop(SIGTERM);
+  PROM_EXPECT(&prom, "up{job=\"cogpu\"}", 1);
+  PROM_EXPECT(&prom, "cogpu_up", 0);
+  PROM_EXPECT(
+      &prom, "ALERTS{alertname=\"CogpuDaemonDown\",alertstate=\"pending\"}", 1);
 
   prom_stop(&prom);
   kill(exporter, SIGTERM);
