@@ -209,11 +209,17 @@ def main():
           "set grid", "set key top right"]
     for s in scenarios:
         dat = os.path.join(out, s["name"], "samples.dat")
+        # The range from the run itself: a scenario shorter than the
+        # sampling interval has one sample or none, and gnuplot's own range
+        # would then be empty ("x range is invalid").
+        last = max([t for t, _, _ in s["samples"]] + [s["makespan_s"] or 0, 0.1])
         gp += ["set title '%s (makespan %.1f s, %d failed)'" % (s["name"], s["makespan_s"], s["jobs_failed"]),
                "set xlabel 'time (s)'", "set ylabel 'GPU memory used (GiB)'",
-               "set yrange [0:%s]" % ("%.1f" % (total_bytes / 2**30 * 1.05) if total_bytes else "*"),
-               "set xrange [0:*]"]
-        if has_util:
+               "set yrange [0:%s]" % ("%.1f" % (total_bytes / 2**30 * 1.05) if total_bytes else "1"),
+               "set xrange [0:%.3f]" % last]
+        if not s["samples"]:
+            gp += ["unset y2tics", "unset y2label", "plot 1/0 title 'no samples'"]
+        elif has_util:
             gp += ["set y2label 'utilisation (%)'", "set y2range [0:100]", "set y2tics",
                    "plot '%s' using 1:2 with lines lw 2 title 'memory', '' using 1:3 axes x1y2 with lines title 'util'" % dat]
         else:

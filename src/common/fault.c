@@ -1,9 +1,11 @@
 /*
  * fault.c: fault points for crash tests (sqlite's sqlite3FaultSim). Code
  * calls cogpu__fault(COGPU_FP_X) at places where a crash must be survivable;
- * COGPU_FAULT="NAME[:count[:stall|fail]]" makes the process SIGKILL itself at
- * the count-th pass of point NAME (default 1), or sleep 2 s there with
- * "stall" so that a test can catch a slow holder, or, with "fail", makes the
+ * COGPU_FAULT="NAME[:count[:stall|busy|fail]]" makes the process SIGKILL
+ * itself at the count-th pass of point NAME (default 1), or sleep 2 s there
+ * with "stall" so that a test can catch a slow holder, or keep the CPU busy
+ * there for 7 s with "busy" (a holder that runs, slowly: longer than the
+ * bounded lock's 5 s), or, with "fail", makes the
  * operation at a point that can fail (cogpu__fault_fails) fail there once. The
  * configuration is read once and the call costs one relaxed load and a branch
  * when COGPU_FAULT is unset.
@@ -23,6 +25,7 @@
 #define FAULT_UNREAD (-1LL)
 #define FAULT_OFF 0LL
 #define FAULT_STALL_MS 2000
+#define FAULT_BUSY_MS 7000
 
 /* Point names as COGPU_FAULT spells them, indexed by enum
  * cogpu__fault_point. */
@@ -40,6 +43,7 @@ static atomic_llong fault_passes;
 
 #define FAULT_STALL (1LL << 8)
 #define FAULT_FAIL (1LL << 9)
+#define FAULT_BUSY (1LL << 10)
 
 static long long fault_pack(int point, long long mode, long count) {
   return (long long)point | mode | ((long long)count << 16);
@@ -73,6 +77,8 @@ static long long fault_parse(const char *s) {
   if (*p == ':') {
     if (strcasecmp(p + 1, "stall") == 0)
       mode = FAULT_STALL;
+    else if (strcasecmp(p + 1, "busy") == 0)
+      mode = FAULT_BUSY;
     else if (strcasecmp(p + 1, "fail") == 0)
       mode = FAULT_FAIL;
     else if (strcasecmp(p + 1, "kill") != 0)
@@ -94,7 +100,7 @@ static long long fault_init(void) {
                  i > COGPU_FP_NONE + 1 ? ", " : "", fault_names[i]);
       cogpu__log(COGPU_LOG_ERROR,
                  "invalid COGPU_FAULT '%.64s' (ignored); expected "
-                 "POINT[:COUNT[:kill|stall|fail]] with POINT one of %s",
+                 "POINT[:COUNT[:kill|stall|busy|fail]] with POINT one of %s",
                  s, names);
       conf = FAULT_OFF;
     }
@@ -108,6 +114,13 @@ static long long fault_init(void) {
 static void fault_stall(void) {
   struct timespec ts = {FAULT_STALL_MS / 1000, 0};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* Runs on the CPU (state R) for FAULT_BUSY_MS. */
+static void fault_busy(void) {
+  uint64_t until = cogpu__now_ns() + cogpu__ms_to_ns(FAULT_BUSY_MS);
+  while (cogpu__now_ns() < until) {
   }
 }
 
@@ -130,6 +143,10 @@ static __attribute__((noinline)) bool fault_hit(int point, long long conf) {
     cogpu__log(COGPU_LOG_INFO, "fault point %s: stalling %d ms",
                fault_names[point], FAULT_STALL_MS);
     fault_stall();
+  } else if (conf & FAULT_BUSY) {
+    cogpu__log(COGPU_LOG_INFO, "fault point %s: busy %d ms", fault_names[point],
+               FAULT_BUSY_MS);
+    fault_busy();
   } else {
     kill(getpid(), SIGKILL);
   }

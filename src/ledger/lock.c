@@ -75,9 +75,10 @@ static bool lock_owner_dead(struct cogpu_s *h, uint32_t w) {
   return !cogpu__ledger_slot_alive(h, slot1 - 1, w >> LOCKW_GEN_SHIFT);
 }
 
-/* Takes the lock; bound_ms >= 0 gives up after that long if the holder is
- * alive but does not let go (stopped by SIGSTOP, Ctrl-Z, a cgroup freezer
- * or a debugger): -EBUSY, with a message naming it. */
+/* Takes the lock; bound_ms >= 0 gives up after that long if one holder,
+ * alive, keeps it and none of its threads runs (stopped by SIGSTOP,
+ * Ctrl-Z, a cgroup freezer or a debugger): -EBUSY, with a message naming
+ * it. */
 static int lock_take(struct cogpu_s *h, int64_t bound_ms) {
   _Atomic uint32_t *lk = &h->st->hdr.lock;
   uint64_t start = 0;
@@ -97,6 +98,7 @@ static int lock_take(struct cogpu_s *h, int64_t bound_ms) {
       goto locked;
   }
   uint64_t since = cogpu__now_ns();
+  uint32_t held = atomic_load_explicit(lk, memory_order_relaxed);
   start = since;
   for (;;) {
     cur = atomic_load_explicit(lk, memory_order_relaxed);
@@ -131,10 +133,23 @@ static int lock_take(struct cogpu_s *h, int64_t bound_ms) {
       goto locked;
     }
     since = cogpu__now_ns();
+    /* The bound is for one holder that keeps the lock: a lock that
+     * changed hands since (a busy node) starts the count again, and so
+     * does a holder with a thread that runs or waits for a CPU (a loaded
+     * machine, not a stopped process: giving up then failed jobs that
+     * were only slow to be served). */
+    if ((w & ~LOCKW_CONTENDED) != (held & ~LOCKW_CONTENDED)) {
+      held = w;
+      start = since;
+    }
     if (bound_ms >= 0 && w != 0 &&
         since - start >= cogpu__ms_to_ns((uint64_t)bound_ms)) {
       uint32_t s1 = w & LOCKW_SLOT_MASK;
       int pid = s1 && s1 <= LEDGER_MAX_SLOTS ? h->st->slots[s1 - 1].pid : 0;
+      if (pid > 0 && cogpu__proc_runnable(pid)) {
+        start = since;
+        continue;
+      }
       return cogpu__seterr(-EBUSY,
                            "the node's ledger has been locked for %lld ms by "
                            "pid %d (slot %u), which is alive but does not "

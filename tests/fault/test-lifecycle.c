@@ -282,6 +282,35 @@ TEST_IMPL(lifecycle_guard_waits_for_all_members) {
   cogpu_detach(job);
 }
 
+/* A holder that runs but is slow to let go (a loaded machine: 7 s busy
+ * holding the lock) is waited for, not taken for a stopped one: the bound
+ * failed jobs that were only slow to be served (issue 26's loaded runs,
+ * "alive but does not run (stopped?)"). */
+TEST_IMPL_SINGLE_T(lifecycle_busy_lock_holder_waited_for, 90) {
+  th_setenv("COGPU_MARGIN", "0");
+  cogpu_t *h = lt_attach(0);
+  setenv("COGPU_FAULT", "lock_held:1:busy", 1);
+  pid_t p = lt_hold("busy", 0, GiB, 0, 0, 0);
+  unsetenv("COGPU_FAULT");
+  /* Its first pass of the lock spins for 7 s: a fifth of a second of CPU
+   * time says it is in there (it uses next to none otherwise). */
+  for (int t = 0; lt_cpu_ticks(p) < 20; t += 10) {
+    if (t > th_ms(20000))
+      th_fail(__FILE__, __LINE__, "the holder never spun in the lock");
+    th_sleep_ms(10);
+  }
+  cogpu_request_t r = req(0, GiB, COGPU_NOWAIT);
+  uint64_t t0 = cogpu__now_ns();
+  ASSERT_EQ(cogpu_reserve(h, &r, NULL), 0);
+  fprintf(stderr, "# waited %llu ms, holder used %llu ticks\n",
+          (unsigned long long)((cogpu__now_ns() - t0) / 1000000),
+          (unsigned long long)lt_cpu_ticks(p));
+  ASSERT_EQ(cogpu_release(h, 0, GiB), 0);
+  kill(p, SIGTERM);
+  th_wait(p, th_ms(20000));
+  cogpu_detach(h);
+}
+
 /* Item 3: a lock holder stopped (SIGSTOP, Ctrl-Z, a cgroup freezer) does
  * not stall the node's users for ever: a reservation and `cogpu status`
  * give up after a bound, with a message naming the holder; once it runs
