@@ -19,11 +19,11 @@
  * each its own peak memory (`maxrss_mb`, the process's peak resident set
  * after the run, the trace included).
  */
-#include <sys/resource.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bench.h"

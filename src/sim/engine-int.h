@@ -9,6 +9,8 @@
 #include "sim/sim-int.h"
 
 #define SIM_NONE UINT32_MAX
+/* Scan classes: 4 priority classes x 65 sizes, then the one apart. */
+#define SIM_NCLASS (4 * 65 + 1)
 /* The latest simulated time a run reaches (ms; about 127 million years):
  * past it the run stops with an error. */
 #define SIM_MAX_NOW 4000000000000000000ll
@@ -38,6 +40,8 @@ typedef struct sim_js_s {
   uint32_t tl_k;         /* timeline point in force */
   uint32_t nslot;        /* GPUs it holds a place on */
   uint32_t qprev, qnext; /* cluster queue links */
+  uint32_t cprev, cnext; /* its scan class's list */
+  uint64_t qseq;         /* its place in the cluster queue (increasing) */
   uint32_t node;         /* its (first) node */
   int64_t done;          /* ms of work done before seg */
   int64_t seg;           /* when its current running stretch began */
@@ -151,6 +155,17 @@ typedef struct sim_run_s {
   bool freed;        /* something was released: the cluster queue is scanned */
   uint32_t new_from; /* first job queued since the last scan */
   double fail_need[4][65]; /* scan: smallest need that failed, by prio */
+  /* The queue by scan class (SIM_NCLASS: priority class x GPUs up to 64,
+   * and one for the jobs the scan never skips: whole GPUs of any size, a
+   * gpu_spec), each a list in queue order, with a lower bound of its jobs'
+   * needs (exact after a pass over the class; a job leaving never raises
+   * it). The scan walks only the classes not yet ruled out: the big jobs
+   * an overloaded queue piles up at its head are not stepped over one by
+   * one at every release. */
+  uint32_t chead[SIM_NCLASS], ctail[SIM_NCLASS], ccount[SIM_NCLASS];
+  double cmin[SIM_NCLASS];
+  uint64_t qseq;   /* jobs queued so far: a job's place in the queue */
+  uint32_t nkeyed; /* GPUs whose key is not 0 (somewhere to place) */
 } sim_run_t;
 
 /* engine.c, for the policies */

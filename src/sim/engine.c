@@ -357,6 +357,69 @@ uint32_t cogpu__sim_slot_job(const sim_run_t *r, uint64_t sl) {
 
 /* --- the cluster queue --------------------------------------------------- */
 
+static uint32_t prio_class(int32_t p) {
+  return p < 0 ? 0 : p > 3 ? 3 : (uint32_t)p;
+}
+
+/* Where j stands in the scan's skipping (scan below): its priority class,
+ * its GPUs (up to 64) and its need; false for a job the scan never skips
+ * (*need is then meaningless). */
+static bool scan_class(const sim_run_t *r, uint32_t j, uint32_t *p, uint32_t *k,
+                       double *need) {
+  const sim_job_t *jb = job(r, j);
+  *k = jb->ngpus > 64 ? 64 : jb->ngpus;
+  /* Without suspension priority does not matter: class 0 holds all. */
+  *p = r->p->suspend ? prio_class(jb->prio) : 0;
+  *need = (double)cogpu__sim_need_key(r, j);
+  /* A job that wants whole GPUs of any size (bytes, no figure) has a need
+   * of 1 in the index but fits only idle GPUs: its failure says nothing
+   * of smaller jobs, and a smaller job's failure nothing of it. */
+  bool whole = r->p->kind == SIM_COGPU && !r->t->frac && wants_whole(r, j);
+  if (whole)
+    *need = INFINITY;
+  /* Nor does that of a job held to some GPU models (gpu_spec). */
+  return !(whole || (jb->spec && jb->ngpus));
+}
+
+#define CLASS_APART (SIM_NCLASS - 1)
+
+static uint32_t class_of(const sim_run_t *r, uint32_t j, double *need) {
+  uint32_t p, k;
+  if (!scan_class(r, j, &p, &k, need))
+    return CLASS_APART;
+  return p * 65 + k;
+}
+
+static void c_append(sim_run_t *r, uint32_t j) {
+  double need;
+  uint32_t c = class_of(r, j, &need);
+  sim_js_t *s = &r->js[j];
+  s->cnext = SIM_NONE;
+  s->cprev = r->ctail[c];
+  if (r->ctail[c] != SIM_NONE)
+    r->js[r->ctail[c]].cnext = j;
+  else
+    r->chead[c] = j;
+  r->ctail[c] = j;
+  if (r->ccount[c]++ == 0 || need < r->cmin[c])
+    r->cmin[c] = need;
+}
+
+static void c_remove(sim_run_t *r, uint32_t j) {
+  double need;
+  uint32_t c = class_of(r, j, &need);
+  sim_js_t *s = &r->js[j];
+  if (s->cprev != SIM_NONE)
+    r->js[s->cprev].cnext = s->cnext;
+  else
+    r->chead[c] = s->cnext;
+  if (s->cnext != SIM_NONE)
+    r->js[s->cnext].cprev = s->cprev;
+  else
+    r->ctail[c] = s->cprev;
+  r->ccount[c]--;
+}
+
 static void q_append(sim_run_t *r, uint32_t j) {
   sim_js_t *s = &r->js[j];
   s->st = JS_QUEUED;
@@ -369,6 +432,8 @@ static void q_append(sim_run_t *r, uint32_t j) {
     r->qhead = j;
   r->qtail = j;
   r->qlen++;
+  s->qseq = r->qseq++;
+  c_append(r, j);
   if (r->new_from == SIM_NONE)
     r->new_from = j;
 }
@@ -386,6 +451,7 @@ static void q_remove(sim_run_t *r, uint32_t j) {
   else
     r->qtail = s->qprev;
   r->qlen--;
+  c_remove(r, j);
 }
 
 /* --- running ----------------------------------------------------------- */
@@ -1070,40 +1136,29 @@ bool cogpu__sim_whole_nodes(sim_run_t *r, uint32_t j, sim_slot_t *s) {
 
 /* --- the scan of the cluster queue ------------------------------------- */
 
-static uint32_t prio_class(int32_t p) {
-  return p < 0 ? 0 : p > 3 ? 3 : (uint32_t)p;
-}
-
-static bool dominated(const sim_run_t *r, uint32_t j, double need) {
-  uint32_t k = job(r, j)->ngpus > 64 ? 64 : job(r, j)->ngpus;
-  /* Without suspension priority does not matter: class 0 holds all. */
-  uint32_t p = r->p->suspend ? prio_class(job(r, j)->prio) : 0;
+/* A job is skipped when one of no lower priority class and no more GPUs
+ * failed in this scan with a need no larger: what fits nowhere for that
+ * job fits nowhere for it either. */
+static bool dominated(const sim_run_t *r, uint32_t p, uint32_t k, double need) {
   for (uint32_t q = p; q < 4; q++)
     if (r->fail_need[q][k] <= need)
       return true;
   return false;
 }
 
-static void failed_at(sim_run_t *r, uint32_t j, double need) {
-  uint32_t k = job(r, j)->ngpus > 64 ? 64 : job(r, j)->ngpus;
-  uint32_t p = r->p->suspend ? prio_class(job(r, j)->prio) : 0;
+static void failed_at(sim_run_t *r, uint32_t p, uint32_t k, double need) {
   for (uint32_t i = k; i <= 64; i++)
     if (r->fail_need[p][i] > need)
       r->fail_need[p][i] = need;
 }
 
+/* 1: started (or placed by a preemption); 0: not now. */
 static int try_start(sim_run_t *r, uint32_t j) {
   sim_slot_t sl = {.gpus = r->jg + r->goff[j]};
-  double need = (double)cogpu__sim_need_key(r, j);
-  /* A job that wants whole GPUs of any size (bytes, no figure) has a need
-   * of 1 in the index but fits only idle GPUs: its failure says nothing
-   * of smaller jobs, and a smaller job's failure nothing of it. */
-  bool whole = r->p->kind == SIM_COGPU && !r->t->frac && wants_whole(r, j);
-  if (whole)
-    need = INFINITY;
-  /* Nor does that of a job held to some GPU models (gpu_spec). */
-  bool apart = whole || (job(r, j)->spec && job(r, j)->ngpus);
-  if (!apart && dominated(r, j, need))
+  uint32_t p, k;
+  double need;
+  bool skippable = scan_class(r, j, &p, &k, &need);
+  if (skippable && dominated(r, p, k, need))
     return 0;
   bool found = r->p->find(r, j, &sl);
   if (!found && r->p->fallback) {
@@ -1116,8 +1171,8 @@ static int try_start(sim_run_t *r, uint32_t j) {
     found = fb == 1;
   }
   if (!found) {
-    if (!apart)
-      failed_at(r, j, need);
+    if (skippable)
+      failed_at(r, p, k, need);
     return 0;
   }
   q_remove(r, j);
@@ -1125,6 +1180,11 @@ static int try_start(sim_run_t *r, uint32_t j) {
   return rc ? rc : 1;
 }
 
+/* Tries the queue from `from` in order, as if it went job by job: a job
+ * skipped (dominated) does nothing, so each class is walked on its own
+ * list, the one whose next job came first going first, and a class whose
+ * every job would be skipped (its needs' bound no smaller than a failed
+ * need) is dropped for the rest of the pass. */
 static int scan(sim_run_t *r) {
   uint32_t from = r->freed ? r->qhead : r->new_from;
   r->freed = false;
@@ -1132,14 +1192,65 @@ static int scan(sim_run_t *r) {
   for (int p = 0; p < 4; p++)
     for (int k = 0; k <= 64; k++)
       r->fail_need[p][k] = INFINITY;
-  for (uint32_t j = from; j != SIM_NONE;) {
-    uint32_t next = r->js[j].qnext;
+  if (from == SIM_NONE)
+    return 0;
+  bool whole = from == r->qhead;
+  uint64_t from_seq = r->js[from].qseq, seq0 = r->qseq;
+  uint32_t cur[SIM_NCLASS], act[SIM_NCLASS], nact = 0;
+  double seen[SIM_NCLASS];
+  for (uint32_t c = 0; c < SIM_NCLASS; c++) {
+    if (!r->ccount[c])
+      continue;
+    /* The first of the class at or after `from`: from the tail, since a
+     * scan not from the head covers only the jobs that just came. */
+    uint32_t j = whole ? r->chead[c] : r->ctail[c];
+    if (!whole) {
+      if (r->js[j].qseq < from_seq)
+        continue;
+      while (r->js[j].cprev != SIM_NONE &&
+             r->js[r->js[j].cprev].qseq >= from_seq)
+        j = r->js[j].cprev;
+    }
+    cur[c] = j;
+    seen[c] = INFINITY;
+    act[nact++] = c;
+  }
+  while (nact) {
+    /* The active class whose next job is first in the queue. */
+    uint32_t bi = 0;
+    for (uint32_t i = 1; i < nact; i++)
+      if (r->js[cur[act[i]]].qseq < r->js[cur[act[bi]]].qseq)
+        bi = i;
+    uint32_t c = act[bi], j = cur[c];
+    cur[c] = r->js[j].cnext;
     int rc = try_start(r, j);
     if (rc < 0)
       return rc;
-    j = next;
+    if (rc == 0) {
+      double need;
+      class_of(r, j, &need);
+      if (need < seen[c])
+        seen[c] = need;
+    }
+    bool failed = rc == 0;
+    if (cur[c] == SIM_NONE) {
+      /* Walked to its end: with nothing queued meanwhile, from the head,
+       * the bound is exact again. */
+      if (whole && seq0 == r->qseq)
+        r->cmin[c] = seen[c];
+      act[bi] = act[--nact];
+    }
+    if (!failed)
+      continue;
+    /* A failure lowers the failed needs: drop the classes it rules out. */
+    for (uint32_t i = 0; i < nact;) {
+      uint32_t x = act[i];
+      if (x != CLASS_APART && dominated(r, x / 65, x % 65, r->cmin[x]))
+        act[i] = act[--nact];
+      else
+        i++;
+    }
   }
-  r->new_from = SIM_NONE;
   return 0;
 }
 
@@ -1254,6 +1365,8 @@ static int setup(sim_run_t *r) {
   }
   r->idle_node_gpus = ng;
   r->qhead = r->qtail = r->new_from = SIM_NONE;
+  for (uint32_t x = 0; x < SIM_NCLASS; x++)
+    r->chead[x] = r->ctail[x] = SIM_NONE;
   r->free_ent = SIM_NONE;
   int rc = cogpu__sim_index_init(r);
   if (rc)

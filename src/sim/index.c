@@ -115,6 +115,10 @@ void cogpu__sim_index_set(sim_run_t *r, uint32_t g, uint64_t key) {
     return;
   if (r->tr.pri)
     tr_erase(&r->tr, g);
+  if (key && !r->key[g])
+    r->nkeyed++;
+  else if (!key && r->key[g])
+    r->nkeyed--;
   r->key[g] = key;
   if (r->tr.pri)
     tr_insert(&r->tr, g);

@@ -215,6 +215,10 @@ static int fallback_remote(sim_run_t *r, uint32_t j, sim_slot_t *s) {
   uint32_t k = r->t->jobs[j].ngpus, L = r->o->remote_links;
   if (k < 2 || L == 0)
     return 0;
+  /* Fewer GPUs anywhere than it needs (an overloaded queue's usual case):
+   * no need to look at every node. */
+  if (r->nkeyed < k)
+    return 0;
   uint32_t home = SIM_NONE, best = 0;
   for (uint32_t n = 0; n < r->c->nnodes; n++) {
     if (!spec_node(r, j, n))
