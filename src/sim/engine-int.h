@@ -133,6 +133,10 @@ typedef struct sim_run_s {
   uint32_t segn;
   sim_treap_t tr;
   uint64_t *key; /* the key each GPU has in the index */
+  /* best fit: nodes by the sum of their GPUs' keys (a treap over (sum,
+   * node)), for jobs of several GPUs */
+  sim_treap_t ntr;
+  uint64_t *nsum;
 
   /* policy state (fgd.c) */
   void *pol;
@@ -191,6 +195,10 @@ uint32_t cogpu__sim_index_first(const sim_run_t *r, uint32_t from,
  * (after_key, after_g) (after_g SIM_NONE: from the start), or SIM_NONE. */
 uint32_t cogpu__sim_index_best(const sim_run_t *r, uint64_t need,
                                uint64_t after_key, uint32_t after_g);
+/* Best fit: the node whose GPUs' keys add up to the least, after (sum,
+ * node) (after_n SIM_NONE: from the start), or SIM_NONE. */
+uint32_t cogpu__sim_index_node_next(const sim_run_t *r, uint64_t after_sum,
+                                    uint32_t after_n);
 
 /* fgd.c: FGD's fragmentation of the cluster now (in GPUs), and its
  * placement. */

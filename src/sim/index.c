@@ -6,9 +6,11 @@
  * when nothing may be placed there now. A segment tree of the largest key
  * finds the first GPU at or after an index whose key is at least a need in
  * O(log n) (first fit); a treap over (key, GPU) finds the smallest key at
- * least a need in O(log n) (best fit). Placing a job never scans every
- * node. The treap's priorities come from the run's seeded generator; they
- * shape the tree, never the answer, which is the unique smallest pair.
+ * least a need in O(log n) (best fit). For best fit of a job of several
+ * GPUs a second treap orders the nodes by the sum of their GPUs' keys, so
+ * that the least free node with room is found from the least free up. The
+ * treap's priorities come from the run's seeded generator; they shape the tree,
+ * never the answer, which is the unique smallest pair.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -89,14 +91,30 @@ int cogpu__sim_index_init(sim_run_t *r) {
     tr->pri = malloc(n * sizeof *tr->pri);
     tr->key = r->key;
   }
-  if (!r->seg || !r->key || (best && (!tr->l || !tr->r || !tr->pri)))
+  sim_treap_t *nt = &r->ntr;
+  uint32_t nn = r->c->nnodes;
+  if (best) {
+    nt->l = malloc((nn ? nn : 1) * sizeof *nt->l);
+    nt->r = malloc((nn ? nn : 1) * sizeof *nt->r);
+    nt->pri = malloc((nn ? nn : 1) * sizeof *nt->pri);
+    r->nsum = calloc(nn ? nn : 1, sizeof *r->nsum);
+    nt->key = r->nsum;
+  }
+  if (!r->seg || !r->key || (best && (!tr->l || !tr->r || !tr->pri)) ||
+      (best && (!nt->l || !nt->r || !nt->pri || !r->nsum)))
     return cogpu__seterr(-ENOMEM, "out of memory for the placement index");
   tr->root = SIM_NONE;
+  nt->root = SIM_NONE;
   for (uint32_t g = 0; g < n; g++) {
     if (best) {
       tr->pri[g] = (uint32_t)rng_next(&r->rng);
       tr_insert(tr, g);
     }
+  }
+  /* After the GPUs' priorities: the GPU treap's shape stays as it was. */
+  for (uint32_t x = 0; best && x < nn; x++) {
+    nt->pri[x] = (uint32_t)rng_next(&r->rng);
+    tr_insert(nt, x);
   }
   return 0;
 }
@@ -108,11 +126,17 @@ void cogpu__sim_index_free(sim_run_t *r) {
   free(r->tr.r);
   free(r->tr.pri);
   r->tr.key = NULL;
+  free(r->ntr.l);
+  free(r->ntr.r);
+  free(r->ntr.pri);
+  free(r->nsum);
+  r->ntr.key = NULL;
 }
 
 void cogpu__sim_index_set(sim_run_t *r, uint32_t g, uint64_t key) {
   if (r->key[g] == key)
     return;
+  uint64_t old = r->key[g];
   if (r->tr.pri)
     tr_erase(&r->tr, g);
   if (key && !r->key[g])
@@ -122,6 +146,12 @@ void cogpu__sim_index_set(sim_run_t *r, uint32_t g, uint64_t key) {
   r->key[g] = key;
   if (r->tr.pri)
     tr_insert(&r->tr, g);
+  if (r->ntr.pri) {
+    uint32_t n = r->c->gpu_node[g];
+    tr_erase(&r->ntr, n);
+    r->nsum[n] = r->nsum[n] - old + key;
+    tr_insert(&r->ntr, n);
+  }
   uint32_t i = r->segn + g;
   r->seg[i] = key;
   for (i /= 2; i >= 1; i /= 2) {
@@ -164,6 +194,21 @@ uint32_t cogpu__sim_index_best(const sim_run_t *r, uint64_t need,
         tr->key[t] >= need &&
         (after_g == SIM_NONE || tr_less(after_key, after_g, tr->key[t], t));
     if (ok) {
+      best = t;
+      t = tr->l[t];
+    } else {
+      t = tr->r[t];
+    }
+  }
+  return best;
+}
+
+uint32_t cogpu__sim_index_node_next(const sim_run_t *r, uint64_t after_sum,
+                                    uint32_t after_n) {
+  const sim_treap_t *tr = &r->ntr;
+  uint32_t best = SIM_NONE;
+  for (uint32_t t = tr->root; t != SIM_NONE;) {
+    if (after_n == SIM_NONE || tr_less(after_sum, after_n, tr->key[t], t)) {
       best = t;
       t = tr->l[t];
     } else {

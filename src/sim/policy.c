@@ -62,41 +62,33 @@ static bool find_best(sim_run_t *r, uint32_t j, sim_slot_t *s) {
       }
     return false;
   }
-  uint64_t best_left = UINT64_MAX;
-  uint32_t pick[SIM_MAX_NODE_GPUS];
-  bool found = false;
-  for (uint32_t g = cogpu__sim_index_first(r, 0, need); g != SIM_NONE;) {
-    const sim_node_t *nd = &r->c->nodes[r->c->gpu_node[g]];
+  /* Nodes from the least free in total (the sum of their keys; ties: the
+   * lower index): the first with k GPUs where j fits is the one it leaves
+   * least free, without weighing every node with room. */
+  for (uint32_t n = cogpu__sim_index_node_next(r, 0, SIM_NONE); n != SIM_NONE;
+       n = cogpu__sim_index_node_next(r, r->nsum[n], n)) {
+    const sim_node_t *nd = &r->c->nodes[n];
+    if (r->nsum[n] < (uint64_t)k * need)
+      continue; /* too little free in all: no k GPUs of need */
     uint32_t cand[SIM_MAX_NODE_GPUS], nc = 0;
     for (uint32_t x = nd->gpu0; x < nd->gpu0 + nd->ngpus; x++)
       if (r->key[x] >= need && cogpu__sim_gpu_ok(r, j, x))
         cand[nc++] = x;
-    if (nc >= k) {
-      /* The k least free, by insertion (a node has at most 16). */
-      for (uint32_t a = 1; a < nc; a++)
-        for (uint32_t b = a; b > 0 && r->key[cand[b]] < r->key[cand[b - 1]];
-             b--) {
-          uint32_t t = cand[b];
-          cand[b] = cand[b - 1];
-          cand[b - 1] = t;
-        }
-      uint64_t left = 0;
-      for (uint32_t x = nd->gpu0; x < nd->gpu0 + nd->ngpus; x++)
-        left += r->key[x];
-      left -= (uint64_t)k * need;
-      if (left < best_left) {
-        best_left = left;
-        memcpy(pick, cand, k * sizeof *pick);
-        found = true;
+    if (nc < k)
+      continue;
+    /* The k least free, by insertion (a node has at most 16). */
+    for (uint32_t a = 1; a < nc; a++)
+      for (uint32_t b = a; b > 0 && r->key[cand[b]] < r->key[cand[b - 1]];
+           b--) {
+        uint32_t t = cand[b];
+        cand[b] = cand[b - 1];
+        cand[b - 1] = t;
       }
-    }
-    g = cogpu__sim_index_first(r, nd->gpu0 + nd->ngpus, need);
-  }
-  if (found) {
-    memcpy(s->gpus, pick, k * sizeof *pick);
+    memcpy(s->gpus, cand, k * sizeof *cand);
     s->ngpus = k;
+    return true;
   }
-  return found;
+  return false;
 }
 
 static bool find_placement(sim_run_t *r, uint32_t j, sim_slot_t *s) {
