@@ -61,6 +61,13 @@ HELPER_IMPL(oversub_worker) {
     uint64_t pk = atomic_load(&s->peak);
     while (now > pk && !atomic_compare_exchange_weak(&s->peak, &pk, now)) {
     }
+    /* The first hold lasts until another worker holds memory too (three
+     * fit at once), bounded: on a loaded machine the workers' short holds
+     * could otherwise all fall one after another, and "sharing happened"
+     * would depend on the scheduler, not on cogpu. */
+    for (int t = 0; i == 0 && t < 2000 && atomic_load(&s->peak) < 2 * bytes;
+         t++)
+      th_sleep_ms(5);
     th_sleep_ms(5 + rand() % 20);
     atomic_fetch_sub(&s->in_use, bytes);
     if (cogpu_release(h, gpu, bytes) != 0)

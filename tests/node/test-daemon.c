@@ -68,7 +68,6 @@ static void wait_file(const char *path, int ms) {
  * again for ms milliseconds; every call must succeed, and at the end it
  * must still hold exactly its 1 GiB. Exit 0 when all of that held. */
 HELPER_IMPL(nd_churner) {
-  (void)argc;
   int ms = atoi(argv[0]);
   cogpu_t *h;
   if (cogpu_attach(NULL, &h) != 0) {
@@ -86,7 +85,9 @@ HELPER_IMPL(nd_churner) {
   th_write_file(argv[1], "ready");
   uint64_t end = now_ms() + (uint64_t)ms;
   long rounds = 0;
-  while (now_ms() < end) {
+  /* Until the test says stop (argv[2], a file), or for ms at most. */
+  const char *stop = argc > 2 ? argv[2] : NULL;
+  while (now_ms() < end && (!stop || access(stop, F_OK) != 0)) {
     cogpu_request_t r = base;
     r.bytes = 256 * MiB;
     int rc = cogpu_reserve(h, &r, NULL);
@@ -158,11 +159,15 @@ TEST_IMPL_T(daemon_kill9_under_load, 90) {
   enum { N = 6 };
   pid_t c[N];
   char ready[N][64];
+  /* The churners churn until the restarts are done: a fixed 3 s ended
+   * before the first check on a loaded machine (TSan). */
+  char stop[PATH_MAX];
+  snprintf(stop, sizeof stop, "%s", th_path("stop"));
   for (int i = 0; i < N; i++) {
     snprintf(ready[i], sizeof ready[i], "%s", th_path("r"));
     snprintf(ready[i] + strlen(ready[i]), 8, "%d", i);
-    c[i] = th_spawn_helper("nd_churner",
-                           (const char *const[]){"3000", ready[i], NULL});
+    c[i] = th_spawn_helper(
+        "nd_churner", (const char *const[]){"60000", ready[i], stop, NULL});
   }
   for (int i = 0; i < N; i++)
     wait_file(ready[i], 10000);
@@ -183,6 +188,7 @@ TEST_IMPL_T(daemon_kill9_under_load, 90) {
   th_sleep_ms(400);
   th_daemon_stop(SIGTERM); /* systemctl restart */
   th_daemon_start();
+  th_write_file(stop, "");
   for (int i = 0; i < N; i++)
     ASSERT_EQ(th_exit_code(th_wait(c[i], th_ms(30000))), 0);
   ASSERT_EQ(th_exit_code(th_wait(w, th_ms(30000))), 0);

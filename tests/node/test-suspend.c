@@ -457,10 +457,16 @@ TEST_IMPL_T(susp_resume_waits_for_room, 60) {
  * another's 8 GiB (priority high_prio); both complete, data intact. */
 static void preempted(const char *low_prio, const char *high_prio) {
   su_begin();
-  pid_t low = su_job("low", low_prio, "alloc:12G", "hold:2500");
+  /* The low job holds its memory (idle) until it has been suspended once:
+   * a fixed hold ended before a slow start of the high one on a loaded
+   * machine (TSan), and nothing was left to preempt. */
+  char go[PATH_MAX + 16];
+  snprintf(go, sizeof go, "waitfile:%s", th_path("go"));
+  pid_t low = su_job("low", low_prio, "alloc:12G", go);
   int lpid = su_holder(12 * GiB);
   pid_t high = su_job("high", high_prio, "alloc:8G", "hold:200");
   su_wait_suspensions(lpid, 1, 20000);
+  th_write_file(th_path("go"), "");
   ASSERT_EQ(su_finish(high, "high", 30000), 0);
   ASSERT_EQ(su_finish(low, "low", 30000), 0);
   ASSERT_CONTAINS(lt_slurp("low"), "verify ok");
