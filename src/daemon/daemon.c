@@ -586,8 +586,11 @@ static int make_socket(cogpu__daemon_t *d) {
   mode_t old = umask(0);
   int rc = bind(d->lfd, (struct sockaddr *)&sa, sizeof sa);
   umask(old);
-  if (rc != 0 || chmod(path, 0666) != 0 || listen(d->lfd, 4096) != 0 ||
-      lstat(path, &sb) != 0) {
+  /* The path is done with before listen(): once a client can connect,
+   * the socket file may be gone (removed by someone), and a check after
+   * that failed a daemon that had started (daemon_socket_gone_...). */
+  if (rc != 0 || chmod(path, 0666) != 0 || lstat(path, &sb) != 0 ||
+      listen(d->lfd, 4096) != 0) {
     rc =
         cogpu__seterr(-errno, "cannot listen on %s: %s", path, strerror(errno));
     close(d->lfd);
