@@ -335,6 +335,8 @@ int cogpu__ledger_shm_check_linked(struct cogpu_s *h);
 /* --- lock.c: lock, undo log, liveness, repair ------------------------------
  */
 void cogpu__ledger_lock(struct cogpu_s *h);
+/* Does someone wait for the lock (which the caller holds)? */
+bool cogpu__ledger_lock_contended(struct cogpu_s *h);
 /* The same, for the entry points: gives up with -EBUSY (message naming the
  * holder's pid) when a live holder keeps the lock 5 s (it is stopped), so
  * that no program hangs in a CUDA call, and no `cogpu status`, because of

@@ -164,6 +164,11 @@ locked:
   return 0;
 }
 
+bool cogpu__ledger_lock_contended(struct cogpu_s *h) {
+  return atomic_load_explicit(&h->st->hdr.lock, memory_order_relaxed) &
+         LOCKW_CONTENDED;
+}
+
 void cogpu__ledger_lock(struct cogpu_s *h) {
   (void)lock_take(h, -1);
 }

@@ -240,6 +240,12 @@ static bool runnable_holder(struct cogpu_s *h, uint32_t g, uint64_t now,
         cogpu__core_guard_due(wt->since_ns, now, bound))
       continue;
     BIT_SET(seen, o);
+    /* A thread that waits for the ledger's lock (which this pass holds)
+     * is about to act: it may be the release (seen: a holder's other
+     * thread, done spinning, blocked on this lock and so asleep, and the
+     * guard refused its sibling's wait). */
+    if (cogpu__ledger_lock_contended(h))
+      return true;
     int64_t job = member_of(h, o);
     const ledger_slot_t *js = &h->st->slots[job >= 0 ? (uint32_t)job : o];
     if (js->held[g] > 0 && cogpu__proc_runnable(h->st->slots[o].pid))

@@ -313,6 +313,10 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
     if (g == -3)
       return cogpu__ledger_spare_answer();
     if (g >= 0) {
+      /* Granted while queued (served between its queueing and this
+       * look): a waiter's grant like reserve_wait's, and the same fault
+       * point (a test's holder was granted here, and never died there). */
+      cogpu__fault(COGPU_FP_GRANTED);
       *gpu_out = g;
       return 0;
     }
