@@ -382,6 +382,19 @@ static uint64_t parked_need(struct cogpu_s *h, uint32_t g, uint64_t since) {
   return sum;
 }
 
+/* Would slot s fit on g grown to `peak` (never less than `base`, what it
+ * asks now; a peak learnt above what g can give now counts as all of it),
+ * beside `extra` that others are expected to take? */
+static bool fits_grown(struct cogpu_s *h, uint32_t g, uint32_t s, uint64_t base,
+                       uint64_t peak, uint64_t extra) {
+  uint64_t want = peak > base ? peak : base;
+  uint64_t cap = cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
+  if (want > cap)
+    want = cap > base ? cap : base;
+  return extra <= UINT64_MAX - want &&
+         cogpu__ledger_fits(h, g, s, want + extra, false);
+}
+
 bool cogpu__ledger_admit_held(struct cogpu_s *h, const ledger_waiter_t *wt,
                               uint32_t g) {
   return !wt->resume && wt->slot < LEDGER_MAX_SLOTS &&
@@ -404,15 +417,11 @@ bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
   uint64_t growth = others_growth(h, s, g, &any);
   if (!any && !parked)
     return false;
-  uint64_t want = e > bytes ? e : bytes;
-  uint64_t cap = cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
-  if (want > cap)
-    want = cap > bytes ? cap : bytes;
   /* New jobs wait behind the parked ones, and a job of known peak until
    * it can grow to it beside the others' known peaks: admitted anyway, it
    * would make the deadlock that parks someone. */
-  return growth > UINT64_MAX - want - parked ||
-         !cogpu__ledger_fits(h, g, s, want + growth + parked, false);
+  return growth > UINT64_MAX - parked ||
+         !fits_grown(h, g, s, bytes, e, growth + parked);
 }
 
 /* Resume admission (issue 25). A job given back only its footprint and
@@ -440,12 +449,7 @@ bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
   if (!any)
     return true;
   uint64_t e = expect_of(h, s, g);
-  uint64_t want = !e ? need + need / 4 : e > need ? e : need;
-  uint64_t cap = cogpu__ledger_capacity(&h->st->hdr.gpus[g]);
-  if (want > cap)
-    want = cap > need ? cap : need; /* learnt above what the GPU gives now */
-  return growth <= UINT64_MAX - want &&
-         cogpu__ledger_fits(h, g, s, want + growth, false);
+  return fits_grown(h, g, s, need, e ? e : need + need / 4, growth);
 }
 
 void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w) {
