@@ -131,7 +131,9 @@ tests: $(B)/tests/run-tests $(B)/tests/fakes/libnvidia-ml.so.1 $(B)/cogpu $(B)/c
 
 # The commit, in a header only the two main.c files include. It is written
 # again only when the commit changes, so a new commit rebuilds those two
-# files and relinks, nothing else.
+# files and relinks, nothing else. Its temporary file is this shell's own:
+# check-all runs two makes in one build folder at once, and a shared name
+# made one's mv fail (the node pass, 0 s).
 .PHONY: FORCE
 FORCE:
 $(B)/gen/version.h: FORCE
@@ -140,8 +142,9 @@ $(B)/gen/version.h: FORCE
 	if [ -z "$$c" ] && [ -e .git ]; then \
 	  c=$$(git describe --always --dirty --abbrev=12 --exclude='*' 2>/dev/null) || c=; \
 	fi; \
-	printf '#define COGPU_COMMIT "%s"\n' "$${c:-unknown}" > $@.tmp; \
-	if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+	t=$@.tmp.$$$$; \
+	printf '#define COGPU_COMMIT "%s"\n' "$${c:-unknown}" > $$t; \
+	if cmp -s $$t $@; then rm -f $$t; else mv -f $$t $@; fi
 $(B)/obj/tools/cogpu/main.o $(B)/obj/tools/cogpud/main.o: $(B)/gen/version.h
 $(B)/obj/tools/cogpu/main.o $(B)/obj/tools/cogpud/main.o: ALLCFLAGS += -I$(B)/gen
 
