@@ -141,6 +141,10 @@ typedef struct cogpu__daemon_s {
    * fd_short until an accept succeeds again (said once per episode). */
   bool accept_paused, fd_short;
   uint64_t accept_retry_ms;
+  /* The connection whose message is being handled (NULL between them),
+   * and the deadlock guard's hooks that ask about it (daemon.c). */
+  const dconn_t *handling;
+  ledger_guard_hooks_t guard_hooks;
   bool stop;
   bool failed; /* stopped because it cannot keep a ledger: exit 1 */
   bool fuzz;   /* no sockets: replies are dropped (fuzzing, tests) */

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -341,6 +342,22 @@ void cogpu__daemon_watch_process(cogpu__daemon_t *d, dconn_t *c) {
   }
 }
 
+/* The deadlock guard's question (ledger-int.h): is an answer to process
+ * slot s due, its request being handled now or unread in its connection?
+ * Seen in a loaded .ci/run: a thread's reserve, being handled, ran the
+ * guard while the threads holding that process's memory slept behind it,
+ * waiting their turn on the connection to send their releases. */
+static bool guard_answer_due(void *ctx, uint32_t s) {
+  const cogpu__daemon_t *d = ctx;
+  const dconn_t *c = s < LEDGER_MAX_SLOTS ? d->slot_conn[s] : NULL;
+  if (!c)
+    return false;
+  if (c == d->handling)
+    return true;
+  struct pollfd p = {.fd = c->fd, .events = POLLIN};
+  return !d->fuzz && c->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+}
+
 static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
   if (c->dead)
     return; /* ended earlier in this batch */
@@ -391,8 +408,10 @@ static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
                  "client pid %d (uid %u): more than one descriptor with a "
                  "message: disconnected",
                  (int)c->pid, (unsigned)c->uid);
+    d->handling = c;
     bool bad = n <= 0 || nfds < 0 || nfds > 1 || (mh.msg_flags & MSG_TRUNC) ||
                cogpu__daemon_handle(d, c, &m, (size_t)n) != 0;
+    d->handling = NULL;
     /* A descriptor is the handler's to keep (dup) or not: never leaked. */
     if (c->passed_fd >= 0)
       close(c->passed_fd);
@@ -849,6 +868,9 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
   d->waiter_conn = calloc(LEDGER_MAX_WAITERS, sizeof *d->waiter_conn);
   if (!d->slot_conn || !d->waiter_conn)
     return cogpu__seterr(-ENOMEM, "out of memory");
+  d->guard_hooks =
+      (ledger_guard_hooks_t){.ctx = d, .answer_due = guard_answer_due};
+  cogpu__ledger_guard_hooks = &d->guard_hooks;
   const char *grp = cfg->v[COGPU_OPT_ADMIN_GROUP].s;
   if (*grp) {
     struct group *gr = getgrnam(grp);
@@ -1053,6 +1075,8 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
 /* Stopping is not detaching: the state keeps every client's reservation,
  * and clients re-register with the next daemon. */
 void cogpu__daemon_fini(cogpu__daemon_t *d) {
+  if (cogpu__ledger_guard_hooks == &d->guard_hooks)
+    cogpu__ledger_guard_hooks = NULL;
   cogpu__susp_stop(d);
   cogpu__daemon_rec_stop(d);
   while (d->conns) {

@@ -403,6 +403,18 @@ bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
  * (false, nothing written) a slot that is not active. */
 bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,
                          uint32_t member, uint64_t bytes, bool exclusive);
+/* Set by the daemon (trusted mode): has process slot s a request the
+ * daemon has not answered yet (being handled now, or in its connection's
+ * buffer)? A process's requests share one connection, in turn, so its
+ * other threads may wait behind that one, asleep, with a release in hand:
+ * its job is moving (policy.c's deadlock guard). NULL elsewhere: in
+ * single-user mode a release is the process's own call, seen as a
+ * contended lock or a runnable thread. */
+typedef struct ledger_guard_hooks_s {
+  void *ctx;
+  bool (*answer_due)(void *ctx, uint32_t s);
+} ledger_guard_hooks_t;
+extern const ledger_guard_hooks_t *cogpu__ledger_guard_hooks;
 /* Serve every waiter the node's policy allows now, waking each. */
 void cogpu__ledger_serve(struct cogpu_s *h);
 /* How long a request must wait, and a job must not have released, before

@@ -218,15 +218,18 @@ static int64_t member_of(struct cogpu_s *h, uint32_t m) {
   return (int64_t)ms->job - 1;
 }
 
+const ledger_guard_hooks_t *cogpu__ledger_guard_hooks;
+
 /* Every job holding memory on g looks stuck from the ledger, which sees
  * processes, not threads: a process that waits may have another thread
  * with its grant in hand and no CPU yet, about to release, on a loaded
  * host (the daemon's 200 ms is a short time there). /proc sees threads:
  * while a waiting process of a holding job has a runnable thread, other
- * than the caller's, the job is moving. Looked at only now (a deadlock is
- * rare, the scan above is free of system calls), once per process, and
- * for LEDGER_GUARD_RUNNABLE_MS at most into a wait, so that a thread that
- * spins for ever cannot keep a real deadlock standing. */
+ * than the caller's, or a request the daemon has not answered (threads
+ * asleep behind it, cogpu__ledger_guard_hooks), the job is moving. Looked at
+ * only now (a deadlock is rare, the scan above is free of system calls), once
+ * per process, and for LEDGER_GUARD_RUNNABLE_MS at most into a wait, so that a
+ * thread that spins for ever cannot keep a real deadlock standing. */
 static bool runnable_holder(struct cogpu_s *h, uint32_t g, uint64_t now,
                             const uint8_t *owner_w) {
   uint8_t seen[LEDGER_MAX_SLOTS / 8] = {0};
@@ -248,7 +251,9 @@ static bool runnable_holder(struct cogpu_s *h, uint32_t g, uint64_t now,
       return true;
     int64_t job = member_of(h, o);
     const ledger_slot_t *js = &h->st->slots[job >= 0 ? (uint32_t)job : o];
-    if (js->held[g] > 0 && cogpu__proc_runnable(h->st->slots[o].pid))
+    const ledger_guard_hooks_t *gh = cogpu__ledger_guard_hooks;
+    if (js->held[g] > 0 && ((gh && gh->answer_due(gh->ctx, o)) ||
+                            cogpu__proc_runnable(h->st->slots[o].pid)))
       return true;
   }
   return false;
