@@ -40,7 +40,9 @@
  * "route" (dlsym or driver) and, on dlsym lines, "added_median_ns" and
  * "added_p99_ns": dlsym minus driver; "batch_ns" (cheap calls): per-call
  * median of batches of 100 calls timed together, without a clock read per
- * call. Start-up lines give "preload" and "mode" of the runs of cudaprog,
+ * call; "ledger" (single, or node: the reservation booked through cogpud,
+ * bench_ledger_mode). Start-up lines give "preload" and "mode" of the runs
+ * of cudaprog,
  * and on the line with the preload, what it added.
  */
 #include <dlfcn.h>
@@ -233,9 +235,10 @@ static void emit_routes(const char *bench, const char *call,
     }
     bench_emit(bench, 1, &st[r],
                "\"call\":\"%s\",\"route\":\"%s\",\"preload\":%s,"
-               "\"mode\":\"%s\",\"bytes\":%llu,\"clock_ns\":%" PRIu64 "%s",
-               call, route_name[r], preload ? "true" : "false", mode, REQ_BYTES,
-               clock_ns, extra);
+               "\"mode\":\"%s\",\"ledger\":\"%s\",\"bytes\":%llu,"
+               "\"clock_ns\":%" PRIu64 "%s",
+               call, route_name[r], preload ? "true" : "false", mode,
+               bench_ledger_mode(), REQ_BYTES, clock_ns, extra);
   }
 }
 

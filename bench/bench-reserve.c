@@ -17,8 +17,16 @@
  * says which ledger it measured ("mode": "single", the daemonless
  * shared-memory ledger, or "node", round trips to cogpud; bench/run.sh runs
  * this benchmark once in each) and the load ("uncontended", "contended").
+ * In node mode, "seqpacket_pingpong" is the floor a round trip to cogpud
+ * stands on, measured in the same run: two round trips (a reserve+release
+ * pair is two requests) of a message of the protocol's size on a bare
+ * SOCK_SEQPACKET socket pair to an echoing child; its line gives
+ * "pair_over_pingpong", the uncontended pair's median over it (issue 23's
+ * target: within 2), and the contended lines give "p99_over_one_median",
+ * their p99 over the one-process median (target: within 20 at 32).
  */
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include "bench.h"
@@ -41,6 +49,59 @@ static inline void pair(cogpu_t *h) {
   rc = cogpu_release(h, 0, REQ_BYTES);
   if (rc)
     bench_die("cogpu_release", rc);
+}
+
+/* The uncontended pair's median (ns): the contended lines' yardstick. */
+static uint64_t one_median_ns;
+
+/* --- the floor: a bare SOCK_SEQPACKET round trip ------------------------ */
+
+#define PING_BYTES 512 /* the node protocol's message (src/node/proto.h) */
+
+static void pingpong(uint64_t clock_ns, long iters, uint64_t pair_median) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
+    bench_die("socketpair", -errno);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0)
+    bench_die("fork", -errno);
+  if (pid == 0) {
+    /* The echo: what a daemon does at the least, receive and answer. */
+    close(sv[0]);
+    alarm(120);
+    char buf[PING_BYTES];
+    for (;;) {
+      ssize_t n = recv(sv[1], buf, sizeof buf, 0);
+      if (n <= 0 || send(sv[1], buf, (size_t)n, MSG_NOSIGNAL) != n)
+        _exit(0);
+    }
+  }
+  close(sv[1]);
+  uint64_t *d = malloc((size_t)iters * sizeof *d);
+  if (!d)
+    bench_die("malloc", -ENOMEM);
+  char buf[PING_BYTES];
+  memset(buf, 7, sizeof buf);
+  for (long i = -WARMUP; i < iters; i++) {
+    uint64_t t0 = bench_now_ns();
+    for (int k = 0; k < 2; k++)
+      if (send(sv[0], buf, sizeof buf, MSG_NOSIGNAL) != (ssize_t)sizeof buf ||
+          recv(sv[0], buf, sizeof buf, 0) != (ssize_t)sizeof buf)
+        bench_die("ping-pong", -EIO);
+    if (i >= 0)
+      d[i] = bench_now_ns() - t0;
+  }
+  close(sv[0]);
+  waitpid(pid, NULL, 0);
+  bench_stats_t st = bench_stats(d, (size_t)iters);
+  bench_emit("seqpacket_pingpong", 1, &st,
+             "\"mode\":\"%s\",\"load\":\"uncontended\",\"round_trips\":2,"
+             "\"bytes\":%d,\"pair_over_pingpong\":%.2f,\"clock_ns\":%" PRIu64,
+             bench_ledger_mode(), PING_BYTES,
+             st.median ? (double)pair_median / (double)st.median : 0.0,
+             clock_ns);
+  free(d);
 }
 
 static void uncontended(uint64_t clock_ns) {
@@ -71,6 +132,9 @@ static void uncontended(uint64_t clock_ns) {
              "\"ops_per_s\":%.0f,\"clock_ns\":%" PRIu64,
              bench_ledger_mode(), REQ_BYTES,
              (double)iters * 1e9 / (double)elapsed, clock_ns);
+  one_median_ns = st.median;
+  if (strcmp(bench_ledger_mode(), "node") == 0)
+    pingpong(clock_ns, iters, st.median);
 
   /* Each half alone (a second pass: the middle stamp would otherwise
    * inflate the pair figure above by one clock read). */
@@ -215,9 +279,11 @@ static int contended(int procs, uint64_t duration_ns, uint64_t clock_ns) {
              "\"mode\":\"%s\",\"load\":\"contended\",\"bytes\":%llu,"
              "\"duration_ms\":%" PRIu64 ",\"ops\":%" PRIu64
              ",\"ops_per_s\":%.0f,\"over_50us\":%zu,\"samples_capped\":%s,"
-             "\"clock_ns\":%" PRIu64,
+             "\"p99_over_one_median\":%.1f,\"clock_ns\":%" PRIu64,
              bench_ledger_mode(), REQ_BYTES, duration_ns / 1000000u, ops,
-             (double)ops / secs, over, capped ? "true" : "false", clock_ns);
+             (double)ops / secs, over, capped ? "true" : "false",
+             one_median_ns ? (double)st.p99 / (double)one_median_ns : 0.0,
+             clock_ns);
   munmap(samples, (size_t)procs * (size_t)cap * sizeof(uint64_t));
   munmap(sh, sizeof *sh);
   return 0;

@@ -181,6 +181,19 @@ run_preload() {
 		LD_PRELOAD="$pl" COGPU_MEM=8G "$pbin"
 	run_one "bench-preload (preload, on demand)" "$@" \
 		LD_PRELOAD="$pl" COGPU_GROW_STEP=64M "$pbin"
+	# Node mode: the same hooks with the reservation booked through
+	# cogpud (issue 23's target: within 100 ns of single-user mode).
+	case " ${BENCH_MODES:-single node} " in
+	*" node "*)
+		if start_daemon; then
+			run_one "bench-preload (preload, reserve mode, node)" "$@" \
+				COGPU_NODE_MODE=daemon LD_PRELOAD="$pl" COGPU_MEM=8G "$pbin"
+			stop_daemon
+		else
+			status=1
+		fi
+		;;
+	esac
 }
 
 # bench-peak: what peak tracking adds to an allocation, against the
