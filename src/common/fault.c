@@ -23,7 +23,7 @@
 #include "internal.h"
 
 #define FAULT_UNREAD (-1LL)
-#define FAULT_OFF 0LL
+#define FAULT_OFF 0LL /* cogpu__fault's inline test (internal.h) */
 #define FAULT_STALL_MS 2000
 #define FAULT_BUSY_MS 7000
 
@@ -38,7 +38,8 @@ static const char *const fault_names[COGPU_FP__COUNT] = {[COGPU_FP_NONE] =
 
 /* The whole configuration in one word, so that it is published atomically
  * without a lock: bits 0-7 the point, bit 8 stall, bits 16- the count. */
-static atomic_llong fault_conf = FAULT_UNREAD;
+atomic_llong cogpu__fault_conf = FAULT_UNREAD;
+#define fault_conf cogpu__fault_conf
 static atomic_llong fault_passes;
 
 #define FAULT_STALL (1LL << 8)
@@ -154,10 +155,7 @@ static __attribute__((noinline)) bool fault_hit(int point, long long conf) {
   return false;
 }
 
-void cogpu__fault(int point) {
-  long long conf = atomic_load_explicit(&fault_conf, memory_order_relaxed);
-  if (__builtin_expect(conf == FAULT_OFF, 1))
-    return;
+void cogpu__fault_slow(int point, long long conf) {
   fault_hit(point, conf);
 }
 

@@ -6,6 +6,7 @@
 #ifndef COGPU_INTERNAL_H
 #define COGPU_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -195,7 +196,18 @@ enum cogpu__fault_point {
 #undef X
       COGPU_FP__COUNT
 };
-void cogpu__fault(int point);
+/* Inline, so that a point costs a load and a branch where no fault is
+ * set (the ledger's hot path passes several per reserve+release): the
+ * configuration word is 0 when off (fault.c), anything else goes out of
+ * line, including the first pass, which reads COGPU_FAULT. */
+extern atomic_llong cogpu__fault_conf;
+void cogpu__fault_slow(int point, long long conf);
+static inline void cogpu__fault(int point) {
+  long long conf =
+      atomic_load_explicit(&cogpu__fault_conf, memory_order_relaxed);
+  if (__builtin_expect(conf != 0, 0))
+    cogpu__fault_slow(point, conf);
+}
 /* At a point where an operation can fail: true when COGPU_FAULT says
  * "NAME:count:fail" and this is the count-th pass (once); otherwise as
  * cogpu__fault. */

@@ -16,16 +16,6 @@ const uint64_t cogpu__ledger_wait_le_ms[COGPU_WAIT_BUCKETS] = {
     1,     5,     10,    50,     100,    500,     1000,      5000,
     10000, 30000, 60000, 300000, 900000, 3600000, UINT64_MAX};
 
-void cogpu__ledger_count(struct cogpu_s *h, uint64_t *counter) {
-  cogpu__ledger_tx_set(h, counter, *counter + 1);
-}
-
-void cogpu__ledger_count_admit(struct cogpu_s *h, int result) {
-  if (result < 0 || result >= COGPU_ADMIT_NRESULTS)
-    return;
-  cogpu__ledger_count(h, &h->st->hdr.counters.admit[result]);
-}
-
 void cogpu__ledger_count_wait(struct cogpu_s *h, uint64_t waited_ns) {
   ledger_counters_t *c = &h->st->hdr.counters;
   size_t b = 0;

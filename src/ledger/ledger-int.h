@@ -346,7 +346,6 @@ void cogpu__ledger_unlock(struct cogpu_s *h);
 /* Wake this waiter when the lock is next released by this thread. */
 void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter);
 bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen);
-void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value);
 void cogpu__ledger_tx_commit(struct cogpu_s *h);
 /* Roll back a dead holder's transaction and recompute derived counters. */
 void cogpu__ledger_repair(struct cogpu_s *h);
@@ -591,9 +590,8 @@ int cogpu__ledger_mark_locked(struct cogpu_s *h, uint32_t flags);
 /* --- counters.c: the node's counters (cogpu metrics) ----------------------
  * Each adds to the open transaction (no commit): the caller commits with
  * the decision it counts. */
-void cogpu__ledger_count(struct cogpu_s *h, uint64_t *counter);
-/* COGPU_ADMIT_* (nothing for LEDGER_ADMIT_NONE). */
-void cogpu__ledger_count_admit(struct cogpu_s *h, int result);
+/* cogpu__ledger_count and cogpu__ledger_count_admit: inline, at the end
+ * of this file. */
 /* A grant after waiting: COGPU_ADMIT_WAITED and the wait histogram. */
 void cogpu__ledger_count_wait(struct cogpu_s *h, uint64_t waited_ns);
 /* The counters as cogpu_status reports them (lock held). */
@@ -652,5 +650,41 @@ int cogpu__ledger_over(struct cogpu_s *h, int gpu, bool refresh,
                        uint64_t *over);
 
 #define LEDGER_OFF(h, ptr) ((uint64_t)((char *)(ptr) - (char *)(h)->st))
+
+/* Undo log (lock.c): record the old value, publish the entry, then store.
+ * A holder killed anywhere in between leaves either an entry whose store
+ * did not happen (rolling it back rewrites the same value) or no entry and
+ * no store. Inline: a reserve+release makes a dozen of these, and the
+ * calls were a sixth of its time. */
+void cogpu__ledger_tx_overflow(struct cogpu_s *h);
+static inline void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field,
+                                        uint64_t value) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  uint64_t n = atomic_load_explicit(&hd->tx_n, memory_order_relaxed);
+  if (__builtin_expect(n >= LEDGER_TX_MAX, 0)) {
+    cogpu__ledger_tx_overflow(h);
+    n = 0;
+  }
+  hd->tx[n].off = LEDGER_OFF(h, field);
+  hd->tx[n].old = *field;
+  atomic_store_explicit(&hd->tx_n, n + 1, memory_order_release);
+  atomic_signal_fence(memory_order_seq_cst);
+  /* Atomic (a plain store on every target we build for): some readers look
+   * without the lock (foreign refresh, room, spare), and a torn or racy
+   * store is what they must never see. */
+  __atomic_store_n(field, value, __ATOMIC_RELAXED);
+  if (n == 0)
+    cogpu__fault(COGPU_FP_TX_MIDDLE); /* first store done, others not */
+}
+
+/* counters.c's two on every admission, inline beside the undo log. */
+static inline void cogpu__ledger_count(struct cogpu_s *h, uint64_t *counter) {
+  cogpu__ledger_tx_set(h, counter, *counter + 1);
+}
+/* COGPU_ADMIT_* (nothing for LEDGER_ADMIT_NONE). */
+static inline void cogpu__ledger_count_admit(struct cogpu_s *h, int result) {
+  if (result >= 0 && result < COGPU_ADMIT_NRESULTS)
+    cogpu__ledger_count(h, &h->st->hdr.counters.admit[result]);
+}
 
 #endif /* COGPU_LEDGER_INT_H */

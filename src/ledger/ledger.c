@@ -651,10 +651,14 @@ int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes) {
   cogpu__ledger_tx_commit(h);
   /* A hint for the deadlock guard, no transaction needed; the coarse clock
    * (a tick, 4 ms, behind at most) against a delay of 10 ms or more, for a
-   * quarter of the precise clock's cost on every release. */
-  if (bytes)
+   * quarter of the precise clock's cost. Only while someone waits: the
+   * guard counts a wait from its guard delay after it began, by when a
+   * release made before it is older than the delay and no sign of a
+   * moving job anyway (policy.c). */
+  if (bytes && hd->nwaiting)
     s->released_ns = me->released_ns = cogpu__coarse_ns();
-  cogpu__ledger_serve(h);
+  if (hd->nwaiting) /* the common case, nobody waits, without a call */
+    cogpu__ledger_serve(h);
   return 0;
 }
 

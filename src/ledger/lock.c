@@ -240,29 +240,11 @@ void cogpu__ledger_unlock(struct cogpu_s *h) {
     cogpu__ledger_futex_wake(&h->st->waiters[wake[i]].futex, 1);
 }
 
-/* Undo log: record the old value, publish the entry, then store. A holder
- * killed anywhere in between leaves either an entry whose store did not
- * happen (rolling it back rewrites the same value) or no entry and no
- * store. */
-void cogpu__ledger_tx_set(struct cogpu_s *h, uint64_t *field, uint64_t value) {
-  ledger_hdr_t *hd = &h->st->hdr;
-  uint64_t n = atomic_load_explicit(&hd->tx_n, memory_order_relaxed);
-  if (n >= LEDGER_TX_MAX) {
-    /* Programming error; commit what we have rather than overflow. */
-    cogpu__log(COGPU_LOG_ERROR, "ledger transaction too long");
-    cogpu__ledger_tx_commit(h);
-    n = 0;
-  }
-  hd->tx[n].off = LEDGER_OFF(h, field);
-  hd->tx[n].old = *field;
-  atomic_store_explicit(&hd->tx_n, n + 1, memory_order_release);
-  atomic_signal_fence(memory_order_seq_cst);
-  /* Atomic (a plain store on every target we build for): some readers look
-   * without the lock (foreign refresh, room, spare), and a torn or racy
-   * store is what they must never see. */
-  __atomic_store_n(field, value, __ATOMIC_RELAXED);
-  if (n == 0)
-    cogpu__fault(COGPU_FP_TX_MIDDLE); /* first store done, others not */
+/* A transaction longer than the log: a programming error; commit what we
+ * have rather than overflow (cogpu__ledger_tx_set). */
+void cogpu__ledger_tx_overflow(struct cogpu_s *h) {
+  cogpu__log(COGPU_LOG_ERROR, "ledger transaction too long");
+  cogpu__ledger_tx_commit(h);
 }
 
 void cogpu__ledger_tx_commit(struct cogpu_s *h) {
