@@ -141,6 +141,9 @@ typedef struct cogpu__daemon_s {
    * fd_short until an accept succeeds again (said once per episode). */
   bool accept_paused, fd_short;
   uint64_t accept_retry_ms;
+  /* What the ledger's code is given to run as the daemon's (its hooks,
+   * its wake list): the ledger keeps no globals. */
+  ledger_host_t host;
   /* The connection whose message is being handled (NULL between them),
    * and the deadlock guard's hooks that ask about it (daemon.c). */
   const dconn_t *handling;

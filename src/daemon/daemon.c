@@ -845,7 +845,7 @@ static int open_state(cogpu__daemon_t *d) {
   if (rc == 0)
     rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_GROUP, "");
   if (rc == 0)
-    rc = cogpu__ledger_open_trusted(&cfg, &d->dh);
+    rc = cogpu__ledger_open_trusted(&cfg, &d->host, &d->dh);
   if (rc)
     return rc;
   d->proxy = *d->dh;
@@ -870,7 +870,7 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
     return cogpu__seterr(-ENOMEM, "out of memory");
   d->guard_hooks =
       (ledger_guard_hooks_t){.ctx = d, .answer_due = guard_answer_due};
-  cogpu__ledger_guard_hooks = &d->guard_hooks;
+  d->host.guard = &d->guard_hooks;
   const char *grp = cfg->v[COGPU_OPT_ADMIN_GROUP].s;
   if (*grp) {
     struct group *gr = getgrnam(grp);
@@ -1075,8 +1075,6 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
 /* Stopping is not detaching: the state keeps every client's reservation,
  * and clients re-register with the next daemon. */
 void cogpu__daemon_fini(cogpu__daemon_t *d) {
-  if (cogpu__ledger_guard_hooks == &d->guard_hooks)
-    cogpu__ledger_guard_hooks = NULL;
   cogpu__susp_stop(d);
   cogpu__daemon_rec_stop(d);
   while (d->conns) {

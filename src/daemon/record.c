@@ -492,7 +492,7 @@ int cogpu__daemon_rec_start(cogpu__daemon_t *d) {
   r->hooks =
       (ledger_usage_hooks_t){.ctx = r, .sync = rec_sync, .ended = rec_ended};
   d->rec = r;
-  cogpu__ledger_usage_hooks = &r->hooks;
+  d->host.usage = &r->hooks;
   return 0;
 }
 
@@ -500,7 +500,7 @@ void cogpu__daemon_rec_stop(cogpu__daemon_t *d) {
   struct cogpu__drec_s *r = d->rec;
   if (!r)
     return;
-  cogpu__ledger_usage_hooks = NULL;
+  d->host.usage = NULL;
   if (r->started) {
     pthread_mutex_lock(&r->mu);
     r->stop = true;

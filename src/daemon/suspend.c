@@ -757,7 +757,7 @@ int cogpu__susp_start(cogpu__daemon_t *d) {
   }
   s->started = true;
   d->susp = s;
-  cogpu__ledger_suspender = &s->sp;
+  d->host.suspender = &s->sp;
   return 0;
 }
 
@@ -769,7 +769,7 @@ void cogpu__susp_stop(cogpu__daemon_t *d) {
   cogpu__susp_t *s = d->susp;
   if (!s)
     return;
-  cogpu__ledger_suspender = NULL;
+  d->host.suspender = NULL;
   pthread_mutex_lock(&s->mu);
   s->stop = true;
   pthread_cond_signal(&s->cv);
@@ -833,7 +833,7 @@ void cogpu__susp_pump(cogpu__daemon_t *d) {
     return;
   ledger_susp_op_t ops[64];
   size_t n;
-  while ((n = cogpu__ledger_take_susp_ops(ops, 64)) > 0)
+  while ((n = cogpu__ledger_take_susp_ops(d->dh, ops, 64)) > 0)
     for (size_t i = 0; i < n; i++)
       submit(d, ops[i].slot, ops[i].gen, ops[i].op);
 }
@@ -1101,7 +1101,7 @@ void cogpu__susp_recover(cogpu__daemon_t *d) {
   memset(queued, 0, sizeof queued);
   ledger_susp_op_t ops[64];
   size_t n;
-  while ((n = cogpu__ledger_take_susp_ops(ops, 64)) > 0)
+  while ((n = cogpu__ledger_take_susp_ops(d->dh, ops, 64)) > 0)
     for (size_t i = 0; i < n; i++) {
       submit(d, ops[i].slot, ops[i].gen, ops[i].op);
       if (ops[i].slot < LEDGER_MAX_SLOTS)

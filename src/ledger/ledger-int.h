@@ -280,8 +280,14 @@ struct cogpu__node_s;
  * generation, under the lock (cogpu__ledger_handle_live): nothing is ever
  * granted into a freed slot. */
 #define LEDGER_WAKE_LATER_MAX 16
+struct ledger_host_s;
 struct cogpu_s {
   struct cogpu__node_s *node;
+  /* The daemon that runs this handle (trusted mode: its hooks and its
+   * wake list; shared by the daemon's own handle and its proxy), or NULL:
+   * a process's own handle (single-user mode). Never a global: a test
+   * process holds both kinds at once. */
+  struct ledger_host_s *host;
   ledger_state_t *st;
   int fd;
   /* Waiters served while this handle holds the lock, woken once it is
@@ -314,8 +320,10 @@ struct cogpu_s {
  * its clients, and a client is alive while its connection is: the daemon
  * frees a slot when the connection closes. So liveness is the slot's state
  * and generation, the lock is never contended, and wake-ups are collected
- * for the daemon (cogpu__ledger_take_wakes) instead of futex calls. */
-extern bool cogpu__ledger_trusted;
+ * for the daemon (cogpu__ledger_take_wakes) instead of futex calls. A
+ * handle is trusted when it has a host (ledger_host_t, at the end of this
+ * file). */
+#define cogpu__ledger_trusted(h) ((h)->host != NULL)
 
 /* --- shm.c: the state file ---------------------------------------------- */
 /* Open (creating if needed) and map the node state per cfg; claims a slot
@@ -413,7 +421,6 @@ typedef struct ledger_guard_hooks_s {
   void *ctx;
   bool (*answer_due)(void *ctx, uint32_t s);
 } ledger_guard_hooks_t;
-extern const ledger_guard_hooks_t *cogpu__ledger_guard_hooks;
 /* Serve every waiter the node's policy allows now, waking each. */
 void cogpu__ledger_serve(struct cogpu_s *h);
 /* How long a request must wait, and a job must not have released, before
@@ -491,7 +498,8 @@ void cogpu__ledger_slot_fill(cogpu_t *h, uint32_t slot, int pid, uint32_t uid,
                              int priority, const char *command,
                              const char *job_id);
 /* The daemon's own attachment (trusted mode), recovered; and its end. */
-int cogpu__ledger_open_trusted(const cogpu__config_t *cfg, cogpu_t **out);
+int cogpu__ledger_open_trusted(const cogpu__config_t *cfg,
+                               struct ledger_host_s *host, cogpu_t **out);
 void cogpu__ledger_close_trusted(cogpu_t *h);
 /* Lock held: the slot's owner joins the job of slot *job (generation *job_gen).
  * If that slot is itself a member of a live job (a step's token), the owner
@@ -534,7 +542,6 @@ bool cogpu__ledger_admit_held(struct cogpu_s *h, const ledger_waiter_t *wt,
  * UINT64_MAX: not queued, the fast path). */
 bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
                                bool exclusive, uint32_t g, uint64_t since);
-extern const ledger_suspender_t *cogpu__ledger_suspender;
 
 enum { LEDGER_OP_SUSPEND = 1, LEDGER_OP_RESUME = 2 };
 #define LEDGER_SUSP_OPS_MAX 1024u
@@ -543,7 +550,8 @@ typedef struct ledger_susp_op_s {
   int op;
 } ledger_susp_op_t;
 /* Suspensions and resumes the ledger decided since the last call. */
-size_t cogpu__ledger_take_susp_ops(ledger_susp_op_t *out, size_t max);
+size_t cogpu__ledger_take_susp_ops(struct cogpu_s *h, ledger_susp_op_t *out,
+                                   size_t max);
 /* The pids of the job of slot s that use CUDA, and (starts, if not NULL)
  * each one's start time as it attached (node mode). */
 size_t cogpu__ledger_job_pids(struct cogpu_s *h, uint32_t s, int32_t *pids,
@@ -610,7 +618,6 @@ typedef struct ledger_usage_hooks_s {
   void (*sync)(void *ctx, struct cogpu_s *h, uint32_t s);
   void (*ended)(void *ctx, struct cogpu_s *h, uint32_t s);
 } ledger_usage_hooks_t;
-extern const ledger_usage_hooks_t *cogpu__ledger_usage_hooks;
 /* Lock held, at the start of freeing slot s: a process of a job leaves its
  * peaks with the job; a job takes its live processes' peaks and is told to
  * `ended`. */
@@ -650,6 +657,36 @@ int cogpu__ledger_over(struct cogpu_s *h, int gpu, bool refresh,
                        uint64_t *over);
 
 #define LEDGER_OFF(h, ptr) ((uint64_t)((char *)(ptr) - (char *)(h)->st))
+
+/* --- the host: what the daemon gives the ledger (trusted mode) ---------
+ * Its hooks (each NULL until the daemon's service that provides it has
+ * started: the suspender, the usage records, the deadlock guard's view of
+ * the connections) and the waiters answered under the lock, collected for
+ * the daemon to answer over their wait connections (lock.c). Given to
+ * cogpu__ledger_open_trusted, owned by the daemon. */
+typedef struct ledger_host_s {
+  const ledger_suspender_t *suspender;
+  const ledger_usage_hooks_t *usage;
+  const ledger_guard_hooks_t *guard;
+  uint32_t wakes[LEDGER_MAX_WAITERS];
+  size_t nwakes;
+  /* Suspensions and resumes decided, for the daemon's suspender. */
+  ledger_susp_op_t ops[LEDGER_SUSP_OPS_MAX];
+  size_t nops;
+} ledger_host_t;
+
+static inline const ledger_suspender_t *
+cogpu__ledger_suspender(const struct cogpu_s *h) {
+  return h->host ? h->host->suspender : NULL;
+}
+static inline const ledger_usage_hooks_t *
+cogpu__ledger_usage_hooks(const struct cogpu_s *h) {
+  return h->host ? h->host->usage : NULL;
+}
+static inline const ledger_guard_hooks_t *
+cogpu__ledger_guard_hooks(const struct cogpu_s *h) {
+  return h->host ? h->host->guard : NULL;
+}
 
 /* Undo log (lock.c): record the old value, publish the entry, then store.
  * A holder killed anywhere in between leaves either an entry whose store

@@ -715,11 +715,12 @@ const char *cogpu_policy_name(int policy) {
  * died: its lock word is cleared and a half-done transaction rolled back.
  * The daemon's own slot holds no reservation and is never a client. */
 int cogpu__ledger_open_trusted(const cogpu__config_t *cfg,
+                               struct ledger_host_s *host,
                                struct cogpu_s **out) {
-  cogpu__ledger_trusted = true;
   struct cogpu_s *h = calloc(1, sizeof *h);
   if (!h)
     return cogpu__seterr(-ENOMEM, "out of memory");
+  h->host = host;
   h->fd = -1;
   h->cfg = *cfg;
   int rc = cogpu__ledger_shm_open(h);

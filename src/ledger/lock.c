@@ -40,8 +40,6 @@ static uint32_t lockw_make(uint32_t slot, uint32_t gen) {
   return (slot + 1) | ((gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
 }
 
-bool cogpu__ledger_trusted;
-
 bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen) {
   if (slot >= LEDGER_MAX_SLOTS)
     return false;
@@ -49,7 +47,7 @@ bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen) {
   uint32_t cur = atomic_load_explicit(&s->gen, memory_order_acquire);
   if ((cur & LOCKW_GEN_MASK) != (gen & LOCKW_GEN_MASK))
     return false;
-  if (cogpu__ledger_trusted)
+  if (cogpu__ledger_trusted(h))
     return s->state == SLOT_ACTIVE; /* the daemon frees the dead itself */
   /* Our own OFD lock does not conflict with our own probe. */
   if (slot == h->slot)
@@ -174,7 +172,7 @@ void cogpu__ledger_lock(struct cogpu_s *h) {
 }
 
 int cogpu__ledger_lock_bounded(struct cogpu_s *h) {
-  return lock_take(h, cogpu__ledger_trusted ? -1 : LOCK_BOUND_MS);
+  return lock_take(h, cogpu__ledger_trusted(h) ? -1 : LOCK_BOUND_MS);
 }
 
 bool cogpu__ledger_verify(struct cogpu_s *h) {
@@ -198,13 +196,11 @@ bool cogpu__ledger_verify(struct cogpu_s *h) {
  * the lock held for a moment. In the daemon (trusted mode) every answered
  * waiter is collected instead, for the daemon to answer over its wait
  * connection. */
-static uint32_t trusted_wakes[LEDGER_MAX_WAITERS];
-static size_t trusted_n;
-
 void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter) {
-  if (cogpu__ledger_trusted) {
-    if (trusted_n < LEDGER_MAX_WAITERS)
-      trusted_wakes[trusted_n++] = waiter;
+  ledger_host_t *ho = h->host;
+  if (ho) {
+    if (ho->nwakes < LEDGER_MAX_WAITERS)
+      ho->wakes[ho->nwakes++] = waiter;
     return;
   }
   if (h->wake_n < LEDGER_WAKE_LATER_MAX)
@@ -215,10 +211,12 @@ void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter) {
 
 size_t cogpu__ledger_take_wakes_of(struct cogpu_s *h, uint32_t *out,
                                    size_t max) {
-  (void)h;
-  size_t n = trusted_n < max ? trusted_n : max;
-  memcpy(out, trusted_wakes, n * sizeof *out);
-  trusted_n = 0;
+  ledger_host_t *ho = h->host;
+  if (!ho)
+    return 0;
+  size_t n = ho->nwakes < max ? ho->nwakes : max;
+  memcpy(out, ho->wakes, n * sizeof *out);
+  ho->nwakes = 0;
   return n;
 }
 
@@ -234,7 +232,7 @@ void cogpu__ledger_unlock(struct cogpu_s *h) {
       atomic_exchange_explicit(&h->st->hdr.lock, 0, memory_order_release);
   if (old & LOCKW_CONTENDED)
     cogpu__ledger_futex_wake(&h->st->hdr.lock, 1);
-  if (cogpu__ledger_trusted)
+  if (cogpu__ledger_trusted(h))
     return; /* the daemon takes the list and answers the waiters itself */
   for (uint32_t i = 0; i < n; i++)
     cogpu__ledger_futex_wake(&h->st->waiters[wake[i]].futex, 1);
@@ -694,7 +692,7 @@ static uint64_t *locks_listed(struct cogpu_s *h) {
 void cogpu__ledger_sweep_probe(struct cogpu_s *h, ledger_sweep_t *sw) {
   sw->n = 0;
   sw->more = false;
-  if (cogpu__ledger_trusted)
+  if (cogpu__ledger_trusted(h))
     return; /* the daemon frees a client when its connection closes */
   uint32_t active = 0;
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS && active < PROBE_BULK_MIN; s++)

@@ -179,7 +179,7 @@ uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h) {
   /* The daemon sees every release as it happens and runs its timer at this
    * delay while requests wait: a deadlock is broken within a fraction of a
    * second, not a tick of up to an hour later. */
-  if (cogpu__ledger_trusted && tick > LEDGER_GUARD_DELAY_MS)
+  if (cogpu__ledger_trusted(h) && tick > LEDGER_GUARD_DELAY_MS)
     return LEDGER_GUARD_DELAY_MS;
   return tick;
 }
@@ -218,15 +218,13 @@ static int64_t member_of(struct cogpu_s *h, uint32_t m) {
   return (int64_t)ms->job - 1;
 }
 
-const ledger_guard_hooks_t *cogpu__ledger_guard_hooks;
-
 /* Every job holding memory on g looks stuck from the ledger, which sees
  * processes, not threads: a process that waits may have another thread
  * with its grant in hand and no CPU yet, about to release, on a loaded
  * host (the daemon's 200 ms is a short time there). /proc sees threads:
  * while a waiting process of a holding job has a runnable thread, other
  * than the caller's, or a request the daemon has not answered (threads
- * asleep behind it, cogpu__ledger_guard_hooks), the job is moving. Looked at
+ * asleep behind it: the host's guard hooks), the job is moving. Looked at
  * only now (a deadlock is rare, the scan above is free of system calls), once
  * per process, and for LEDGER_GUARD_RUNNABLE_MS at most into a wait, so that a
  * thread that spins for ever cannot keep a real deadlock standing. */
@@ -251,7 +249,7 @@ static bool runnable_holder(struct cogpu_s *h, uint32_t g, uint64_t now,
       return true;
     int64_t job = member_of(h, o);
     const ledger_slot_t *js = &h->st->slots[job >= 0 ? (uint32_t)job : o];
-    const ledger_guard_hooks_t *gh = cogpu__ledger_guard_hooks;
+    const ledger_guard_hooks_t *gh = cogpu__ledger_guard_hooks(h);
     if (js->held[g] > 0 && ((gh && gh->answer_due(gh->ctx, o)) ||
                             cogpu__proc_runnable(h->st->slots[o].pid)))
       return true;
@@ -347,13 +345,13 @@ static void deadlock_guard(struct cogpu_s *h) {
      * daemon's log, or the victim's own stderr, may name the victim: in
      * another process's it lands in an unrelated job's output. The victim
      * learns why from its refusal (COGPU_EDEADLOCK). */
-    cogpu__log(cogpu__ledger_trusted || wt->owner == h->slot ? COGPU_LOG_WARN
-                                                             : COGPU_LOG_DEBUG,
-               "GPU %u: every job holding memory waits for more, and none "
-               "can be suspended (%s); failing the request of pid %d "
-               "(%llu bytes) to break the deadlock",
-               g, why, h->st->slots[wt->slot].pid,
-               (unsigned long long)wt->bytes);
+    cogpu__log(
+        cogpu__ledger_trusted(h) || wt->owner == h->slot ? COGPU_LOG_WARN
+                                                         : COGPU_LOG_DEBUG,
+        "GPU %u: every job holding memory waits for more, and none "
+        "can be suspended (%s); failing the request of pid %d "
+        "(%llu bytes) to break the deadlock",
+        g, why, h->st->slots[wt->slot].pid, (unsigned long long)wt->bytes);
     h->st->slots[wt->slot].guard_fails++; /* a figure, for its record */
     cogpu__ledger_tx_set(h, &wt->state, W_REFUSED);
     cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);

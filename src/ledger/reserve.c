@@ -68,7 +68,7 @@ int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
       continue;
     /* Admission needs the daemon's hooks: single-user mode pays a load. */
     if (!cogpu__ledger_fits(h, g, h->res_slot, r->bytes, r->exclusive) ||
-        (cogpu__ledger_suspender &&
+        (h->host && h->host->suspender &&
          cogpu__ledger_admit_holds(h, h->res_slot, r->bytes, r->exclusive, g,
                                    UINT64_MAX)))
       continue;

@@ -397,7 +397,7 @@ static int shm_open_ref(struct cogpu_s *h, mode_t mode) {
 
 int cogpu__ledger_shm_check_linked(struct cogpu_s *h) {
   struct stat sb, cur;
-  if (cogpu__ledger_trusted || h->fd < 0 || h->forked)
+  if (cogpu__ledger_trusted(h) || h->fd < 0 || h->forked)
     return 0;
   if (fstat(h->fd, &sb) != 0 || sb.st_nlink != 0)
     return 0;

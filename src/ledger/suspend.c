@@ -29,30 +29,32 @@
 
 #include "ledger-int.h"
 
-const ledger_suspender_t *cogpu__ledger_suspender;
-
-/* Operations for the daemon, collected under the lock (one thread: the
- * daemon's), taken after it. A job has at most one in flight (its state
- * says which), so the list never holds more than one per slot. */
-static ledger_susp_op_t ops[LEDGER_SUSP_OPS_MAX];
-static size_t nops;
-
-size_t cogpu__ledger_take_susp_ops(ledger_susp_op_t *out, size_t max) {
-  size_t n = nops < max ? nops : max;
-  memcpy(out, ops, n * sizeof *out);
-  memmove(ops, ops + n, (nops - n) * sizeof *ops);
-  nops -= n;
+/* Operations for the daemon, collected in its host under the lock (one
+ * thread: the daemon's), taken after it. A job has at most one in flight
+ * (its state says which), so the list never holds more than one per slot. */
+size_t cogpu__ledger_take_susp_ops(struct cogpu_s *h, ledger_susp_op_t *out,
+                                   size_t max) {
+  ledger_host_t *ho = h->host;
+  if (!ho)
+    return 0;
+  size_t n = ho->nops < max ? ho->nops : max;
+  memcpy(out, ho->ops, n * sizeof *out);
+  memmove(ho->ops, ho->ops + n, (ho->nops - n) * sizeof *ho->ops);
+  ho->nops -= n;
   return n;
 }
 
 static void push_op(struct cogpu_s *h, uint32_t s, int op) {
-  if (nops == LEDGER_SUSP_OPS_MAX) {
+  ledger_host_t *ho = h->host;
+  if (!ho)
+    return; /* no daemon to do it: nothing decides one without a host */
+  if (ho->nops == LEDGER_SUSP_OPS_MAX) {
     /* Never expected (one per job in flight); the daemon's recovery scan
      * finds a job stuck in a transitional state on its next tick. */
     cogpu__log(COGPU_LOG_ERROR, "too many suspensions in flight");
     return;
   }
-  ops[nops++] = (ledger_susp_op_t){
+  ho->ops[ho->nops++] = (ledger_susp_op_t){
       .slot = s, .gen = atomic_load(&h->st->slots[s].gen), .op = op};
 }
 
@@ -158,7 +160,7 @@ int cogpu__ledger_suspend_begin(struct cogpu_s *h, uint32_t s, bool manual,
   if (rc)
     return rc;
   ledger_slot_t *sl = &h->st->slots[s];
-  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
   if (!sp)
     return snprintf(why, len, "suspension needs the node daemon (cogpud)"),
            -ENOTSUP;
@@ -328,7 +330,7 @@ static bool is_job(const ledger_state_t *st, uint32_t t) {
 }
 
 static uint64_t expect_of(struct cogpu_s *h, uint32_t s, uint32_t g) {
-  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
   return sp && sp->expect ? sp->expect(sp->ctx, h, s, g) : 0;
 }
 
@@ -404,7 +406,7 @@ bool cogpu__ledger_admit_held(struct cogpu_s *h, const ledger_waiter_t *wt,
 
 bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
                                bool exclusive, uint32_t g, uint64_t since) {
-  if (!cogpu__ledger_suspender || exclusive || s >= LEDGER_MAX_SLOTS ||
+  if (!cogpu__ledger_suspender(h) || exclusive || s >= LEDGER_MAX_SLOTS ||
       g >= h->st->hdr.ngpus)
     return false;
   if (h->st->slots[s].held[g] != 0)
@@ -566,7 +568,7 @@ static bool suspend_some(struct cogpu_s *h, uint32_t g, victim_ok_fn ok,
 
 bool cogpu__ledger_suspend_for_deadlock(struct cogpu_s *h, uint32_t g,
                                         char *why, size_t len) {
-  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
   if (!sp || !sp->on_deadlock) {
     snprintf(why, len, "%s",
              sp ? "suspension is off (suspend=no)"
@@ -611,13 +613,13 @@ static bool lower_priority(struct cogpu_s *h, uint32_t s, const void *arg) {
 
 static bool idle_enough(struct cogpu_s *h, uint32_t s, const void *arg) {
   const ledger_waiter_t *wt = arg;
-  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
   return wt->slot != s &&
          sp->idle_ms(sp->ctx, h, s) >= (uint64_t)sp->max_idle_ms;
 }
 
 void cogpu__ledger_preempt(struct cogpu_s *h) {
-  const ledger_suspender_t *sp = cogpu__ledger_suspender;
+  const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
   ledger_hdr_t *hd = &h->st->hdr;
   if (!sp || (!sp->on_priority && sp->max_idle_ms < 0) || hd->nwaiting == 0)
     return;

@@ -21,8 +21,6 @@
 
 #include "ledger-int.h"
 
-const ledger_usage_hooks_t *cogpu__ledger_usage_hooks;
-
 static uint64_t rd(const _Atomic uint64_t *p) {
   return atomic_load_explicit(p, memory_order_relaxed);
 }
@@ -57,7 +55,7 @@ static uint64_t add_at(uint64_t a, uint64_t b, uint64_t max) {
 }
 
 static void sync_slot(struct cogpu_s *h, uint32_t s) {
-  const ledger_usage_hooks_t *uh = cogpu__ledger_usage_hooks;
+  const ledger_usage_hooks_t *uh = cogpu__ledger_usage_hooks(h);
   if (uh && uh->sync)
     uh->sync(uh->ctx, h, s);
 }
@@ -251,7 +249,7 @@ void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s) {
   }
   for (uint32_t g = 0; g < ng; g++)
     raise_job_peak(sl, g, peak_of(h, sl, g), rd(&sl->usage.peak_ns));
-  const ledger_usage_hooks_t *uh = cogpu__ledger_usage_hooks;
+  const ledger_usage_hooks_t *uh = cogpu__ledger_usage_hooks(h);
   if (uh && uh->ended)
     uh->ended(uh->ctx, h, s);
 }
