@@ -5,11 +5,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/sched.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -352,6 +354,38 @@ void lt_test_user(int n, unsigned *uid, unsigned *gid) {
     th_fail(__FILE__, __LINE__, "no user %s after useradd", name);
   *uid = (unsigned)pw->pw_uid;
   *gid = (unsigned)pw->pw_gid;
+}
+
+const char *lt_user_ids(int n) {
+  if (geteuid() != 0)
+    return "-";
+  unsigned uid, gid;
+  lt_test_user(n, &uid, &gid);
+  ASSERT(chmod(th_tmpdir(), 0711) == 0);
+  static char ids[2][32];
+  snprintf(ids[n - 1], sizeof ids[0], "%u:%u", uid, gid);
+  return ids[n - 1];
+}
+
+void lt_become(const char *ids) {
+  unsigned uid, gid;
+  if (!ids || strcmp(ids, "-") == 0)
+    return;
+  if (sscanf(ids, "%u:%u", &uid, &gid) != 2 || setgroups(0, NULL) != 0 ||
+      setgid(gid) != 0 || setuid(uid) != 0) {
+    fprintf(stderr, "lt_become %s: %s\n", ids, strerror(errno));
+    _exit(120);
+  }
+}
+
+const char *lt_user_dir(void) {
+  static char dir[4200];
+  snprintf(dir, sizeof dir, "%s/users", th_tmpdir());
+  if (access(dir, F_OK) != 0) {
+    ASSERT(mkdir(dir, 01777) == 0 && chmod(dir, 01777) == 0);
+    ASSERT(chmod(th_tmpdir(), 0711) == 0);
+  }
+  return dir;
 }
 
 const char *const *lt_as_user(int n, const char *const *argv, const char **buf,

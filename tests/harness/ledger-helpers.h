@@ -51,6 +51,16 @@ void lt_test_user(int n, unsigned *uid, unsigned *gid);
  * test's files must be reachable: its tmpdir is made 0711. */
 const char *const *lt_as_user(int n, const char *const *argv, const char **buf,
                               size_t max);
+/* For helpers (re-executed test binaries) and forked children that are to
+ * run as test user n: "UID:GID" to hand them, for lt_become ("-" when the
+ * test does not run as root: they run as its own user). */
+const char *lt_user_ids(int n);
+/* Becomes the user `ids` names (lt_user_ids; nothing for "-"): no
+ * supplementary groups, then gid, then uid. Exits 120 if it cannot. */
+void lt_become(const char *ids);
+/* A directory of the test's where its users may write (their "ready"
+ * files): th_tmpdir()/users, mode 1777; the tmpdir itself is made 0711. */
+const char *lt_user_dir(void);
 
 /* Start a hold helper: attaches with command `name` and `prio`, reserves
  * `bytes` on `gpu` (-1 auto; bytes 0 = exclusive) waiting at most

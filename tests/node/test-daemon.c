@@ -66,8 +66,12 @@ static void wait_file(const char *path, int ms) {
 
 /* A client that holds 1 GiB, then reserves and releases 256 MiB again and
  * again for ms milliseconds; every call must succeed, and at the end it
- * must still hold exactly its 1 GiB. Exit 0 when all of that held. */
+ * must still hold exactly its 1 GiB. Exit 0 when all of that held. As
+ * the user argv[0] names (lt_user_ids: a user of the node, issue 26). */
 HELPER_IMPL(nd_churner) {
+  lt_become(argv[0]);
+  argv++;
+  argc--;
   int ms = atoi(argv[0]);
   cogpu_t *h;
   if (cogpu_attach(NULL, &h) != 0) {
@@ -111,9 +115,12 @@ HELPER_IMPL(nd_churner) {
   return 0;
 }
 
-/* Asks for `gib` GiB with a bound of `ms`: exit 0 when granted. */
+/* Asks for `gib` GiB with a bound of `ms`: exit 0 when granted. As the
+ * user argv[0] names. */
 HELPER_IMPL(nd_waiter) {
   (void)argc;
+  lt_become(argv[0]);
+  argv++;
   cogpu_t *h;
   if (cogpu_attach(NULL, &h) != 0)
     return 10;
@@ -158,23 +165,30 @@ TEST_IMPL_T(daemon_kill9_under_load, 90) {
   nd_begin();
   enum { N = 6 };
   pid_t c[N];
-  char ready[N][64];
+  char ready[N][4200];
   /* The churners churn until the restarts are done: a fixed 3 s ended
    * before the first check on a loaded machine (TSan). */
   char stop[PATH_MAX];
   snprintf(stop, sizeof stop, "%s", th_path("stop"));
+  /* The clients are two users of the node (issue 26): each re-registers
+   * as itself after every restart. */
+  char ids[2][32];
+  snprintf(ids[0], sizeof ids[0], "%s", lt_user_ids(1));
+  snprintf(ids[1], sizeof ids[1], "%s", lt_user_ids(2));
+  const char *udir = lt_user_dir();
   for (int i = 0; i < N; i++) {
-    snprintf(ready[i], sizeof ready[i], "%s", th_path("r"));
-    snprintf(ready[i] + strlen(ready[i]), 8, "%d", i);
+    snprintf(ready[i], sizeof ready[i], "%s/r%d", udir, i);
     c[i] = th_spawn_helper(
-        "nd_churner", (const char *const[]){"60000", ready[i], stop, NULL});
+        "nd_churner",
+        (const char *const[]){ids[i % 2], "60000", ready[i], stop, NULL});
   }
   for (int i = 0; i < N; i++)
     wait_file(ready[i], 10000);
   /* 16 GiB: 6 held, up to 1.5 churning; 10 GiB must wait for them. */
-  const char *wready = th_path("w");
-  pid_t w = th_spawn_helper("nd_waiter",
-                            (const char *const[]){"10", "30000", wready, NULL});
+  char wready[4200];
+  snprintf(wready, sizeof wready, "%s/w", udir);
+  pid_t w = th_spawn_helper(
+      "nd_waiter", (const char *const[]){ids[0], "10", "30000", wready, NULL});
   wait_file(wready, 10000);
   th_sleep_ms(300);
   ASSERT_GE(reserved_now(), 6 * GiB);
@@ -199,11 +213,13 @@ TEST_IMPL_T(daemon_kill9_under_load, 90) {
  * restart of the daemon, and gives it back when it ends. */
 TEST_IMPL(daemon_restart_keeps_cogpu_run_job) {
   nd_begin();
-  const char *ready = th_path("ready");
-  char cmd[4200];
+  char ready[4200], cmd[4300];
+  snprintf(ready, sizeof ready, "%s/ready", lt_user_dir());
   snprintf(cmd, sizeof cmd, "touch %s; sleep 2", ready);
+  const char *ids = lt_user_ids(1); /* a user's job (issue 26) */
   pid_t p = fork();
   if (p == 0) {
+    lt_become(ids);
     execlp("cogpu", "cogpu", "run", "--mem", "4G", "--", "sh", "-c", cmd,
            (char *)NULL);
     _exit(127);
@@ -251,11 +267,26 @@ TEST_IMPL(daemon_stopped_client_timeout_honoured) {
  * closes), and its waiting request goes with it. */
 TEST_IMPL(daemon_client_death_frees_at_once) {
   nd_begin();
-  const char *ready = th_path("ready");
-  pid_t p = th_spawn_helper("nd_churner",
-                            (const char *const[]){"60000", ready, NULL});
+  char ready[4200];
+  snprintf(ready, sizeof ready, "%s/ready", lt_user_dir());
+  pid_t p = th_spawn_helper(
+      "nd_churner",
+      (const char *const[]){lt_user_ids(1), "60000", ready, NULL});
   wait_file(ready, 10000);
   ASSERT_GE(reserved_now(), GiB);
+  /* The client is the user's, as the daemon sees it (SO_PEERCRED). */
+  if (geteuid() == 0) {
+    unsigned uid, gid;
+    lt_test_user(1, &uid, &gid);
+    cogpu_status_t *st;
+    ASSERT_OK(cogpu_status(NULL, &st));
+    bool found = false;
+    for (size_t i = 0; i < st->gpus[0].nclients; i++)
+      found |=
+          st->gpus[0].clients[i].pid == p && st->gpus[0].clients[i].uid == uid;
+    cogpu_status_free(st);
+    ASSERT(found);
+  }
   kill(p, SIGKILL);
   th_wait(p, th_ms(5000));
   uint64_t t0 = now_ms();
@@ -921,6 +952,8 @@ TEST_IMPL(daemon_client_names_old_daemon) {
  * protocol, and reserves and releases as before. */
 HELPER_IMPL(nd_old_job) {
   (void)argc;
+  lt_become(argv[0]); /* a user's job (issue 26) */
+  argv++;
   cogpu__proto_client_version = COGPU_PROTO_VERSION_MIN;
   cogpu_t *h;
   if (cogpu_attach(NULL, &h) != 0) {
@@ -955,10 +988,10 @@ HELPER_IMPL(nd_old_job) {
 TEST_IMPL(daemon_upgrade_keeps_old_job) {
   nd_begin();
   char ready[4200], go[4200];
-  snprintf(ready, sizeof ready, "%s", th_path("ready"));
+  snprintf(ready, sizeof ready, "%s/ready", lt_user_dir());
   snprintf(go, sizeof go, "%s", th_path("go"));
-  pid_t p =
-      th_spawn_helper("nd_old_job", (const char *const[]){ready, go, NULL});
+  pid_t p = th_spawn_helper(
+      "nd_old_job", (const char *const[]){lt_user_ids(1), ready, go, NULL});
   wait_file(ready, 10000);
   ASSERT_UEQ(reserved_now(), GiB);
   th_daemon_stop(SIGTERM);
