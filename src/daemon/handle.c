@@ -816,97 +816,10 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   /* Clients see the daemon's socket: the state file is root's own. */
   snprintf(st.state_path, sizeof st.state_path, "cogpud %.400s",
            d->cfg.v[COGPU_OPT_SOCKET].s);
-  size_t nc = 0, nw = 0;
-  for (size_t g = 0; g < st.ngpus; g++) {
-    nc += st.gpus[g].nclients;
-    nw += st.gpus[g].nwaiting;
-  }
-  size_t size =
-      sizeof(cogpu__snap_hdr_t) + st.ngpus * sizeof(cogpu__snap_gpu_t) +
-      nc * sizeof(cogpu__snap_client_t) + nw * sizeof(cogpu__snap_waiter_t);
-  char *buf = rc ? NULL : calloc(1, size);
+  char *buf = NULL;
+  size_t size = 0;
   int mfd = -1;
-  if (buf) {
-    cogpu__snap_hdr_t *sh = (void *)buf;
-    sh->magic = COGPU_SNAP_MAGIC;
-    sh->version = COGPU_SNAP_VERSION;
-    sh->ngpus = (uint32_t)st.ngpus;
-    sh->nclients = (uint32_t)nc;
-    sh->nwaiters = (uint32_t)nw;
-    sh->layout_version = st.layout_version;
-    snprintf(sh->policy, sizeof sh->policy, "%s", st.policy);
-    snprintf(sh->state_path, sizeof sh->state_path, "%s", st.state_path);
-    sh->suspended = st.suspended_bytes;
-    sh->suspend_max = st.suspend_max_bytes;
-    sh->host_available = st.host_available_bytes;
-    sh->host_margin = st.host_margin_bytes;
-    snprintf(sh->suspension, sizeof sh->suspension, "%s", st.suspension);
-    const cogpu_counters_t *cn = &st.counters;
-    for (int i = 0; i < COGPU_ADMIT_NRESULTS; i++)
-      sh->admit[i] = cn->admissions[i];
-    for (int b = 0; b < COGPU_WAIT_BUCKETS; b++) {
-      sh->wait_le_ms[b] = cn->wait_le_ms[b];
-      sh->wait_count[b] = cn->wait_count[b];
-    }
-    sh->wait_sum_us = (uint64_t)(cn->wait_sum_seconds * 1e6 + 0.5);
-    sh->suspensions = cn->suspensions;
-    sh->suspend_failures = cn->suspend_failures;
-    sh->resumes = cn->resumes;
-    sh->resume_failures = cn->resume_failures;
-    sh->deadlock_suspensions = cn->deadlock_suspensions;
-    cogpu__snap_gpu_t *gs = (void *)(sh + 1);
-    cogpu__snap_client_t *cs = (void *)(gs + st.ngpus);
-    cogpu__snap_waiter_t *ws = (void *)(cs + nc);
-    for (size_t g = 0; g < st.ngpus; g++) {
-      const cogpu_gpu_info_t *gi = &st.gpus[g];
-      gs[g] = (cogpu__snap_gpu_t){.index = gi->index,
-                                  .max_clients = gi->max_clients,
-                                  .total = gi->total_bytes,
-                                  .margin = gi->margin_bytes,
-                                  .foreign = gi->foreign_bytes,
-                                  .capacity = gi->capacity_bytes,
-                                  .reserved = gi->reserved_bytes,
-                                  .exclusive = gi->exclusive,
-                                  .suspended = gi->suspended_bytes,
-                                  .used = gi->used_bytes};
-      snprintf(gs[g].uuid, sizeof gs[g].uuid, "%s", gi->uuid);
-      snprintf(gs[g].name, sizeof gs[g].name, "%s", gi->name);
-      for (size_t i = 0; i < gi->nclients; i++, cs++) {
-        const cogpu_client_info_t *ci = &gi->clients[i];
-        *cs = (cogpu__snap_client_t){.gpu = (uint32_t)g,
-                                     .pid = ci->pid,
-                                     .uid = ci->uid,
-                                     .priority = ci->priority,
-                                     .reserved = ci->reserved_bytes,
-                                     .exclusive = ci->exclusive,
-                                     .slot = ci->own,
-                                     .state = (uint32_t)ci->state,
-                                     .suspensions = ci->suspensions,
-                                     .suspended_bytes = ci->suspended_bytes,
-                                     .suspended_seconds = ci->suspended_seconds,
-                                     .used = ci->used_bytes,
-                                     .peak = ci->peak_bytes,
-                                     .escaped = ci->escaped_bytes,
-                                     .escaped_pid = ci->escaped_pid};
-        snprintf(cs->command, sizeof cs->command, "%s", ci->command);
-        snprintf(cs->job_id, sizeof cs->job_id, "%s", ci->job_id);
-      }
-      for (size_t i = 0; i < gi->nwaiting; i++, ws++) {
-        const cogpu_waiter_info_t *wi = &gi->waiting[i];
-        *ws = (cogpu__snap_waiter_t){.gpu = (uint32_t)g,
-                                     .pid = wi->pid,
-                                     .uid = wi->uid,
-                                     .priority = wi->priority,
-                                     .asked_gpu = wi->gpu,
-                                     .exclusive = wi->exclusive,
-                                     .bytes = wi->requested_bytes,
-                                     .waiting_seconds = wi->waiting_seconds,
-                                     .position = (uint32_t)wi->position,
-                                     .owner_slot = wi->own};
-        snprintf(ws->command, sizeof ws->command, "%s", wi->command);
-        snprintf(ws->job_id, sizeof ws->job_id, "%s", wi->job_id);
-      }
-    }
+  if (rc == 0 && cogpu__snap_build(&st, &buf, &size) == 0) {
     mfd = memfd_create("cogpu-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (mfd >= 0 && (write(mfd, buf, size) != (ssize_t)size ||
                      fcntl(mfd, F_ADD_SEALS,

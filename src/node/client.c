@@ -1010,124 +1010,6 @@ int cogpu__node_job_end(cogpu__node_t *n, int exit_status, bool step,
 
 /* --- status and reset ---------------------------------------------------- */
 
-/* Copies a field the daemon wrote into a fixed buffer, NUL-terminated. */
-#define COPY_STR(dst, src)                                                     \
-  do {                                                                         \
-    size_t l_ = strnlen((src), sizeof(src));                                   \
-    if (l_ >= sizeof(dst))                                                     \
-      l_ = sizeof(dst) - 1;                                                    \
-    memcpy((dst), (src), l_);                                                  \
-    (dst)[l_] = 0;                                                             \
-  } while (0)
-
-/* Builds a cogpu_status_t from the daemon's snapshot. Every count is
- * checked against the snapshot's size before it is used. */
-static int snap_parse(const char *p, size_t size, cogpu_status_t *st) {
-  const cogpu__snap_hdr_t *h = (const void *)p;
-  if (size < sizeof *h || h->magic != COGPU_SNAP_MAGIC ||
-      h->version != COGPU_SNAP_VERSION || h->ngpus > NODE_MAX_GPUS ||
-      h->nclients > (1u << 20) || h->nwaiters > (1u << 20))
-    return -EPROTO;
-  size_t need = sizeof *h + h->ngpus * sizeof(cogpu__snap_gpu_t) +
-                h->nclients * sizeof(cogpu__snap_client_t) +
-                h->nwaiters * sizeof(cogpu__snap_waiter_t);
-  if (need != size)
-    return -EPROTO;
-  const cogpu__snap_gpu_t *gs = (const void *)(h + 1);
-  const cogpu__snap_client_t *cs = (const void *)(gs + h->ngpus);
-  const cogpu__snap_waiter_t *ws = (const void *)(cs + h->nclients);
-  COPY_STR(st->policy, h->policy);
-  COPY_STR(st->state_path, h->state_path);
-  st->layout_version = h->layout_version;
-  st->suspended_bytes = h->suspended;
-  st->suspend_max_bytes = h->suspend_max;
-  st->host_available_bytes = h->host_available;
-  st->host_margin_bytes = h->host_margin;
-  COPY_STR(st->suspension, h->suspension);
-  cogpu_counters_t *cn = &st->counters;
-  for (int i = 0; i < COGPU_ADMIT_NRESULTS; i++)
-    cn->admissions[i] = h->admit[i];
-  for (int b = 0; b < COGPU_WAIT_BUCKETS; b++) {
-    /* Bounds must rise, the last being +Inf: the histogram is rendered
-     * from them as they come. */
-    if (b > 0 && h->wait_le_ms[b] <= h->wait_le_ms[b - 1])
-      return -EPROTO;
-    cn->wait_le_ms[b] = h->wait_le_ms[b];
-    cn->wait_count[b] = h->wait_count[b];
-  }
-  if (h->wait_le_ms[COGPU_WAIT_BUCKETS - 1] != UINT64_MAX)
-    return -EPROTO;
-  cn->wait_sum_seconds = (double)h->wait_sum_us / 1e6;
-  cn->suspensions = h->suspensions;
-  cn->suspend_failures = h->suspend_failures;
-  cn->resumes = h->resumes;
-  cn->resume_failures = h->resume_failures;
-  cn->deadlock_suspensions = h->deadlock_suspensions;
-  st->ngpus = h->ngpus;
-  st->gpus = calloc(h->ngpus ? h->ngpus : 1, sizeof *st->gpus);
-  if (!st->gpus)
-    return -ENOMEM;
-  for (uint32_t g = 0; g < h->ngpus; g++) {
-    cogpu_gpu_info_t *gi = &st->gpus[g];
-    gi->index = gs[g].index;
-    COPY_STR(gi->uuid, gs[g].uuid);
-    COPY_STR(gi->name, gs[g].name);
-    gi->total_bytes = gs[g].total;
-    gi->margin_bytes = gs[g].margin;
-    gi->foreign_bytes = gs[g].foreign;
-    gi->capacity_bytes = gs[g].capacity;
-    gi->reserved_bytes = gs[g].reserved;
-    gi->max_clients = gs[g].max_clients;
-    gi->exclusive = gs[g].exclusive;
-    gi->suspended_bytes = gs[g].suspended;
-    gi->used_bytes = gs[g].used;
-    gi->clients = calloc(h->nclients + 1, sizeof *gi->clients);
-    gi->waiting = calloc(h->nwaiters + 1, sizeof *gi->waiting);
-    if (!gi->clients || !gi->waiting)
-      return -ENOMEM;
-  }
-  for (uint32_t i = 0; i < h->nclients; i++) {
-    if (cs[i].gpu >= h->ngpus)
-      return -EPROTO;
-    cogpu_gpu_info_t *gi = &st->gpus[cs[i].gpu];
-    cogpu_client_info_t *c = &gi->clients[gi->nclients++];
-    c->pid = cs[i].pid;
-    c->uid = cs[i].uid;
-    COPY_STR(c->command, cs[i].command);
-    COPY_STR(c->job_id, cs[i].job_id);
-    c->priority = cs[i].priority;
-    c->reserved_bytes = cs[i].reserved;
-    c->exclusive = cs[i].exclusive;
-    c->own = cs[i].slot == 1;
-    c->state = cs[i].state <= COGPU_JOB_RESUMING ? (int)cs[i].state : 0;
-    c->suspensions = cs[i].suspensions;
-    c->suspended_bytes = cs[i].suspended_bytes;
-    c->suspended_seconds = cs[i].suspended_seconds;
-    c->used_bytes = cs[i].used;
-    c->peak_bytes = cs[i].peak;
-    c->escaped_bytes = cs[i].escaped;
-    c->escaped_pid = cs[i].escaped_pid;
-  }
-  for (uint32_t i = 0; i < h->nwaiters; i++) {
-    if (ws[i].gpu >= h->ngpus)
-      return -EPROTO;
-    cogpu_gpu_info_t *gi = &st->gpus[ws[i].gpu];
-    cogpu_waiter_info_t *w = &gi->waiting[gi->nwaiting++];
-    w->pid = ws[i].pid;
-    w->uid = ws[i].uid;
-    COPY_STR(w->command, ws[i].command);
-    COPY_STR(w->job_id, ws[i].job_id);
-    w->gpu = ws[i].asked_gpu;
-    w->requested_bytes = ws[i].bytes;
-    w->priority = ws[i].priority;
-    w->exclusive = ws[i].exclusive;
-    w->waiting_seconds = ws[i].waiting_seconds;
-    w->position = (int)ws[i].position;
-    w->own = ws[i].owner_slot == 1;
-  }
-  return 0;
-}
-
 int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
                        cogpu_status_t **out) {
   cogpu__msg_t m, r;
@@ -1152,7 +1034,7 @@ int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
     ssize_t got = buf ? pread(mfd, buf, size, 0) : -1;
     if (!buf || !st)
       rc = cogpu__seterr(-ENOMEM, "out of memory");
-    else if (got != (ssize_t)size || snap_parse(buf, size, st) != 0)
+    else if (got != (ssize_t)size || cogpu__snap_parse(buf, size, st) != 0)
       rc = cogpu__seterr(-EPROTO, "the node daemon's snapshot is malformed");
     free(buf);
   }

@@ -297,77 +297,161 @@ int cogpu__msg_fds(const struct msghdr *mh, int *fd);
 
 /* --- The status snapshot (STATUS's memfd) -------------------------------
  * A header, then ngpus GPU records, then nclients client records and
- * nwaiters waiter records, each naming its GPU. Read with bounds checks:
- * every count is checked against the file's size before use. */
+ * nwaiters waiter records, each naming its GPU. Written by the daemon and
+ * read by clients with cogpu__snap_build and cogpu__snap_parse (snap.c),
+ * both generated from the lists below, as are the records' structs: a
+ * field is one line. Read with bounds checks: every count is checked
+ * against the file's size before use, every GPU a record names against
+ * the GPUs, every enumeration against its range.
+ *
+ * One line per field, in wire order: X(KIND, ...) with KIND
+ *  NUM(type, name, status)      a number, copied as is
+ *  STR(size, name, status)      a string, NUL-terminated on both sides
+ *  ARR(type, n, name, status)   n numbers
+ *  BOUNDS(type, n, name, status) a histogram's bounds: rising, the last
+ *                               UINT64_MAX (+Inf), or the snapshot is
+ *                               malformed
+ *  USEC(type, name, status)     seconds (double) as microseconds
+ *  OWN(type, name, status)      a bool, as 1 or 0 (read: only 1 is true)
+ *  ENUM(type, name, status, max) an enumeration; a value above max reads
+ *                               as 0
+ *  FRAME(type, name)            framing the codec writes and checks itself
+ *                               (magic, version, counts, the GPU a record
+ *                               is listed under)
+ *  PAD(type, name)              zero
+ * status names the field of cogpu_status_t (header), cogpu_gpu_info_t,
+ * cogpu_client_info_t or cogpu_waiter_info_t it carries.
+ *
+ * The layout is part of the protocol (see "Versions" above): clients of
+ * both versions the daemon serves read COGPU_SNAP_VERSION 3 and refuse a
+ * snapshot of any other size. So a new field is a new line here and a new
+ * protocol version, whose daemon still writes this layout for the older
+ * clients; the sizes asserted below are version 3's, to stop a field
+ * added without one. */
 #define COGPU_SNAP_MAGIC 0x50414e53u /* "SNAP" */
 #define COGPU_SNAP_VERSION 3u
 
+#define COGPU_SNAP_HDR(X)                                                      \
+  X(FRAME, uint32_t, magic)                                                    \
+  X(FRAME, uint32_t, version)                                                  \
+  X(FRAME, uint32_t, ngpus)                                                    \
+  X(FRAME, uint32_t, nclients)                                                 \
+  X(FRAME, uint32_t, nwaiters)                                                 \
+  X(NUM, uint32_t, layout_version, layout_version)                             \
+  X(STR, 16, policy, policy)                                                   \
+  X(STR, 512, state_path, state_path)                                          \
+  X(NUM, uint64_t, suspended, suspended_bytes)                                 \
+  X(NUM, uint64_t, suspend_max, suspend_max_bytes)                             \
+  X(NUM, uint64_t, host_available, host_available_bytes)                       \
+  X(NUM, uint64_t, host_margin, host_margin_bytes)                             \
+  X(STR, 128, suspension, suspension)                                          \
+  /* The node's counters (cogpu_counters_t). */                                \
+  X(ARR, uint64_t, COGPU_ADMIT_NRESULTS, admit, counters.admissions)           \
+  X(BOUNDS, uint64_t, COGPU_WAIT_BUCKETS, wait_le_ms, counters.wait_le_ms)     \
+  X(ARR, uint64_t, COGPU_WAIT_BUCKETS, wait_count, counters.wait_count)        \
+  X(USEC, uint64_t, wait_sum_us, counters.wait_sum_seconds)                    \
+  X(NUM, uint64_t, suspensions, counters.suspensions)                          \
+  X(NUM, uint64_t, suspend_failures, counters.suspend_failures)                \
+  X(NUM, uint64_t, resumes, counters.resumes)                                  \
+  X(NUM, uint64_t, resume_failures, counters.resume_failures)                  \
+  X(NUM, uint64_t, deadlock_suspensions, counters.deadlock_suspensions)
+
+#define COGPU_SNAP_GPU(X)                                                      \
+  X(NUM, int32_t, index, index)                                                \
+  X(NUM, int32_t, max_clients, max_clients)                                    \
+  X(NUM, uint64_t, total, total_bytes)                                         \
+  X(NUM, uint64_t, margin, margin_bytes)                                       \
+  X(NUM, uint64_t, foreign, foreign_bytes)                                     \
+  X(NUM, uint64_t, capacity, capacity_bytes)                                   \
+  X(NUM, uint64_t, reserved, reserved_bytes)                                   \
+  X(NUM, uint32_t, exclusive, exclusive)                                       \
+  X(PAD, uint32_t, pad)                                                        \
+  X(STR, 96, uuid, uuid)                                                       \
+  X(STR, 96, name, name)                                                       \
+  X(NUM, uint64_t, suspended, suspended_bytes)                                 \
+  X(NUM, uint64_t, used, used_bytes)
+
+#define COGPU_SNAP_CLIENT(X)                                                   \
+  X(FRAME, uint32_t, gpu)                                                      \
+  X(NUM, int32_t, pid, pid)                                                    \
+  X(NUM, uint32_t, uid, uid)                                                   \
+  X(NUM, int32_t, priority, priority)                                          \
+  X(NUM, uint64_t, reserved, reserved_bytes)                                   \
+  X(NUM, uint32_t, exclusive, exclusive)                                       \
+  /* 1 for the asking process's job (STATUS on its main connection). */        \
+  X(OWN, uint32_t, slot, own)                                                  \
+  X(STR, 128, command, command)                                                \
+  X(STR, 64, job_id, job_id)                                                   \
+  X(ENUM, uint32_t, state, state, COGPU_JOB_RESUMING)                          \
+  X(NUM, uint32_t, suspensions, suspensions)                                   \
+  X(NUM, uint64_t, suspended_bytes, suspended_bytes)                           \
+  X(NUM, double, suspended_seconds, suspended_seconds)                         \
+  X(NUM, uint64_t, used, used_bytes)                                           \
+  X(NUM, uint64_t, peak, peak_bytes)                                           \
+  X(NUM, uint64_t, escaped, escaped_bytes)                                     \
+  X(NUM, int32_t, escaped_pid, escaped_pid)                                    \
+  X(PAD, uint32_t, pad)
+
+#define COGPU_SNAP_WAITER(X)                                                   \
+  X(FRAME, uint32_t, gpu)                                                      \
+  X(NUM, int32_t, pid, pid)                                                    \
+  X(NUM, uint32_t, uid, uid)                                                   \
+  X(NUM, int32_t, priority, priority)                                          \
+  X(NUM, int32_t, asked_gpu, gpu)                                              \
+  X(NUM, uint32_t, exclusive, exclusive)                                       \
+  X(NUM, uint64_t, bytes, requested_bytes)                                     \
+  X(NUM, double, waiting_seconds, waiting_seconds)                             \
+  X(NUM, uint32_t, position, position)                                         \
+  /* 1 for the asking process's request. */                                    \
+  X(OWN, uint32_t, owner_slot, own)                                            \
+  X(STR, 128, command, command)                                                \
+  X(STR, 64, job_id, job_id)
+
+/* The records' members, in list order. */
+#define COGPU_SNAP_MEMBER(kind, ...) COGPU_SNAP_MEMBER_##kind(__VA_ARGS__)
+#define COGPU_SNAP_MEMBER_NUM(type, name, status) type name;
+#define COGPU_SNAP_MEMBER_STR(size, name, status) char name[size];
+#define COGPU_SNAP_MEMBER_ARR(type, n, name, status) type name[n];
+#define COGPU_SNAP_MEMBER_BOUNDS(type, n, name, status) type name[n];
+#define COGPU_SNAP_MEMBER_USEC(type, name, status) type name;
+#define COGPU_SNAP_MEMBER_OWN(type, name, status) type name;
+#define COGPU_SNAP_MEMBER_ENUM(type, name, status, max) type name;
+#define COGPU_SNAP_MEMBER_FRAME(type, name) type name;
+#define COGPU_SNAP_MEMBER_PAD(type, name) type name;
+
 typedef struct cogpu__snap_hdr_s {
-  uint32_t magic, version;
-  uint32_t ngpus, nclients, nwaiters, layout_version;
-  char policy[16];
-  char state_path[512];
-  uint64_t suspended, suspend_max, host_available, host_margin;
-  char suspension[128];
-  /* The node's counters (cogpu_counters_t): admissions by COGPU_ADMIT_*,
-   * the wait histogram (bounds in ms, counts per bucket, sum in us) and
-   * the suspension counters. */
-  uint64_t admit[6];
-  uint64_t wait_le_ms[15], wait_count[15];
-  uint64_t wait_sum_us;
-  uint64_t suspensions, suspend_failures, resumes, resume_failures;
-  uint64_t deadlock_suspensions;
+  COGPU_SNAP_HDR(COGPU_SNAP_MEMBER)
 } cogpu__snap_hdr_t;
+typedef struct cogpu__snap_gpu_s {
+  COGPU_SNAP_GPU(COGPU_SNAP_MEMBER)
+} cogpu__snap_gpu_t;
+typedef struct cogpu__snap_client_s {
+  COGPU_SNAP_CLIENT(COGPU_SNAP_MEMBER)
+} cogpu__snap_client_t;
+typedef struct cogpu__snap_waiter_s {
+  COGPU_SNAP_WAITER(COGPU_SNAP_MEMBER)
+} cogpu__snap_waiter_t;
+
+/* Version 3's layout (see above): what clients of protocol 2 and 3 read. */
+_Static_assert(sizeof(cogpu__snap_hdr_t) == 1048 &&
+                   sizeof(cogpu__snap_gpu_t) == 264 &&
+                   sizeof(cogpu__snap_client_t) == 280 &&
+                   sizeof(cogpu__snap_waiter_t) == 240,
+               "the snapshot's layout changed: a new protocol version "
+               "(proto.h, Versions) that still writes version 3's");
 /* The snapshot's layout is the protocol's, not cogpu.h's: a change to the
  * public counts must come with a new snapshot version. */
 _Static_assert(COGPU_ADMIT_NRESULTS == 6 && COGPU_WAIT_BUCKETS == 15,
                "snapshot counters");
 
-typedef struct cogpu__snap_gpu_s {
-  int32_t index;
-  int32_t max_clients;
-  uint64_t total, margin, foreign, capacity, reserved;
-  uint32_t exclusive, pad;
-  char uuid[96];
-  char name[96];
-  uint64_t suspended; /* footprints of its suspended jobs, in host memory */
-  uint64_t used;      /* its clients' used bytes */
-} cogpu__snap_gpu_t;
+/* The snapshot of st (complete: GPUs with their clients and waiters), in
+ * a buffer of *size bytes the caller frees. Returns 0 or -ENOMEM. */
+int cogpu__snap_build(const cogpu_status_t *st, char **buf, size_t *size);
 
-typedef struct cogpu__snap_client_s {
-  uint32_t gpu;
-  int32_t pid;
-  uint32_t uid;
-  int32_t priority;
-  uint64_t reserved;
-  uint32_t exclusive;
-  uint32_t slot; /* own: 1 for the asking process's job (STATUS sent on its
-                    main connection), else 0 */
-  char command[128];
-  char job_id[64];
-  uint32_t state; /* COGPU_JOB_* (cogpu.h) */
-  uint32_t suspensions;
-  uint64_t suspended_bytes;
-  double suspended_seconds;
-  uint64_t used, peak; /* as its processes counted (preload library) */
-  uint64_t escaped;    /* held outside the preload library (NVML) */
-  int32_t escaped_pid;
-  uint32_t pad;
-} cogpu__snap_client_t;
-
-typedef struct cogpu__snap_waiter_s {
-  uint32_t gpu; /* the GPU it is listed under */
-  int32_t pid;
-  uint32_t uid;
-  int32_t priority;
-  int32_t asked_gpu;
-  uint32_t exclusive;
-  uint64_t bytes;
-  double waiting_seconds;
-  uint32_t position;
-  uint32_t owner_slot; /* own: 1 for the asking process's request */
-  char command[128];
-  char job_id[64];
-} cogpu__snap_waiter_t;
+/* Fills st (zeroed by the caller) from size bytes of a snapshot. Returns 0,
+ * -EPROTO when it is malformed (a count, size, GPU or bound out of range),
+ * or -ENOMEM; on failure st may hold allocations: free it with
+ * cogpu_status_free. */
+int cogpu__snap_parse(const char *p, size_t size, cogpu_status_t *st);
 
 #endif /* COGPU_NODE_PROTO_H */

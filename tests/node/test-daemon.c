@@ -1001,3 +1001,178 @@ TEST_IMPL(daemon_upgrade_keeps_old_job) {
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(30000))), 0);
   wait_empty(5000);
 }
+
+/* --- the status snapshot's codec (proto.h, snap.c) ----------------------
+ * Every field of the lists, set to a value of its own, comes back from
+ * build and parse; a snapshot whose framing or checked fields are wrong is
+ * refused. The fill and the check walk the same lists as the codec, so a
+ * field added there is covered here without a line of its own. */
+
+/* A value of its own for each field: k counts them. */
+#define SF(kind, ...) SF_##kind(__VA_ARGS__)
+#define SF_NUM(type, name, status) s->status = (type)(++*k);
+#define SF_STR(size, name, status)                                             \
+  snprintf(s->status, sizeof s->status, "%s-%d", #name, ++*k);
+#define SF_ARR(type, n, name, status)                                          \
+  for (int i_ = 0; i_ < (n); i_++)                                             \
+    s->status[i_] = (type)(++*k);
+#define SF_BOUNDS(type, n, name, status)                                       \
+  for (int i_ = 0; i_ < (n); i_++)                                             \
+    s->status[i_] = i_ == (n)-1 ? UINT64_MAX : (type)(++*k);
+#define SF_USEC(type, name, status) s->status = ++*k + 0.25;
+#define SF_OWN(type, name, status) s->status = true;
+#define SF_ENUM(type, name, status, max) s->status = (max);
+#define SF_FRAME(type, name)
+#define SF_PAD(type, name)
+
+/* Each field of d as in s (the fill above) or the test fails. */
+#define SC(kind, ...) SC_##kind(__VA_ARGS__)
+#define SC_NUM(type, name, status)                                             \
+  if ((type)d->status != (type)s->status)                                      \
+    th_fail(__FILE__, __LINE__, "snapshot field %s lost", #name);
+#define SC_STR(size, name, status)                                             \
+  if (strcmp(d->status, s->status) != 0)                                       \
+    th_fail(__FILE__, __LINE__, "snapshot field %s lost", #name);
+#define SC_ARR(type, n, name, status)                                          \
+  for (int i_ = 0; i_ < (n); i_++)                                             \
+    if (d->status[i_] != s->status[i_])                                        \
+      th_fail(__FILE__, __LINE__, "snapshot field %s[%d] lost", #name, i_);
+#define SC_BOUNDS SC_ARR
+#define SC_USEC(type, name, status)                                            \
+  if (d->status < s->status - 1e-6 || d->status > s->status + 1e-6)            \
+    th_fail(__FILE__, __LINE__, "snapshot field %s lost", #name);
+#define SC_OWN(type, name, status) SC_NUM(bool, name, status)
+#define SC_ENUM(type, name, status, max) SC_NUM(int, name, status)
+#define SC_FRAME(type, name)
+#define SC_PAD(type, name)
+
+static void sn_fill_hdr(cogpu_status_t *s, int *k) {
+  COGPU_SNAP_HDR(SF)
+}
+static void sn_fill_gpu(cogpu_gpu_info_t *s, int *k) {
+  COGPU_SNAP_GPU(SF)
+}
+static void sn_fill_client(cogpu_client_info_t *s, int *k) {
+  COGPU_SNAP_CLIENT(SF)
+}
+static void sn_fill_waiter(cogpu_waiter_info_t *s, int *k) {
+  COGPU_SNAP_WAITER(SF)
+}
+static void sn_check_hdr(const cogpu_status_t *d, const cogpu_status_t *s) {
+  COGPU_SNAP_HDR(SC)
+}
+static void sn_check_gpu(const cogpu_gpu_info_t *d, const cogpu_gpu_info_t *s) {
+  COGPU_SNAP_GPU(SC)
+}
+static void sn_check_client(const cogpu_client_info_t *d,
+                            const cogpu_client_info_t *s) {
+  COGPU_SNAP_CLIENT(SC)
+}
+static void sn_check_waiter(const cogpu_waiter_info_t *d,
+                            const cogpu_waiter_info_t *s) {
+  COGPU_SNAP_WAITER(SC)
+}
+
+/* Parses size bytes of p into a fresh status: parse's code. */
+static int sn_parse(const char *p, size_t size) {
+  cogpu_status_t *st = calloc(1, sizeof *st);
+  ASSERT(st != NULL);
+  int rc = cogpu__snap_parse(p, size, st);
+  cogpu_status_free(st);
+  return rc;
+}
+
+TEST_IMPL(daemon_snapshot_codec) {
+  /* Two GPUs: the first with two clients and a waiter, the second with
+   * one client and two waiters, so that records are regrouped by GPU. */
+  static const size_t nc[2] = {2, 1}, nw[2] = {1, 2};
+  cogpu_gpu_info_t gpus[2];
+  cogpu_client_info_t clients[3];
+  cogpu_waiter_info_t waiters[3];
+  cogpu_status_t s;
+  memset(&s, 0, sizeof s);
+  memset(gpus, 0, sizeof gpus);
+  memset(clients, 0, sizeof clients);
+  memset(waiters, 0, sizeof waiters);
+  int k = 0;
+  sn_fill_hdr(&s, &k);
+  s.ngpus = 2;
+  s.gpus = gpus;
+  for (int g = 0, c = 0, w = 0; g < 2; g++) {
+    sn_fill_gpu(&gpus[g], &k);
+    gpus[g].clients = &clients[c];
+    gpus[g].nclients = nc[g];
+    for (size_t i = 0; i < nc[g]; i++)
+      sn_fill_client(&clients[c++], &k);
+    gpus[g].waiting = &waiters[w];
+    gpus[g].nwaiting = nw[g];
+    for (size_t i = 0; i < nw[g]; i++)
+      sn_fill_waiter(&waiters[w++], &k);
+  }
+  char *buf = NULL;
+  size_t size = 0;
+  ASSERT_OK(cogpu__snap_build(&s, &buf, &size));
+  /* Version 3's layout, which clients of both protocol versions read. */
+  ASSERT_UEQ(size, 1048 + 2 * 264 + 3 * 280 + 3 * 240);
+  cogpu_status_t *d = calloc(1, sizeof *d);
+  ASSERT(d != NULL);
+  ASSERT_OK(cogpu__snap_parse(buf, size, d));
+  sn_check_hdr(d, &s);
+  ASSERT_UEQ(d->ngpus, 2);
+  for (int g = 0; g < 2; g++) {
+    sn_check_gpu(&d->gpus[g], &gpus[g]);
+    ASSERT_UEQ(d->gpus[g].nclients, nc[g]);
+    ASSERT_UEQ(d->gpus[g].nwaiting, nw[g]);
+    for (size_t i = 0; i < nc[g]; i++)
+      sn_check_client(&d->gpus[g].clients[i], &gpus[g].clients[i]);
+    for (size_t i = 0; i < nw[g]; i++)
+      sn_check_waiter(&d->gpus[g].waiting[i], &gpus[g].waiting[i]);
+  }
+  cogpu_status_free(d);
+
+  /* Refused: a size other than the counts say, either way; a record of a
+   * GPU the snapshot does not have; bounds that do not rise, or do not
+   * end at +Inf; another version. An enumeration out of range reads as
+   * its first value. */
+  ASSERT_EQ(sn_parse(buf, size - 1), -EPROTO);
+  ASSERT_EQ(sn_parse(buf, sizeof(cogpu__snap_hdr_t) - 1), -EPROTO);
+  char *bad = malloc(size + 8);
+  ASSERT(bad != NULL);
+  memcpy(bad, buf, size);
+  memset(bad + size, 0, 8);
+  ASSERT_EQ(sn_parse(bad, size + 8), -EPROTO);
+  cogpu__snap_hdr_t *h = (void *)bad;
+  cogpu__snap_client_t *c0 =
+      (void *)(bad + sizeof *h + 2 * sizeof(cogpu__snap_gpu_t));
+  cogpu__snap_waiter_t *w0 = (void *)(c0 + 3);
+  h->nclients = 4;
+  ASSERT_EQ(sn_parse(bad, size), -EPROTO);
+  h->nclients = 3;
+  c0[1].gpu = 2;
+  ASSERT_EQ(sn_parse(bad, size), -EPROTO);
+  c0[1].gpu = 0;
+  w0[2].gpu = UINT32_MAX;
+  ASSERT_EQ(sn_parse(bad, size), -EPROTO);
+  w0[2].gpu = 1;
+  h->wait_le_ms[3] = h->wait_le_ms[2];
+  ASSERT_EQ(sn_parse(bad, size), -EPROTO);
+  h->wait_le_ms[3] = h->wait_le_ms[2] + 1;
+  h->wait_le_ms[COGPU_WAIT_BUCKETS - 1] = UINT64_MAX - 1;
+  ASSERT_EQ(sn_parse(bad, size), -EPROTO);
+  h->wait_le_ms[COGPU_WAIT_BUCKETS - 1] = UINT64_MAX;
+  h->version = COGPU_SNAP_VERSION + 1;
+  ASSERT_EQ(sn_parse(bad, size), -EPROTO);
+  h->version = COGPU_SNAP_VERSION;
+  h->ngpus = 1000;
+  ASSERT_EQ(sn_parse(bad, size), -EPROTO);
+  h->ngpus = 2;
+  ASSERT_OK(sn_parse(bad, size)); /* every change undone */
+  c0[0].state = COGPU_JOB_RESUMING + 1;
+  d = calloc(1, sizeof *d);
+  ASSERT(d != NULL);
+  ASSERT_OK(cogpu__snap_parse(bad, size, d));
+  ASSERT_EQ(d->gpus[0].clients[0].state, COGPU_JOB_RUNNING);
+  cogpu_status_free(d);
+  free(bad);
+  free(buf);
+}
