@@ -495,8 +495,10 @@ format-check:
 # (PyTorch under the preload library) in a release build.
 .PHONY: lint
 lint:
-	@if grep -rnE '(^|[^_a-z])assert\(' src tools contrib --include=*.c --include=*.h; then \
-	  echo "lint: use cogpu__assert (debug builds), not assert()" >&2; exit 1; fi
+	@if grep -rnE '(^|[^_a-z])assert[[:space:]]*\(|^[[:space:]]*#[[:space:]]*include[[:space:]]*<assert\.h>' \
+	    src tools contrib --include=*.c --include=*.h; then \
+	  echo "lint: use cogpu__assert (debug builds) or _Static_assert, not assert() or <assert.h>" >&2; \
+	  exit 1; fi
 
 clean:
 	rm -rf build build-asan build-tsan build-debug

@@ -20,7 +20,6 @@
  * does not fit, by waiters on their housekeeping tick, at attach and for
  * status, and at once when the driver refused what the ledger granted.
  */
-#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

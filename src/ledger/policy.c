@@ -10,7 +10,6 @@
  * priority-fifo, priority-mmu: the same, ordered by priority (higher first),
  * then by arrival.
  */
-#include <assert.h>
 #include <string.h>
 
 #include "ledger-int.h"
@@ -270,7 +269,7 @@ static bool runnable_holder(struct cogpu_s *h, uint32_t g, uint64_t now,
 static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
   int64_t victim = -1;
   uint64_t now = cogpu__now_ns();
-  static_assert(LEDGER_MAX_SLOTS % 8 == 0, "bitmaps");
+  _Static_assert(LEDGER_MAX_SLOTS % 8 == 0, "bitmaps");
   uint8_t waits[LEDGER_MAX_SLOTS / 8] = {0};   /* slots waited for */
   uint8_t owner_w[LEDGER_MAX_SLOTS / 8] = {0}; /* processes that wait */
   uint8_t running[LEDGER_MAX_SLOTS / 8] = {0}; /* jobs with a running member */

@@ -79,7 +79,7 @@ static void waiter_write(cogpu__snap_waiter_t *o,
       return -EPROTO;                                                          \
     d->status[i_] = o->name[i_];                                               \
   }                                                                            \
-  if (o->name[(n) - 1] != UINT64_MAX)                                          \
+  if (o->name[(n)-1] != UINT64_MAX)                                            \
     return -EPROTO;
 #define R_USEC(type, name, status) d->status = (double)o->name / 1e6;
 #define R_OWN(type, name, status) d->status = o->name == 1;
@@ -95,12 +95,10 @@ static int hdr_read(cogpu_status_t *d, const cogpu__snap_hdr_t *o) {
 static void gpu_read(cogpu_gpu_info_t *d, const cogpu__snap_gpu_t *o) {
   COGPU_SNAP_GPU(R)
 }
-static void client_read(cogpu_client_info_t *d,
-                        const cogpu__snap_client_t *o) {
+static void client_read(cogpu_client_info_t *d, const cogpu__snap_client_t *o) {
   COGPU_SNAP_CLIENT(R)
 }
-static void waiter_read(cogpu_waiter_info_t *d,
-                        const cogpu__snap_waiter_t *o) {
+static void waiter_read(cogpu_waiter_info_t *d, const cogpu__snap_waiter_t *o) {
   COGPU_SNAP_WAITER(R)
 }
 
