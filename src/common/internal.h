@@ -188,7 +188,20 @@ enum cogpu__policy {
   X(HIST_BATCH, history_batch,                                                 \
     "cogpud: the history writer's batch allocated (fail: out of memory)")      \
   X(HIST_WRITE, history_write,                                                 \
-    "cogpud: a history answer written to its memfd (fail: a short write)")
+    "cogpud: a history answer written to its memfd (fail: a short write)")     \
+  X(ACCEPT, accept, "cogpud: a connection accepted (fail: EMFILE)")            \
+  X(SNAP_ALLOC, snapshot_alloc,                                                \
+    "cogpud: a status snapshot's buffer allocated (fail: out of memory)")      \
+  X(SNAP_WRITE, snapshot_write,                                                \
+    "cogpud: a status snapshot written to its memfd (fail: a short write)")    \
+  X(CLIENT_SOCKET, client_socket,                                              \
+    "node client: its socket to cogpud made (fail: EMFILE)")                   \
+  X(CLIENT_SEND, client_send,                                                  \
+    "node client: a request sent to cogpud (fail: a short write)")             \
+  X(CLIENT_ALLOC, client_alloc,                                                \
+    "node client: the status snapshot's buffer allocated (fail: out of "       \
+    "memory)")                                                                 \
+  X(HIST_OPEN, history_open, "history: the database file opened (fail: EMFILE)")
 enum cogpu__fault_point {
   COGPU_FP_NONE = 0,
 #define X(id, name, where) COGPU_FP_##id,

@@ -239,7 +239,9 @@ static void accept_resume(cogpu__daemon_t *d) {
 
 static void on_accept(cogpu__daemon_t *d) {
   for (;;) {
-    int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = cogpu__fault_fails(COGPU_FP_ACCEPT)
+                 ? (errno = EMFILE, -1)
+                 : accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED)
         continue;

@@ -819,17 +819,30 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   char *buf = NULL;
   size_t size = 0;
   int mfd = -1;
-  if (rc == 0 && cogpu__snap_build(&st, &buf, &size) == 0) {
+  const char *what = "cannot read the node's state";
+  if (rc == 0) {
+    what = "out of memory for the status snapshot";
+    rc = cogpu__fault_fails(COGPU_FP_SNAP_ALLOC)
+             ? -ENOMEM
+             : cogpu__snap_build(&st, &buf, &size);
+  }
+  if (rc == 0) {
+    what = "cannot pass the status snapshot";
+    /* A short write (a fault test's) sets no errno: its error is EIO, not
+     * whatever an earlier call left there. */
+    size_t wlen = cogpu__fault_fails(COGPU_FP_SNAP_WRITE) ? size / 2 : size;
+    errno = 0;
     mfd = memfd_create("cogpu-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (mfd >= 0 && (write(mfd, buf, size) != (ssize_t)size ||
-                     fcntl(mfd, F_ADD_SEALS,
-                           F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE |
-                               F_SEAL_SEAL) != 0)) {
-      close(mfd);
+    if (mfd < 0 || write(mfd, buf, wlen) != (ssize_t)size ||
+        fcntl(mfd, F_ADD_SEALS,
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+      rc = errno ? -errno : -EIO;
+      if (mfd >= 0)
+        close(mfd);
       mfd = -1;
     }
-    free(buf);
   }
+  free(buf);
   for (size_t g = 0; g < st.ngpus; g++) {
     free(st.gpus[g].clients);
     free(st.gpus[g].waiting);
@@ -841,9 +854,13 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   r.version = COGPU_PROTO_VERSION;
   r.type = COGPU_M_REPLY;
   r.seq = m->seq;
-  r.rc = mfd >= 0 ? 0 : -ENOMEM;
-  if (mfd < 0)
-    snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "cannot build a snapshot");
+  r.rc = mfd >= 0 ? 0 : rc < 0 ? rc : -EIO;
+  if (mfd < 0) {
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s: %s", what,
+             strerror(-r.rc));
+    cogpu__log(COGPU_LOG_WARN, "status for pid %d: %s", (int)c->pid,
+               r.u.reply.msg);
+  }
   send_msg(d, c, &r, mfd);
   if (mfd >= 0)
     close(mfd);

@@ -192,7 +192,9 @@ static void make_private(const char *path, const char *suffix) {
 }
 
 static int file_private(const char *path) {
-  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = cogpu__fault_fails(COGPU_FP_HIST_OPEN)
+               ? (errno = EMFILE, -1)
+               : open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return cogpu__seterr(-errno, "job history %s: cannot open it: %s", path,
                          strerror(errno));

@@ -83,9 +83,13 @@ static int sock_connect(const char *path, uint64_t deadline) {
   strcpy(sa.sun_path, path);
   unsigned delay_ms = 5;
   for (;;) {
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int fd = cogpu__fault_fails(COGPU_FP_CLIENT_SOCKET)
+                 ? (errno = EMFILE, -1)
+                 : socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0)
-      return cogpu__seterr(-errno, "socket: %s", strerror(errno));
+      return cogpu__seterr(-errno,
+                           "cannot reach the node daemon at %s: socket: %s",
+                           path, strerror(errno));
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
       return fd;
     int e = errno;
@@ -108,11 +112,21 @@ static int sock_connect(const char *path, uint64_t deadline) {
   }
 }
 
+/* Sends one message: 0, -EPIPE (the daemon went away: after a restart,
+ * callers connect again), another -errno, or -EIO for a short write, which
+ * the daemon refuses as a malformed message: not taken for a daemon that
+ * went away (a restart, or one of an older protocol, proto.h). */
 static int msg_send(int fd, const cogpu__msg_t *m) {
-  ssize_t n = send(fd, m, sizeof *m, MSG_NOSIGNAL);
+  size_t len =
+      cogpu__fault_fails(COGPU_FP_CLIENT_SEND) ? sizeof *m / 2 : sizeof *m;
+  ssize_t n = send(fd, m, len, MSG_NOSIGNAL);
   if (n == (ssize_t)sizeof *m)
     return 0;
-  return n < 0 ? -errno : -EPIPE;
+  if (n < 0)
+    return -errno;
+  return cogpu__seterr(-EIO,
+                       "a short write to the node daemon (%zd of %zu bytes)", n,
+                       sizeof *m);
 }
 
 /* The daemon refused this client's protocol version (proto.h, "Versions"):
@@ -1029,11 +1043,14 @@ int cogpu__node_status(const cogpu__config_t *cfg, cogpu__node_t *n,
   if (rc == 0) {
     /* Read, not mapped: a file that changed size under us cannot fault. */
     size_t size = (size_t)sb.st_size;
-    char *buf = malloc(size);
+    char *buf = cogpu__fault_fails(COGPU_FP_CLIENT_ALLOC) ? NULL : malloc(size);
     st = calloc(1, sizeof *st);
     ssize_t got = buf ? pread(mfd, buf, size, 0) : -1;
     if (!buf || !st)
-      rc = cogpu__seterr(-ENOMEM, "out of memory");
+      rc = cogpu__seterr(-ENOMEM,
+                         "out of memory for the node's status snapshot "
+                         "(%zu bytes)",
+                         size);
     else if (got != (ssize_t)size || cogpu__snap_parse(buf, size, st) != 0)
       rc = cogpu__seterr(-EPROTO, "the node daemon's snapshot is malformed");
     free(buf);

@@ -1176,3 +1176,116 @@ TEST_IMPL(daemon_snapshot_codec) {
   free(bad);
   free(buf);
 }
+
+/* --- fault points of the daemon and the node client (issue 23) ----------
+ * Each makes one operation fail once (COGPU_FAULT=NAME:N:fail): the one
+ * asking gets a clear error or is served late, cogpud lives on, and the
+ * next request is served. Clients run as an unprivileged user. */
+
+/* cogpud again, with COGPU_FAULT=spec (its own only). */
+static void nd_daemon_with_fault(const char *spec) {
+  setenv("COGPU_NODE_MODE", "daemon", 1);
+  th_daemon_stop(SIGTERM);
+  char *log = getenv("COGPU_LOG") ? strdup(getenv("COGPU_LOG")) : NULL;
+  setenv("COGPU_FAULT", spec, 1);
+  setenv("COGPU_LOG", "info", 1); /* what it says of the failure */
+  th_daemon_start();
+  unsetenv("COGPU_FAULT");
+  if (log)
+    setenv("COGPU_LOG", log, 1);
+  else
+    unsetenv("COGPU_LOG");
+  free(log);
+}
+
+/* `cogpu status` as test user 1, with COGPU_FAULT=fault (NULL: none) in its
+ * environment: its exit code; its output in th_path("st"). */
+static int nd_status_as_user(const char *fault) {
+  static const char *as[64];
+  const char *argv[] = {"cogpu", "status", NULL};
+  if (fault)
+    setenv("COGPU_FAULT", fault, 1);
+  pid_t p = lt_spawn_logged("st", lt_as_user(1, argv, as, 64));
+  unsetenv("COGPU_FAULT");
+  return th_exit_code(th_wait(p, th_ms(20000)));
+}
+
+/* Waits (bounded) until cogpud's log says what; fails the test if not. */
+static void nd_log_says(const char *what) {
+  for (int t = 0; !strstr(lt_slurp("cogpud.log"), what); t += 10) {
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "cogpud never said '%s': %s", what,
+              lt_slurp("cogpud.log"));
+    th_sleep_ms(10);
+  }
+}
+
+/* cogpud runs out of descriptors at accept (EMFILE): it stops polling its
+ * socket instead of spinning, says so, and takes the waiting connection
+ * when it tries again: the client is served, late. */
+TEST_IMPL(daemon_fault_accept_emfile) {
+  nd_daemon_with_fault("accept:1:fail");
+  pid_t dp = th_daemon_pid();
+  /* The first connection (the start's own, or this status) is refused. */
+  ASSERT_EQ(nd_status_as_user(NULL), 0);
+  nd_log_says("out of descriptors (Too many open files");
+  nd_log_says("accepting connections again");
+  ASSERT_EQ(nd_status_as_user(NULL), 0);
+  ASSERT_CONTAINS(lt_slurp("st"), "GPU");
+  ASSERT_EQ(th_daemon_pid(), dp);
+  ASSERT_EQ(kill(dp, 0), 0);
+}
+
+/* A status the daemon cannot build (out of memory) or pass (a short write
+ * to its memfd) fails with the daemon's reason, and the next is served. */
+static void nd_status_fault(const char *spec, const char *says) {
+  nd_daemon_with_fault(spec);
+  pid_t dp = th_daemon_pid();
+  /* The daemon's start may ask for a status itself: the first failure is
+   * within a few. */
+  int code = 0;
+  for (int i = 0; i < 5 && (code = nd_status_as_user(NULL)) == 0; i++) {
+  }
+  if (code == 0)
+    th_fail(__FILE__, __LINE__, "no status failed (%s)", spec);
+  ASSERT_CONTAINS(lt_slurp("st"), says);
+  nd_log_says(says);
+  ASSERT_EQ(nd_status_as_user(NULL), 0);
+  ASSERT_EQ(th_daemon_pid(), dp);
+  ASSERT_EQ(kill(dp, 0), 0);
+}
+
+TEST_IMPL(daemon_fault_snapshot_alloc) {
+  nd_status_fault("snapshot_alloc:1:fail",
+                  "out of memory for the status snapshot: Cannot allocate "
+                  "memory");
+}
+
+TEST_IMPL(daemon_fault_snapshot_short_write) {
+  nd_status_fault("snapshot_write:1:fail",
+                  "cannot pass the status snapshot: Input/output error");
+}
+
+/* The node client's own failures: no socket (EMFILE), a request written
+ * short, no memory for the snapshot. Each is a clear error of that client
+ * alone; cogpud, which got half a message in the second, ends that
+ * connection and serves the next. */
+TEST_IMPL(daemon_client_faults) {
+  nd_begin();
+  pid_t dp = th_daemon_pid();
+  ASSERT(dp > 0);
+  ASSERT_EQ(nd_status_as_user(NULL), 0);
+  static const char *const cases[][2] = {
+      {"client_socket:1:fail", "socket: Too many open files"},
+      {"client_send:1:fail",
+       "a short write to the node daemon (256 of 512 bytes)"},
+      {"client_alloc:1:fail", "out of memory for the node's status snapshot"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ASSERT_NE(nd_status_as_user(cases[i][0]), 0);
+    ASSERT_CONTAINS(lt_slurp("st"), cases[i][1]);
+    ASSERT_EQ(nd_status_as_user(NULL), 0);
+  }
+  ASSERT_EQ(th_daemon_pid(), dp);
+  ASSERT_EQ(kill(dp, 0), 0);
+}

@@ -719,3 +719,22 @@ TEST_IMPL(history_short_answer_fails_cleanly) {
   /* The job's record is written before the next query is answered. */
   ASSERT_CONTAINS(history_json(NULL, NULL), "\"exit_status\":0");
 }
+
+/* cogpud cannot open its history file (out of descriptors, EMFILE) when
+ * it starts: it says history is off and why, serves jobs, and writes the
+ * next job's record when the file opens again (and says so). */
+TEST_IMPL(history_writer_emfile_recovers) {
+  hist_env();
+  daemon_with_fault("history_open:1:fail");
+  const char *want = "cannot open it: Too many open files";
+  for (int t = 0; !strstr(lt_slurp("cogpud.log"), want); t += 10) {
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "cogpud never said '%s': %s", want,
+              lt_slurp("cogpud.log"));
+    th_sleep_ms(10);
+  }
+  const char *job[] = {"cogpu", "run", "--mem", "1G", "--", "true", NULL};
+  ASSERT_EQ(run_logged("job", job), 0);
+  /* The job's record is written before the query is answered. */
+  ASSERT_CONTAINS(history_json(NULL, NULL), "\"exit_status\":0");
+}

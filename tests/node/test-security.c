@@ -1276,6 +1276,135 @@ TEST_IMPL(sec_passed_descriptors_closed) {
   daemon_serves();
 }
 
+/* Sends m (len bytes) with one descriptor of /dev/null in each of two
+ * SCM_RIGHTS headers: the kernel delivers them as one list of two. */
+static void send_two_headers(int fd, const void *m, size_t len) {
+  union {
+    char buf[2 * CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } cb;
+  memset(&cb, 0, sizeof cb);
+  struct iovec iov = {.iov_base = (void *)m, .iov_len = len};
+  struct msghdr mh = {.msg_iov = &iov,
+                      .msg_iovlen = 1,
+                      .msg_control = cb.buf,
+                      .msg_controllen = sizeof cb.buf};
+  int fds[2];
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+  for (int i = 0; i < 2; i++, cm = CMSG_NXTHDR(&mh, cm)) {
+    ASSERT((fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fds[i], sizeof(int));
+  }
+  ASSERT_EQ(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)len);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+HELPER_IMPL(sec_socket_layer_as) {
+  /* UID: as UID, every combination of a message's size (empty, short,
+   * whole, oversized), its descriptors (0 to 3: the daemon's control
+   * buffer holds two, so three arrive cut short, MSG_CTRUNC) and its
+   * connection (a query's STATUS, a main connection's USAGE, which takes
+   * one descriptor), and two descriptors in two headers. Exits with the
+   * number of answers that were not the expected ones. */
+  if (argc != 1)
+    return 2;
+  drop_to(argv[0]);
+  static const size_t lens[] = {0, 100, COGPU_MSG_SIZE, 2 * COGPU_MSG_SIZE};
+  char buf[2 * COGPU_MSG_SIZE];
+  int wrong = 0;
+  for (int kind = 0; kind < 2; kind++)
+    for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+      for (int nfds = 0; nfds <= 3; nfds++) {
+        cogpu__msg_t m;
+        int fd = raw_connect();
+        if (kind == 1) {
+          cogpu__msg_init(&m, COGPU_M_ATTACH, 1);
+          if (fd_exchange(fd, &m, sizeof m, 0) != 0) {
+            fprintf(stderr, "# attach refused\n");
+            wrong++;
+          }
+          cogpu__msg_init(&m, COGPU_M_USAGE, 2);
+          m.u.usage.size = (uint32_t)sizeof(cogpu__usage_t);
+        } else {
+          cogpu__msg_init(&m, COGPU_M_STATUS, 1);
+        }
+        memset(buf, 0, sizeof buf);
+        memcpy(buf, &m, sizeof m);
+        /* Ended, unless the message is whole with at most one descriptor:
+         * then STATUS is answered (its descriptor closed), and USAGE is
+         * refused (none, or /dev/null: not a sealed memfd) on a
+         * connection that lives on. */
+        int want = 1;
+        if (lens[l] == COGPU_MSG_SIZE && nfds <= 1)
+          want = kind == 0 ? 0 : -EINVAL;
+        send_fds(fd, buf, lens[l], nfds);
+        cogpu__msg_t r;
+        int got = 1;
+        while (raw_recv(fd, &r) > 0)
+          if (r.type == COGPU_M_REPLY && r.seq == m.seq) {
+            got = r.rc;
+            break;
+          }
+        if (got != want) {
+          fprintf(stderr, "# %s of %zu bytes with %d descriptors: %d, not %d\n",
+                  kind ? "USAGE" : "STATUS", lens[l], nfds, got, want);
+          wrong++;
+        }
+        close(fd);
+      }
+  for (int kind = 0; kind < 2; kind++) {
+    cogpu__msg_t m, r;
+    int fd = raw_connect();
+    cogpu__msg_init(&m, COGPU_M_STATUS, 1);
+    if (kind == 1) {
+      cogpu__msg_init(&m, COGPU_M_ATTACH, 1);
+      wrong += fd_exchange(fd, &m, sizeof m, 0) != 0;
+      cogpu__msg_init(&m, COGPU_M_USAGE, 2);
+      m.u.usage.size = (uint32_t)sizeof(cogpu__usage_t);
+    }
+    send_two_headers(fd, &m, sizeof m);
+    int got = 1;
+    while (raw_recv(fd, &r) > 0)
+      if (r.type == COGPU_M_REPLY && r.seq == m.seq)
+        got = r.rc;
+    if (got != 1) {
+      fprintf(stderr, "# two headers: %d, not ended\n", got);
+      wrong++;
+    }
+    close(fd);
+  }
+  return wrong;
+}
+
+/* The socket layer, from an unprivileged user: messages empty, short,
+ * whole and oversized, with 0 to 3 descriptors (3: more than the daemon's
+ * control buffer holds, MSG_CTRUNC) in one or two headers. The daemon
+ * answers or ends each as the protocol says, lives on, holds no
+ * descriptor more than before (/proc/PID/fd), and serves a normal client. */
+TEST_IMPL(sec_socket_layer_matrix) {
+  sec_begin();
+  pid_t dp = th_daemon_pid();
+  ASSERT(dp > 0);
+  ASSERT_EQ(fd_round(0), 0); /* warm-up: what the daemon opens once */
+  daemon_serves();
+  int before = lt_fd_count(dp);
+  pid_t h = th_spawn_helper("sec_socket_layer_as",
+                            (const char *const[]){"65534", NULL});
+  ASSERT_EQ(th_exit_code(th_wait(h, th_ms(30000))), 0);
+  int after = daemon_fds_settle(dp, before);
+  if (after > before)
+    th_fail(__FILE__, __LINE__,
+            "cogpud had %d descriptors open, %d after the messages", before,
+            after);
+  ASSERT_EQ(kill(dp, 0), 0);
+  ASSERT_EQ(th_daemon_pid(), dp);
+  daemon_serves();
+}
+
 /* The client side: a reply that brings more than the one descriptor it
  * takes (a status snapshot) is a protocol error, and none is kept. A fake
  * daemon, a child of the test, answers each query with nfds descriptors. */
