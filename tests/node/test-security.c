@@ -1389,12 +1389,17 @@ TEST_IMPL(sec_socket_layer_matrix) {
   sec_begin();
   pid_t dp = th_daemon_pid();
   ASSERT(dp > 0);
-  ASSERT_EQ(fd_round(0), 0); /* warm-up: what the daemon opens once */
-  daemon_serves();
-  int before = lt_fd_count(dp);
-  pid_t h = th_spawn_helper("sec_socket_layer_as",
-                            (const char *const[]){"65534", NULL});
-  ASSERT_EQ(th_exit_code(th_wait(h, th_ms(30000))), 0);
+  /* Twice: the first pass also lets the daemon open what it opens once
+   * after its start (its history file, by the writer thread), which a
+   * count taken before it could miss; the second is counted. */
+  int before = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    daemon_serves();
+    before = lt_fd_count(dp);
+    pid_t h = th_spawn_helper("sec_socket_layer_as",
+                              (const char *const[]){"65534", NULL});
+    ASSERT_EQ(th_exit_code(th_wait(h, th_ms(30000))), 0);
+  }
   int after = daemon_fds_settle(dp, before);
   if (after > before)
     th_fail(__FILE__, __LINE__,
