@@ -285,6 +285,10 @@ static void on_accept(cogpu__daemon_t *d) {
     }
     dconn_t *c = conn_new(d, fd, DC_NEW);
     if (!c) {
+      /* Said, not silent: the client sees its connection closed at once. */
+      cogpu__log(COGPU_LOG_WARN,
+                 "out of memory: a connection of pid %d (uid %u) refused",
+                 (int)cr.pid, (unsigned)cr.uid);
       close(fd);
       continue;
     }
