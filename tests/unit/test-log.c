@@ -395,9 +395,23 @@ TEST_IMPL(fault_other_points_pass) {
     ASSERT_EQ(survived, 3);
   }
   /* Every point has its name. */
-  const char *names[] = {
-      NULL,      "lock_held", "tx_middle", "before_unlock", "waiting",
-      "granted", "attach",    "create",    "history_batch", "history_write"};
+  const char *names[] = {NULL,
+                         "lock_held",
+                         "tx_middle",
+                         "before_unlock",
+                         "waiting",
+                         "granted",
+                         "attach",
+                         "create",
+                         "history_batch",
+                         "history_write",
+                         "accept",
+                         "snapshot_alloc",
+                         "snapshot_write",
+                         "client_socket",
+                         "client_send",
+                         "client_alloc",
+                         "history_open"};
   ASSERT_EQ(sizeof names / sizeof names[0], COGPU_FP__COUNT);
   for (int p = COGPU_FP_LOCK_HELD; p < COGPU_FP__COUNT; p++)
     ASSERT_EQ(fault_run(names[p], p, 1, &survived, NULL), 128 + SIGKILL);
