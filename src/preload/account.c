@@ -572,10 +572,17 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
  * the refusal is a true out-of-memory, returned at once (PyTorch frees its
  * cache and retries). Each round needs the outside to have grown again
  * (a grant means the fresh figures fit), so it ends. */
-static bool outside_wait(pl_dev_t *d, pl_retry_t *r) {
+enum { OUTSIDE_NOT_OVER, OUTSIDE_SERVED, OUTSIDE_FAILED };
+static int outside_wait(pl_dev_t *d, pl_retry_t *r) {
   uint64_t over = 0;
-  if (!pl_h || cogpu__ledger_recheck(pl_h, d->gpu, &over) != 0 || over == 0)
-    return false;
+  int rc0 = pl_h ? cogpu__ledger_recheck(pl_h, d->gpu, &over) : -EINVAL;
+  if (rc0 != 0 || over == 0) {
+    cogpu__log(COGPU_LOG_INFO,
+               "GPU %d: the driver refused memory cogpu granted, and the "
+               "node is not over the GPU (%s)",
+               d->gpu, rc0 ? cogpu_last_error() : "read again just now");
+    return OUTSIDE_NOT_OVER;
+  }
   uint64_t step = cfg_u(COGPU_OPT_GROW_STEP);
   uint64_t give = r->charged > step ? r->charged : step;
   char o[32], g[32];
@@ -599,7 +606,24 @@ static bool outside_wait(pl_dev_t *d, pl_retry_t *r) {
   CUresult rc =
       dev_grow(d, pl_cfg.v[COGPU_OPT_TIMEOUT].i, COGPU__REQ_DEVICE_WAIT);
   dev_unlock(d);
-  return rc == CUDA_SUCCESS;
+  return rc == CUDA_SUCCESS ? OUTSIDE_SERVED : OUTSIDE_FAILED;
+}
+
+/* After a refusal with the node not over the GPU: ask the driver once
+ * more, at once. Memory held outside cogpu when the driver refused may
+ * have gone by the time the GPU was read again (a program that ends; seen
+ * with programs outside cogpu coming and going every few hundred ms, under
+ * TSan). A second refusal with the node still not over is an
+ * out-of-memory, returned then: PyTorch frees its cache and retries, and
+ * must not wait for it (preload_genuine_out_of_memory_is_fast). */
+static bool outside_or_once_more(pl_dev_t *d, pl_retry_t *r) {
+  int w = outside_wait(d, r);
+  if (w != OUTSIDE_NOT_OVER)
+    return w == OUTSIDE_SERVED;
+  if (r->again)
+    return false;
+  r->again = true;
+  return true;
 }
 
 /* The ledger sees a process die when the kernel drops its file lock; the
@@ -613,14 +637,14 @@ bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r) {
   if (rc != CUDA_ERROR_OUT_OF_MEMORY || !d)
     return false;
   if (r->outside)
-    return outside_wait(d, r);
+    return outside_or_once_more(d, r);
   uint64_t now = cogpu__now_ns();
   int64_t wait_ms = pl_cfg.v[COGPU_OPT_DRIVER_WAIT].i;
   /* Only when a client left moments ago (within driver_wait) is there a
    * reason to think the driver still holds its memory. */
   if (r->n == 0 &&
       (wait_ms <= 0 || cogpu__ledger_left_ago_ms(pl_h) > (uint64_t)wait_ms))
-    return outside_wait(d, r);
+    return outside_or_once_more(d, r);
   if (r->n == 0) {
     r->deadline_ns = now + (uint64_t)wait_ms * 1000000u;
     cogpu__log(COGPU_LOG_INFO,
@@ -629,7 +653,7 @@ bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r) {
                d->gpu, (long long)wait_ms);
   }
   if (now >= r->deadline_ns) {
-    if (outside_wait(d, r))
+    if (outside_wait(d, r) == OUTSIDE_SERVED)
       return true;
     cogpu__log(COGPU_LOG_WARN,
                "GPU %d: the driver is out of memory that cogpu counts as "

@@ -163,6 +163,7 @@ typedef struct pl_retry_s {
   uint64_t deadline_ns;
   unsigned n;
   bool outside; /* waiting for memory held outside cogpu */
+  bool again;   /* asked once more after a refusal the GPU did not explain */
 } pl_retry_t;
 bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r);
 /* Adjust a charge after the fact (e.g. the real pitch), without waiting. */

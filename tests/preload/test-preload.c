@@ -560,6 +560,38 @@ TEST_IMPL(preload_driver_refusal_bounded) {
   cogpu_status_free(st);
 }
 
+/* The driver refuses, once, memory the job's reservation covers while
+ * the node is not over the GPU (memory held outside cogpu for a moment,
+ * gone by the time the GPU is read again; seen under TSan with programs
+ * outside cogpu coming and going): the library asks the driver once more
+ * and the program never sees the refusal. Refused again (FAKE_CUDA_FAIL's
+ * "+": every later call), it is an out-of-memory, returned at once. */
+TEST_IMPL(preload_transient_refusal_asked_again) {
+  preload_env();
+  const char *argv[] = {"cogpu",       "run",     "--mem", "2G",  "--",
+                        lt_cudaprog(), "direct",  "init",  "ctx", "alloc:512M",
+                        "alloc:512M",  "freeall", NULL};
+  setenv("FAKE_CUDA_FAIL", "cuMemAlloc_v2:2/oom", 1);
+  ASSERT_EQ(finish(lt_spawn_logged("once", argv), "once"), 0);
+  ASSERT(!strstr(lt_slurp("once"), "alloc: error"));
+  setenv("FAKE_CUDA_FAIL", "cuMemAlloc_v2:2+/oom", 1);
+  /* The first job just left: within driver_wait the library would wait
+   * for the driver to free a dead client's memory (another test's). */
+  setenv("COGPU_DRIVER_WAIT", "0", 1);
+  uint64_t t0 = cogpu__now_ns();
+  ASSERT_EQ(
+      th_exit_code(th_wait(lt_spawn_logged("always", argv), th_ms(30000))), 2);
+  /* No wait in the queue: at once (a bound a loaded machine keeps). */
+  ASSERT_LT((int64_t)((cogpu__now_ns() - t0) / 1000000), th_ms(10000));
+  ASSERT_CONTAINS(lt_slurp("always"), "alloc: error 2");
+  unsetenv("FAKE_CUDA_FAIL");
+  unsetenv("COGPU_DRIVER_WAIT");
+  lt_check_invariants();
+  cogpu_status_t *st = lt_status();
+  ASSERT_UEQ(st->gpus[0].reserved_bytes, 0);
+  cogpu_status_free(st);
+}
+
 /* Memory used outside cogpu's view with nobody having left: a true
  * out-of-memory, returned at once (PyTorch frees its cache and retries;
  * each retry must not take driver_wait). */

@@ -22,9 +22,10 @@
 /* --- Entry ---------------------------------------------------------------- */
 
 /* Fault injection (FAKE_CUDA_FAIL): counts this call of `entry` and says
- * whether it must fail with CUDA_ERROR_UNKNOWN; first sleeps what
- * FAKE_CUDA_SLOW asks of the entry. */
-bool fake_fail_now(const char *entry);
+ * what it must fail with (CUDA_ERROR_UNKNOWN, or CUDA_ERROR_OUT_OF_MEMORY
+ * for a "/oom" rule), or CUDA_SUCCESS; first sleeps what FAKE_CUDA_SLOW
+ * asks of the entry. */
+CUresult fake_fail_now(const char *entry);
 /* Whether cuInit succeeded in this process. */
 bool fake_ready(void);
 
@@ -46,8 +47,9 @@ void fake_gate_leave(fake_gate_t *gate);
 #define FAKE_ENTER()                                                           \
   __attribute__((cleanup(fake_gate_leave))) fake_gate_t fake_gate_ =           \
       fake_gate_enter();                                                       \
-  if (fake_fail_now(__func__))                                                 \
-  return CUDA_ERROR_UNKNOWN
+  CUresult fake_fail_ = fake_fail_now(__func__);                               \
+  if (fake_fail_)                                                              \
+  return fake_fail_
 /* ... of every entry point that needs cuInit first. */
 #define FAKE_ENTER_INIT()                                                      \
   FAKE_ENTER();                                                                \

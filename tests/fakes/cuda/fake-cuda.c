@@ -24,7 +24,10 @@
  *   FAKE_CUDA_FAIL        fault injection: "ENTRY:N" makes the Nth call of
  *                         that exported entry point in this process return
  *                         CUDA_ERROR_UNKNOWN, with no effect; "ENTRY:N+"
- *                         the Nth and every later call; comma list. Read
+ *                         the Nth and every later call; a "/oom" suffix
+ *                         returns CUDA_ERROR_OUT_OF_MEMORY instead (memory
+ *                         another process held for a moment: the driver
+ *                         refuses what it has a moment later); comma list. Read
  *                         at the process's first call (after a fork, the
  *                         child's first), as is FAKE_CUDA_SLOW.
  *   FAKE_CUDA_SLOW        "ENTRY:MS": every call of that entry point takes
@@ -191,13 +194,14 @@ typedef struct {
   char entry[64];
   unsigned long nth, calls, slow_ms;
   bool onward;
+  CUresult rc; /* what a failing call returns */
 } fail_rule_t;
 
 static fail_rule_t g_rules[FAKE_MAX_RULES];
 static int g_nrules = -1; /* -1: the variables not read yet */
 
-/* Adds the rules of variable `var`: "ENTRY:N[+]" (fail) or "ENTRY:MS"
- * (slow). */
+/* Adds the rules of variable `var`: "ENTRY:N[+][/oom]" (fail) or
+ * "ENTRY:MS" (slow). */
 static void parse_list(const char *var, bool slow) {
   const char *s = getenv(var);
   while (s && *s && g_nrules < FAKE_MAX_RULES) {
@@ -206,6 +210,11 @@ static void parse_list(const char *var, bool slow) {
     if (n < sizeof item) {
       memcpy(item, s, n);
       item[n] = 0;
+      char *oom = slow ? NULL : strstr(item, "/oom");
+      if (oom && oom[4] == 0)
+        *oom = 0;
+      else
+        oom = NULL;
       char *colon = strrchr(item, ':'), *end;
       fail_rule_t *r = &g_rules[g_nrules];
       if (colon && colon - item < (ptrdiff_t)sizeof r->entry) {
@@ -213,8 +222,11 @@ static void parse_list(const char *var, bool slow) {
         unsigned long v = strtoul(colon + 1, &end, 10);
         bool onward = !slow && *end == '+';
         if (v > 0 && end > colon + 1 && end[onward] == 0) {
-          *r = (fail_rule_t){
-              .nth = slow ? 0 : v, .slow_ms = slow ? v : 0, .onward = onward};
+          *r = (fail_rule_t){.nth = slow ? 0 : v,
+                             .slow_ms = slow ? v : 0,
+                             .onward = onward,
+                             .rc = oom ? CUDA_ERROR_OUT_OF_MEMORY
+                                       : CUDA_ERROR_UNKNOWN};
           memcpy(r->entry, item, (size_t)(colon - item) + 1);
           g_nrules++;
           s += n + (s[n] == ',');
@@ -233,8 +245,8 @@ static void parse_rules(void) {
   parse_list("FAKE_CUDA_SLOW", true);
 }
 
-bool fake_fail_now(const char *entry) {
-  bool fail = false;
+CUresult fake_fail_now(const char *entry) {
+  CUresult fail = CUDA_SUCCESS;
   unsigned long slow_ms = 0;
   fake_lock();
   if (g_nrules < 0)
@@ -247,7 +259,8 @@ bool fake_fail_now(const char *entry) {
       slow_ms += r->slow_ms;
     } else {
       r->calls++;
-      fail |= r->calls == r->nth || (r->onward && r->calls > r->nth);
+      if (!fail && (r->calls == r->nth || (r->onward && r->calls > r->nth)))
+        fail = r->rc;
     }
   }
   fake_unlock();
