@@ -540,6 +540,10 @@ bool cogpu__ledger_admit_held(struct cogpu_s *h, const ledger_waiter_t *wt,
                               uint32_t g);
 /* The same for a request of slot s waiting since `since` (monotonic ns;
  * UINT64_MAX: not queued, the fast path). */
+/* What the jobs running on g, other than slot s, are expected to grow by
+ * (each learnt peak less what it holds; 0 without the daemon's learnt
+ * peaks). Lock held; a scan of the slots. */
+uint64_t cogpu__ledger_growth_beside(struct cogpu_s *h, uint32_t s, uint32_t g);
 bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
                                bool exclusive, uint32_t g, uint64_t since);
 

@@ -75,6 +75,15 @@ int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
     uint64_t cap = cogpu__ledger_capacity(&hd->gpus[g]),
              res = hd->gpus[g].reserved;
     uint64_t fr = cap > res ? cap - res : 0;
+    /* "Any GPU": where most is free once the jobs there have grown to the
+     * peaks the daemon learnt of them (issue 24: a GPU whose jobs are
+     * about to take its free memory is not the roomy one). A scan of the
+     * slots, only for a placement, and only with the daemon's hooks. */
+    if (r->gpu == COGPU_GPU_AUTO && hd->ngpus > 1 && h->host &&
+        h->host->suspender) {
+      uint64_t grow = cogpu__ledger_growth_beside(h, h->res_slot, g);
+      fr = fr > grow ? fr - grow : 0;
+    }
     if (best < 0 || fr > best_free) {
       best = (int)g;
       best_free = fr;

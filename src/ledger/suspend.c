@@ -355,6 +355,12 @@ static uint64_t others_growth(struct cogpu_s *h, uint32_t s, uint32_t g,
   return sum;
 }
 
+uint64_t cogpu__ledger_growth_beside(struct cogpu_s *h, uint32_t s,
+                                     uint32_t g) {
+  bool any;
+  return cogpu__ledger_suspender(h) ? others_growth(h, s, g, &any) : 0;
+}
+
 /* What the jobs parked on g (by the ledger: not by hand) before a request
  * that waits since `since` (UINT64_MAX: one that arrives now) will take
  * back when they resume: each one's learnt peak, or its footprint. A job

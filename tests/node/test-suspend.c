@@ -411,6 +411,87 @@ TEST_IMPL_T(susp_growing_jobs_foreign_memory, 240) {
   cogpu_status_free(st);
 }
 
+/* `cogpu run [--gpu gpu] -- cudaprog direct init ctx alloc:first
+ * waitfile:TMP/go alloc:then freeall` as user 1, output in th_path(tag). */
+static pid_t su_two_step(const char *tag, const char *gpu, const char *first,
+                         const char *go, const char *then) {
+  char a1[32], a2[32], w[4200];
+  snprintf(a1, sizeof a1, "alloc:%s", first);
+  snprintf(a2, sizeof a2, "alloc:%s", then);
+  snprintf(w, sizeof w, "waitfile:%s", th_path(go));
+  const char *argv[16];
+  int k = 0;
+  argv[k++] = "cogpu";
+  argv[k++] = "run";
+  if (gpu) {
+    argv[k++] = "--gpu";
+    argv[k++] = gpu;
+  }
+  argv[k++] = "--";
+  argv[k++] = lt_cudaprog();
+  argv[k++] = "direct";
+  argv[k++] = "init";
+  argv[k++] = "ctx";
+  argv[k++] = a1;
+  argv[k++] = w;
+  argv[k++] = a2;
+  argv[k++] = "freeall";
+  argv[k] = NULL;
+  const char *as[24];
+  return lt_spawn_logged(tag, lt_as_user(1, argv, as, 24));
+}
+
+/* GPU g's reserved bytes, once they reach at least `want` (bounded). */
+static uint64_t su_reserved_at_least(int g, uint64_t want) {
+  for (int t = 0;; t += 10) {
+    cogpu_status_t *st = lt_status();
+    uint64_t r = st->gpus[g].reserved_bytes;
+    cogpu_status_free(st);
+    if (r >= want)
+      return r;
+    if (t > th_ms(30000))
+      th_fail(__FILE__, __LINE__, "GPU %d never reserved %llu (has %llu)", g,
+              (unsigned long long)want, (unsigned long long)r);
+    th_sleep_ms(10);
+  }
+}
+
+/* Issue 24, item 4: an on-demand job goes where it fits once the jobs
+ * already there have grown to the peaks the node learnt of them. GPU 0
+ * runs a job holding 0.8 GiB whose command the node has seen grow to
+ * 10.8 GiB; GPU 1 one holding 4.3 GiB of unknown peak. GPU 0 has the most
+ * free now (15.2 against 11.7 GiB), but 5.2 once its job grows: a new
+ * job without --gpu goes to GPU 1 (before: GPU 0, where the two then
+ * wait on each other). */
+TEST_IMPL_T(susp_placement_counts_learnt_growth, 90) {
+  th_setenv("FAKE_NVML_GPUS", "16G,16G");
+  su_begin();
+  /* The node learns the big one's peak: a run to its end, alone. */
+  th_write_file(th_path("go0"), "");
+  ASSERT_EQ(su_finish(su_two_step("learn", "0", "512M", "go0", "10G"), "learn",
+                      60000),
+            0);
+  /* The same command again (the same line: the learnt key), waiting. */
+  pid_t big = su_two_step("big", "0", "512M", "gobig", "10G");
+  su_reserved_at_least(0, 812 * MiB);
+  pid_t other = su_two_step("other", "1", "4G", "goother", "1M");
+  su_reserved_at_least(1, 4 * GiB + 300 * MiB);
+  pid_t fresh = su_two_step("fresh", NULL, "1G", "gofresh", "1M");
+  uint64_t r1 = su_reserved_at_least(1, 5 * GiB + 600 * MiB);
+  cogpu_status_t *st = lt_status();
+  uint64_t r0 = st->gpus[0].reserved_bytes;
+  cogpu_status_free(st);
+  ASSERT_UEQ(r0, 812 * MiB); /* the new job took nothing on GPU 0 */
+  ASSERT_UEQ(r1, 5 * GiB + 600 * MiB);
+  th_write_file(th_path("gofresh"), "");
+  th_write_file(th_path("goother"), "");
+  th_write_file(th_path("gobig"), "");
+  ASSERT_EQ(su_finish(fresh, "fresh", 60000), 0);
+  ASSERT_EQ(su_finish(other, "other", 60000), 0);
+  ASSERT_EQ(su_finish(big, "big", 60000), 0);
+  lt_check_invariants();
+}
+
 /* Peaks the node has learnt (issue 25): after the eight have run one at a
  * time, the daemon knows what their command needs, and the eight started
  * together are admitted three at a time (what fits at 4.8 GiB each): no
