@@ -140,6 +140,8 @@ typedef struct sim_run_s {
 
   /* policy state (fgd.c) */
   void *pol;
+  /* the G and R queues' own state (rqueue.c) */
+  void *rq;
   /* each cluster model's bit in the trace's gpu_spec masks */
   uint32_t model_bit[SIM_MAX_MODELS];
 
@@ -180,6 +182,9 @@ uint64_t cogpu__sim_gpu_key(const sim_run_t *r, uint32_t g);
 bool cogpu__sim_node_free(const sim_run_t *r, uint32_t n);
 bool cogpu__sim_whole_nodes(sim_run_t *r, uint32_t j, sim_slot_t *s);
 void cogpu__sim_suspend(sim_run_t *r, uint32_t j);
+/* j runs at `slow` ms of wall time per ms of work from now on (its work
+ * so far kept, its end moved); a job not running keeps it for its run. */
+int cogpu__sim_set_slow(sim_run_t *r, uint32_t j, double slow);
 int cogpu__sim_enqueue_start(sim_run_t *r, uint32_t j, uint32_t g);
 /* The job a GPU slot belongs to. */
 uint32_t cogpu__sim_slot_job(const sim_run_t *r, uint64_t sl);
@@ -199,6 +204,9 @@ uint32_t cogpu__sim_index_best(const sim_run_t *r, uint64_t need,
  * node) (after_n SIM_NONE: from the start), or SIM_NONE. */
 uint32_t cogpu__sim_index_node_next(const sim_run_t *r, uint64_t after_sum,
                                     uint32_t after_n);
+
+/* rqueue.c: seed 002's G queue (gqueue) and R queue (rqueue). */
+int cogpu__sim_rq_policy(const char *name, sim_policy_t *p);
 
 /* fgd.c: FGD's fragmentation of the cluster now (in GPUs), and its
  * placement. */

@@ -499,6 +499,22 @@ static void pause_job(sim_run_t *r, uint32_t j) {
   s->epoch++;
 }
 
+int cogpu__sim_set_slow(sim_run_t *r, uint32_t j, double slow) {
+  sim_js_t *s = &r->js[j];
+  if (s->slow == slow)
+    return 0;
+  if (s->st != JS_RUN) {
+    s->slow = slow;
+    return 0;
+  }
+  /* The work of the stretch so far at the old speed, the rest at the new
+   * one: seed 002's step-wise model (parameters constant between two
+   * changes of the system). */
+  pause_job(r, j);
+  s->slow = slow;
+  return go(r, j);
+}
+
 /* --- node queues: served by the ledger's core ----------------------------- */
 
 static uint32_t ent_new(sim_run_t *r) {
@@ -865,6 +881,11 @@ static int place(sim_run_t *r, uint32_t j, const sim_slot_t *sl) {
     r->used[g] += bytes;
     r->used_bytes += bytes;
   }
+  if (r->p->on_start) {
+    int rc = r->p->on_start(r, j);
+    if (rc)
+      return rc;
+  }
   return run_job(r, j);
 }
 
@@ -924,8 +945,7 @@ static int end_job(sim_run_t *r, uint32_t j, bool finished) {
   }
   s->nwait = 0;
   s->epoch++;
-  if (r->p->on_finish)
-    r->p->on_finish(r, j);
+  int prc = r->p->on_finish ? r->p->on_finish(r, j) : 0;
   s->nslot = 0; /* remote stays: the outcome says how it last ran */
   s->slow = 1.0;
   s->tl_k = 0;
@@ -950,7 +970,7 @@ static int end_job(sim_run_t *r, uint32_t j, bool finished) {
     if (rc)
       return rc;
   }
-  return 0;
+  return prc;
 }
 
 static int step(sim_run_t *r, uint32_t j) {
@@ -1186,6 +1206,24 @@ static int try_start(sim_run_t *r, uint32_t j) {
  * every job would be skipped (its needs' bound no smaller than a failed
  * need) is dropped for the rest of the pass. */
 static int scan(sim_run_t *r) {
+  if (r->p->fcfs) {
+    /* First come, first served: the head starts or everyone waits. After
+     * arrivals alone a waiting head still cannot start, but a scan from
+     * the head costs one try, so there is no shortcut to keep. */
+    r->freed = false;
+    r->new_from = SIM_NONE;
+    for (int p = 0; p < 4; p++) /* nothing failed yet: nothing skipped */
+      for (int k = 0; k <= 64; k++)
+        r->fail_need[p][k] = INFINITY;
+    for (uint32_t j = r->qhead; j != SIM_NONE;) {
+      uint32_t next = r->js[j].qnext;
+      int rc = try_start(r, j);
+      if (rc <= 0)
+        return rc;
+      j = next;
+    }
+    return 0;
+  }
   uint32_t from = r->freed ? r->qhead : r->new_from;
   r->freed = false;
   r->new_from = SIM_NONE;

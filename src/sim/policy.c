@@ -7,8 +7,11 @@
  *    by the ledger's core;
  *  - cogpu+suspend[:...]: cogpu, and a job that finds no room suspends
  *    lower-priority jobs to host memory;
- *  - rqueue: exclusive, and a multi-GPU job that finds no node with enough
- *    idle GPUs runs on idle GPUs of other nodes, slower.
+ *  - rqueue-links: exclusive, and a multi-GPU job that finds no node with
+ *    enough idle GPUs runs on idle GPUs of other nodes, a fixed factor
+ *    slower, with at most remote_links per node (cogpu's first, simpler
+ *    reading of seed 002; gqueue and rqueue, its paper's own, are in
+ *    rqueue.c).
  * What a booking means on a GPU (the kind) is the engine's; a policy
  * chooses GPUs (find) and what to do when there are none (fallback).
  */
@@ -257,10 +260,10 @@ static int fallback_remote(sim_run_t *r, uint32_t j, sim_slot_t *s) {
   return 1;
 }
 
-static void finish_remote(sim_run_t *r, uint32_t j) {
+static int finish_remote(sim_run_t *r, uint32_t j) {
   const sim_js_t *s = &r->js[j];
   if (!s->remote || s->nslot == 0)
-    return;
+    return 0;
   uint32_t home = r->c->gpu_node[r->jg[r->goff[j]]];
   for (uint32_t k = 0; k < s->nslot; k++) {
     uint32_t n = r->c->gpu_node[r->jg[r->goff[j] + k]];
@@ -269,6 +272,7 @@ static void finish_remote(sim_run_t *r, uint32_t j) {
       r->links[home]--;
     }
   }
+  return 0;
 }
 
 /* --- the table -------------------------------------------------------------
@@ -282,9 +286,12 @@ static const struct {
              {"shares", SIM_SHARES, false, false},
              {"cogpu", SIM_COGPU, false, false},
              {"cogpu+suspend", SIM_COGPU, true, false},
-             {"rqueue", SIM_EXCLUSIVE, false, true}};
+             {"rqueue-links", SIM_EXCLUSIVE, false, true}};
 
 int cogpu__sim_policy(const char *name, sim_policy_t *p) {
+  /* Seed 002's two queues, as its paper defines them (rqueue.c). */
+  if (!strcmp(name, "gqueue") || !strcmp(name, "rqueue"))
+    return cogpu__sim_rq_policy(name, p);
   memset(p, 0, sizeof *p);
   const char *colon = strchr(name, ':');
   size_t bl = colon ? (size_t)(colon - name) : strlen(name);
@@ -296,7 +303,7 @@ int cogpu__sim_policy(const char *name, sim_policy_t *p) {
     return cogpu__seterr(-EINVAL,
                          "unknown policy '%s' (exclusive, shares, "
                          "cogpu[:firstfit|bestfit|fgd], cogpu+suspend[:...], "
-                         "rqueue)",
+                         "gqueue, rqueue, rqueue-links)",
                          name);
   p->name = name;
   p->kind = bases[b].kind;

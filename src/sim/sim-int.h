@@ -72,6 +72,10 @@ typedef struct sim_job_s {
   uint64_t host_mib; /* host memory asked (alibaba; FGD's fit) */
   uint16_t spec;     /* GPU models it may run on: 0 any, k sim_trace_t's
                         spec_mask[k - 1] (alibaba gpu_spec) */
+  uint32_t calls;    /* rqueue: CUDA calls per node; 0: not in the trace
+                        (estimated as seed 002 does, docs/simulation.md) */
+  uint64_t xfer;     /* rqueue: bytes moved per node and kind of transfer;
+                        0: not in the trace (estimated) */
 } sim_job_t;
 
 typedef struct sim_trace_s {
@@ -216,6 +220,10 @@ typedef struct sim_policy_s {
   int place; /* enum sim_place */
   bool suspend;
   bool remote;
+  /* Strict first come, first served: the scan stops at the first queued
+   * job that cannot start (the G and R queues of seed 002), instead of
+   * the greedy backfill. */
+  bool fcfs;
   /* Prepare the policy's own state. */
   int (*init)(struct sim_run_s *r);
   /* Choose GPUs for job j now (fill s), or false. */
@@ -224,13 +232,19 @@ typedef struct sim_policy_s {
    * (remote GPUs); 2: j was placed by the fallback itself (it preempted);
    * < 0: an error. */
   int (*fallback)(struct sim_run_s *r, uint32_t j, sim_slot_t *s);
-  /* A job ended (finished, crashed or failed) and gave its GPUs back. */
-  void (*on_finish)(struct sim_run_s *r, uint32_t j);
+  /* j was placed on the slots find or fallback chose (its GPUs booked),
+   * just before it starts: a policy whose run times depend on who shares
+   * a node sets them here (cogpu__sim_set_slow). 0 or a negative errno. */
+  int (*on_start)(struct sim_run_s *r, uint32_t j);
+  /* A job ended (finished, crashed or failed) and gave its GPUs back. 0
+   * or a negative errno. */
+  int (*on_finish)(struct sim_run_s *r, uint32_t j);
   void (*fini)(struct sim_run_s *r);
 } sim_policy_t;
 
 /* Parses "exclusive", "shares", "cogpu[:firstfit|bestfit|fgd]",
- * "cogpu+suspend[:...]", "rqueue" into *p. 0 or -EINVAL. */
+ * "cogpu+suspend[:...]", "gqueue", "rqueue", "rqueue-links" into *p. 0 or
+ * -EINVAL. */
 int cogpu__sim_policy(const char *name, sim_policy_t *p);
 
 /* What a run reports (metrics.c computes the derived figures). */

@@ -166,13 +166,13 @@ TEST_IMPL(sim_rqueue_remote_by_hand) {
   ASSERT_EQ(out[4].start, 100000);
   ASSERT_EQ(out[4].end, 200000);
   ASSERT_EQ(out[4].remote, 0);
-  run(&t, &c, "rqueue", &o, &r, out);
+  run(&t, &c, "rqueue-links", &o, &r, out);
   ASSERT_EQ(out[4].start, 10000);
   ASSERT_EQ(out[4].end, 119000);
   ASSERT_EQ(out[4].remote, 1);
   ASSERT_EQ(r.remote_jobs, 1);
   o.remote_links = 0;
-  run(&t, &c, "rqueue", &o, &r, out);
+  run(&t, &c, "rqueue-links", &o, &r, out);
   ASSERT_EQ(out[4].start, 100000);
   ASSERT_EQ(r.remote_jobs, 0);
   cogpu__sim_trace_free(&t);
@@ -401,8 +401,8 @@ TEST_IMPL(sim_malformed_rows) {
 
 /* The same inputs and seed give the same bytes, twice. */
 TEST_IMPL(sim_deterministic) {
-  const char *pols[] = {"exclusive", "shares",        "cogpu",
-                        "cogpu:fgd", "cogpu+suspend", "rqueue"};
+  const char *pols[] = {"exclusive",     "shares",       "cogpu",  "cogpu:fgd",
+                        "cogpu+suspend", "rqueue-links", "gqueue", "rqueue"};
   for (int round = 0; round < 2; round++) {
     const char *args[] = {"--trace",     fixture("remote.csv"),
                           "--format",    "philly",
@@ -414,6 +414,8 @@ TEST_IMPL(sim_deterministic) {
                           "--policy",    pols[3],
                           "--policy",    pols[4],
                           "--policy",    pols[5],
+                          "--policy",    pols[6],
+                          "--policy",    pols[7],
                           "--out",       th_path(round ? "b" : "a"),
                           "--jobs",      "--quiet",
                           NULL};
@@ -422,9 +424,13 @@ TEST_IMPL(sim_deterministic) {
     ASSERT_EQ(c.rc, 0);
   }
   static const char *const files[] = {
-      "results.json",       "summary.md",     "exclusive.csv",     "shares.csv",
-      "cogpu.csv",          "cogpu-fgd.csv",  "cogpu-suspend.csv", "rqueue.csv",
-      "cogpu-fgd-jobs.csv", "rqueue-jobs.csv"};
+      "results.json",       "summary.md",
+      "exclusive.csv",      "shares.csv",
+      "cogpu.csv",          "cogpu-fgd.csv",
+      "cogpu-suspend.csv",  "rqueue.csv",
+      "cogpu-fgd-jobs.csv", "rqueue-jobs.csv",
+      "rqueue-links.csv",   "gqueue.csv",
+      "gqueue-jobs.csv",    "rqueue-links-jobs.csv"};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(files); i++) {
     char a[64], b[64];
     snprintf(a, sizeof a, "a/%s", files[i]);
@@ -985,6 +991,93 @@ TEST_IMPL(sim_gpu_spec_honoured) {
   cogpu__sim_cluster_free(&c);
 }
 
+/* Seed 002's G and R queues (rqueue.c), on 3 nodes of 3 GPUs. A, B, C
+ * (1 GPU each, 1 call and 1 byte per node: their transfers are nil) take
+ * a whole node each at 0 and run 1000 s. D (2 GPUs, 1,000 CUDA calls,
+ * 7 GB per node and kind of transfer) arrives at 1 s and runs 100 s on
+ * whole nodes.
+ *  gqueue: no node is free until 1000 s: D runs 1000-1100 s.
+ *  rqueue: at 1 s D runs on node 0 (all equally occupied: the first) and
+ *    uses node 1's idle GPUs through rCUDA; nodes 0 and 1 then carry two
+ *    jobs each, so their links give D half of 7 GB/s. The model (ms):
+ *    alone, natively: 7e9 / 7e6 (network) + 1000 x 0.99 (calls) + 7e9 /
+ *    171e6 + 7e9 / 7e6 (GPU transfers) = 3030.94, so time_other =
+ *    100000 - 3030.94 = 96969.06; now: 96969.06 + 2 x 1000 (network,
+ *    2 jobs) + 1000 x 3.47 (rCUDA calls) + 2 x 7e9 / 3.5e6 x 1.09 (both
+ *    transfers at half the link, rCUDA's overhead) = 106799.06: D ends at
+ *    1000 + 106799 = 107799 ms.
+ * Then FCFS: on 2 nodes, E (1 GPU) holds node 0 for 0-100 s, F (6 GPUs:
+ * 2 processes) at 1 s finds node 1 and, for its second process, only 2
+ * idle GPUs (node 0's): it waits, and G (1 GPU, at 2 s) waits behind it,
+ * although node 0 has GPUs idle; F runs 100-150 s, G 150-160 s, in both
+ * queues. */
+TEST_IMPL(sim_gqueue_rqueue_by_hand) {
+  sim_opts_t o;
+  cogpu__sim_opts_default(&o);
+  o.quiet = true;
+  sim_trace_t t;
+  memset(&t, 0, sizeof t);
+  for (uint32_t i = 0; i < 4; i++) {
+    sim_job_t j = {.submit = i == 3 ? 1000 : 0,
+                   .dur = i == 3 ? 100000 : 1000000,
+                   .ngpus = i == 3 ? 2 : 1,
+                   .calls = i == 3 ? 1000 : 1,
+                   .xfer = i == 3 ? 7000000000ull : 1,
+                   .line = i + 2};
+    ASSERT_OK(cogpu__sim_trace_add(&t, &j, NULL));
+  }
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 3, 3, 6 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[4];
+  run(&t, &c, "gqueue", &o, &r, out);
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(out[i].start, 0);
+    ASSERT_EQ(out[i].node, (uint32_t)i);
+    ASSERT_EQ(out[i].end, 1000000);
+  }
+  ASSERT_EQ(out[3].start, 1000000);
+  ASSERT_EQ(out[3].end, 1100000);
+  ASSERT_EQ(out[3].remote, 0);
+  run(&t, &c, "rqueue", &o, &r, out);
+  ASSERT_EQ(out[3].start, 1000);
+  ASSERT_EQ(out[3].end, 107799);
+  ASSERT_EQ(out[3].remote, 1);
+  ASSERT_EQ(r.remote_jobs, 1);
+  for (int i = 0; i < 3; i++)
+    ASSERT_EQ(out[i].end, 1000000); /* a byte more at half speed: nil */
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+
+  memset(&t, 0, sizeof t);
+  static const uint32_t g[] = {1, 6, 1};
+  static const int64_t at[] = {0, 1000, 2000}, dur[] = {100000, 50000, 10000};
+  for (uint32_t i = 0; i < 3; i++) {
+    sim_job_t j = {.submit = at[i],
+                   .dur = dur[i],
+                   .ngpus = g[i],
+                   .calls = 1,
+                   .xfer = 1,
+                   .line = i + 2};
+    ASSERT_OK(cogpu__sim_trace_add(&t, &j, NULL));
+  }
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 2, 3, 6 * GIB, 64 * GIB));
+  sim_outcome_t o3[3];
+  for (int pol = 0; pol < 2; pol++) {
+    run(&t, &c, pol ? "rqueue" : "gqueue", &o, &r, o3);
+    ASSERT_EQ(o3[1].start, 100000);
+    ASSERT_EQ(o3[1].end, 150000);
+    ASSERT_EQ(o3[2].start, 150000);
+    ASSERT_EQ(o3[2].end, 160000);
+    ASSERT_EQ(r.remote_jobs, 0);
+  }
+  /* The backfilling exclusive policy runs G at once on node 0. */
+  run(&t, &c, "exclusive", &o, &r, o3);
+  ASSERT_EQ(o3[2].start, 2000);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
 /* The fallbacks honour gpu_spec too. cogpu+suspend, a T4 node and a
  * V100M32 node of one GPU each, both held by best-effort pods: an LS pod
  * naming V100M32 suspends the V100M32's holder, not the T4's. rqueue,
@@ -1033,7 +1126,7 @@ TEST_IMPL(sim_gpu_spec_fallbacks) {
   th_write_file(pods, buf);
   cluster_path(&c, nodes, &o);
   load_path(&t, pods, SIM_FMT_ALIBABA, &o);
-  run(&t, &c, "rqueue", &o, &res, out);
+  run(&t, &c, "rqueue-links", &o, &res, out);
   ASSERT_EQ(out[1].node, 2);
   ASSERT_EQ(out[2].node, 1);
   ASSERT_EQ(out[3].start, 7000);
@@ -1437,7 +1530,7 @@ TEST_IMPL(sim_scan_by_class_keeps_queue_order) {
   sim_outcome_t out[6];
   static const int64_t want[] = {0, 100000, 100000, 150000, 100000, 200000};
   for (int pol = 0; pol < 2; pol++) {
-    run(&t, &c, pol ? "rqueue" : "exclusive", &o, &r, out);
+    run(&t, &c, pol ? "rqueue-links" : "exclusive", &o, &r, out);
     for (int i = 0; i < 6; i++)
       ASSERT_EQ(out[i].start, want[i]);
   }
