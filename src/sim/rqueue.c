@@ -28,12 +28,12 @@
 
 /* Seed 002, Table II and section II (per ms, bytes in decimal GB as the
  * paper's GB/s). */
-#define RQ_NET_BW 7e6      /* bytes per ms: FDR InfiniBand, net_bw */
+#define RQ_NET_BW 7e6       /* bytes per ms: FDR InfiniBand, net_bw */
 #define RQ_GPU_GPU_BW 171e6 /* gpu_gpu_bw */
-#define RQ_GPU_CPU_BW 7e6  /* gpu_cpu_bw */
-#define RQ_GPU_LAT 0.99    /* ms per CUDA call, native */
-#define RQ_RCUDA_LAT 3.47  /* ms per CUDA call through rCUDA */
-#define RQ_OVERHEAD 1.09   /* rCUDA's bandwidth overhead */
+#define RQ_GPU_CPU_BW 7e6   /* gpu_cpu_bw */
+#define RQ_GPU_LAT 0.99     /* ms per CUDA call, native */
+#define RQ_RCUDA_LAT 3.47   /* ms per CUDA call through rCUDA */
+#define RQ_OVERHEAD 1.09    /* rCUDA's bandwidth overhead */
 /* The paper's estimate of a job's CUDA calls per node: uniform 100 to
  * 100,000 (Table I, gpu_call_count). */
 #define RQ_CALLS_MIN 100
@@ -136,8 +136,8 @@ static int rq_init(sim_run_t *r) {
   q->xfer = malloc((t->n + 1) * sizeof *q->xfer);
   q->calls = malloc((t->n + 1) * sizeof *q->calls);
   q->rcuda = calloc(t->n + 1, 1);
-  if (!q->pres || !q->cpu || !q->plist || !q->pcap || !q->mark || !q->tag || !q->boff ||
-      !q->other || !q->xfer || !q->calls || !q->rcuda)
+  if (!q->pres || !q->cpu || !q->plist || !q->pcap || !q->mark || !q->tag ||
+      !q->boff || !q->other || !q->xfer || !q->calls || !q->rcuda)
     return -ENOMEM;
   uint64_t off = 0, maxk = 0;
   for (size_t j = 0; j < t->n; j++) {
@@ -151,11 +151,12 @@ static int rq_init(sim_run_t *r) {
      * calls uniform in 100..100,000 (drawn from the seed and the job, so
      * every policy of a run sees the same), bytes the memory the job asks
      * per node (its host memory, else its GPUs' memory on a process). */
-    q->calls[j] = jb->calls ? jb->calls
-                            : RQ_CALLS_MIN +
-                                  (uint32_t)(mix(r->o->seed * 0x100000001b3ull ^
-                                                 (uint64_t)j) %
-                                             (RQ_CALLS_MAX - RQ_CALLS_MIN + 1));
+    q->calls[j] =
+        jb->calls
+            ? jb->calls
+            : RQ_CALLS_MIN +
+                  (uint32_t)(mix(r->o->seed * 0x100000001b3ull ^ (uint64_t)j) %
+                             (RQ_CALLS_MAX - RQ_CALLS_MIN + 1));
     double d = (double)jb->xfer;
     if (!jb->xfer && np) {
       if (jb->host_mib)
@@ -262,8 +263,8 @@ static bool node_free(sim_run_t *r, uint32_t j, uint32_t n, uint32_t gpus) {
 
 /* Takes a whole free node for process p of j (tentatively: pres and cpu
  * counted, GPUs listed in s), or false. */
-static bool take_free_node(sim_run_t *r, uint32_t j, uint32_t p,
-                           sim_slot_t *s, uint32_t *from) {
+static bool take_free_node(sim_run_t *r, uint32_t j, uint32_t p, sim_slot_t *s,
+                           uint32_t *from) {
   rq_t *q = r->rq;
   uint32_t gpus = proc_gpus(r, j, p);
   for (uint32_t n = *from; n < r->c->nnodes; n++) {
