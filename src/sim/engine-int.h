@@ -142,6 +142,8 @@ typedef struct sim_run_s {
   void *pol;
   /* the G and R queues' own state (rqueue.c) */
   void *rq;
+  /* seed 001's cluster scheduler's state (cluster.c) */
+  void *cl;
   /* each cluster model's bit in the trace's gpu_spec masks */
   uint32_t model_bit[SIM_MAX_MODELS];
 
@@ -204,6 +206,46 @@ uint32_t cogpu__sim_index_best(const sim_run_t *r, uint64_t need,
  * node) (after_n SIM_NONE: from the start), or SIM_NONE. */
 uint32_t cogpu__sim_index_node_next(const sim_run_t *r, uint64_t after_sum,
                                     uint32_t after_n);
+
+/* policy.c: the running one-GPU jobs whose suspension makes room for
+ * one-GPU job j on one GPU (memory, and a client's place under the core's
+ * max_clients), among those may(r, j, h) allows, in
+ * cogpu__core_victim_before's order, with host memory on the node to hold
+ * them: 1 with *nv of them in v (at most 64) and the GPU in *gpu, or 0. */
+int cogpu__sim_suspend_pick(sim_run_t *r, uint32_t j,
+                            bool (*may)(const sim_run_t *r, uint32_t j,
+                                        uint32_t h),
+                            uint32_t *v, uint32_t *nv, uint32_t *gpu);
+
+/* cluster.c: seed 001's scheduling API (Sajjapongse/Becchi, Table 4-1),
+ * which its policies (colocate, latency) are written on. The callbacks
+ * are sim_policy_t's: arrival is `find`/`fallback` (called when a job
+ * arrives and again while it waits, after each release: the seed's loop
+ * over its unassigned-job queue), completion `on_finish`. */
+typedef struct sim_cl_node_s {
+  uint32_t ngpus;     /* mccsQueryNodeInfo */
+  uint32_t vgpus;     /* vGPUs per GPU (mccsSetNodeVGPUConf) */
+  uint32_t procs;     /* processes on its GPUs (NumAssignedProcesses) */
+  uint32_t waiting;   /* entries in its queue (mccsQueryNodeQueues) */
+  uint64_t gpu_total; /* bytes per GPU */
+} sim_cl_node_t;
+/* mccsGetNodeList: nodes are 0 .. this - 1. */
+uint32_t cogpu__sim_cl_nodes(const sim_run_t *r);
+void cogpu__sim_cl_query(const sim_run_t *r, uint32_t n, sim_cl_node_t *out);
+/* mccsSetNodeSharingP: kind is enum sim_kind. What a booking means is the
+ * engine's, one for the whole run: 0 for the run's kind, else -ENOTSUP. */
+int cogpu__sim_cl_set_sharing(sim_run_t *r, uint32_t n, int kind);
+/* mccsSetNodeVGPUConf: at most v processes per GPU of node n (1 to 1024).
+ * 0 or -EINVAL. */
+int cogpu__sim_cl_set_vgpus(sim_run_t *r, uint32_t n, uint32_t v);
+/* mccsSetDeviceLimit: job j may use `gpus` GPUs. 0 suspends a running
+ * one-GPU job (the engine's suspension, its copy timed); its full count
+ * lets a suspended job resume (the node's queue serves its resume when
+ * room returns, as it does for every suspension). 0, or -ENOTSUP for what
+ * the engine cannot do (shrink a job, suspend a job of several GPUs or
+ * one not running). */
+int cogpu__sim_cl_set_limit(sim_run_t *r, uint32_t j, uint32_t gpus);
+int cogpu__sim_cl_policy(const char *name, sim_policy_t *p);
 
 /* rqueue.c: seed 002's G queue (gqueue) and R queue (rqueue). */
 int cogpu__sim_rq_policy(const char *name, sim_policy_t *p);

@@ -368,8 +368,10 @@ static bool scan_class(const sim_run_t *r, uint32_t j, uint32_t *p, uint32_t *k,
                        double *need) {
   const sim_job_t *jb = job(r, j);
   *k = jb->ngpus > 64 ? 64 : jb->ngpus;
-  /* Without suspension priority does not matter: class 0 holds all. */
-  *p = r->p->suspend ? prio_class(jb->prio) : 0;
+  /* Without suspension priority does not matter: class 0 holds all. A
+   * policy's own rank replaces it (its failures dominate as priorities'
+   * do: only a higher class may preempt). */
+  *p = r->p->rank ? r->p->rank(r, j) : r->p->suspend ? prio_class(jb->prio) : 0;
   *need = (double)cogpu__sim_need_key(r, j);
   /* A job that wants whole GPUs of any size (bytes, no figure) has a need
    * of 1 in the index but fits only idle GPUs: its failure says nothing
@@ -1200,6 +1202,20 @@ static int try_start(sim_run_t *r, uint32_t j) {
   return rc ? rc : 1;
 }
 
+/* Is class a's next job a tried before class b's next job b? Queue order,
+ * under a policy's rank the higher rank first (the class apart holds all
+ * ranks: its job's own counts). */
+static bool scan_before(const sim_run_t *r, uint32_t ca, uint32_t a,
+                        uint32_t cb, uint32_t b) {
+  if (r->p->rank) {
+    uint32_t ra = ca == CLASS_APART ? r->p->rank(r, a) : ca / 65;
+    uint32_t rb = cb == CLASS_APART ? r->p->rank(r, b) : cb / 65;
+    if (ra != rb)
+      return ra > rb;
+  }
+  return r->js[a].qseq < r->js[b].qseq;
+}
+
 /* Tries the queue from `from` in order, as if it went job by job: a job
  * skipped (dominated) does nothing, so each class is walked on its own
  * list, the one whose next job came first going first, and a class whose
@@ -1254,10 +1270,11 @@ static int scan(sim_run_t *r) {
     act[nact++] = c;
   }
   while (nact) {
-    /* The active class whose next job is first in the queue. */
+    /* The active class whose next job is first in the queue (with a
+     * policy's rank, of the highest rank first). */
     uint32_t bi = 0;
     for (uint32_t i = 1; i < nact; i++)
-      if (r->js[cur[act[i]]].qseq < r->js[cur[act[bi]]].qseq)
+      if (scan_before(r, act[i], cur[act[i]], act[bi], cur[act[bi]]))
         bi = i;
     uint32_t c = act[bi], j = cur[c];
     cur[c] = r->js[j].cnext;

@@ -11,7 +11,8 @@
  *    enough idle GPUs runs on idle GPUs of other nodes, a fixed factor
  *    slower, with at most remote_links per node (cogpu's first, simpler
  *    reading of seed 002; gqueue and rqueue, its paper's own, are in
- *    rqueue.c).
+ *    rqueue.c);
+ *  - colocate and latency: seed 001's cluster-level policies (cluster.c).
  * What a booking means on a GPU (the kind) is the engine's; a policy
  * chooses GPUs (find) and what to do when there are none (fallback).
  */
@@ -133,14 +134,12 @@ static bool spec_node(const sim_run_t *r, uint32_t j, uint32_t n) {
                             r->model_bit[r->c->nodes[n].model]);
 }
 
-/* A one-GPU job that finds no room suspends running one-GPU jobs of lower
- * priority on the first GPU where that makes room and the node's host
- * memory can take them; it then waits there for their memory, ahead of
- * their resumes. */
-static int fallback_suspend(sim_run_t *r, uint32_t j, sim_slot_t *s) {
-  (void)s;
+int cogpu__sim_suspend_pick(sim_run_t *r, uint32_t j,
+                            bool (*may)(const sim_run_t *r, uint32_t j,
+                                        uint32_t h),
+                            uint32_t *out, uint32_t *nout, uint32_t *gpu) {
   const sim_job_t *jb = &r->t->jobs[j];
-  if (jb->ngpus != 1 || jb->prio <= 0)
+  if (jb->ngpus != 1)
     return 0;
   victim_t v[64];
   for (uint32_t g = 0; g < r->c->ngpus; g++) {
@@ -151,14 +150,17 @@ static int fallback_suspend(sim_run_t *r, uint32_t j, sim_slot_t *s) {
     uint64_t room = cogpu__core_free(&r->gpu[g]);
     if (need > r->cap[g])
       continue;
+    /* Under a bound on clients per GPU (vGPUs), a full GPU needs one
+     * client out whatever memory is free (none without a bound). */
+    uint64_t mc = r->rules.max_clients, nc = r->gpu[g].nclients;
+    uint32_t min_take = mc && nc >= mc ? (uint32_t)(nc - mc + 1) : 0;
     uint32_t nv = 0;
     uint64_t could = room;
     for (uint32_t sl = r->hhead[g]; sl != SIM_NONE && nv < 64;
          sl = r->hnext[sl]) {
       uint32_t h = cogpu__sim_slot_job(r, sl);
       const sim_js_t *hs = &r->js[h];
-      if (hs->st != JS_RUN || hs->nslot != 1 ||
-          r->t->jobs[h].prio >= jb->prio || r->jh[sl] == 0)
+      if (hs->st != JS_RUN || hs->nslot != 1 || !may(r, j, h) || r->jh[sl] == 0)
         continue;
       v[nv++] = (victim_t){.job = h,
                            .prio = r->t->jobs[h].prio,
@@ -166,7 +168,7 @@ static int fallback_suspend(sim_run_t *r, uint32_t j, sim_slot_t *s) {
                            .bytes = r->jh[sl]};
       could += r->jh[sl];
     }
-    if (could < need)
+    if (could < need || nv < min_take)
       continue;
     qsort(v, nv, sizeof *v, cmp_victim);
     const sim_node_t *nd = &r->c->nodes[n];
@@ -175,19 +177,42 @@ static int fallback_suspend(sim_run_t *r, uint32_t j, sim_slot_t *s) {
                         : 0;
     uint64_t parked = r->susp_mib[n], got = room;
     uint32_t take = 0;
-    while (got < need && take < nv) {
+    while ((got < need || take < min_take) && take < nv) {
       parked += (v[take].bytes + (1 << 20) - 1) >> 20;
       got += v[take].bytes;
       take++;
     }
-    if (got < need || parked > host)
+    if (got < need || take < min_take || parked > host)
       continue;
     for (uint32_t i = 0; i < take; i++)
-      cogpu__sim_suspend(r, v[i].job);
-    int rc = cogpu__sim_enqueue_start(r, j, g);
-    return rc ? rc : 2;
+      out[i] = v[i].job;
+    *nout = take;
+    *gpu = g;
+    return 1;
   }
   return 0;
+}
+
+/* cogpu+suspend's victims: lower priority than the job that waits. */
+static bool may_prio(const sim_run_t *r, uint32_t j, uint32_t h) {
+  return r->t->jobs[h].prio < r->t->jobs[j].prio;
+}
+
+/* A one-GPU job that finds no room suspends running one-GPU jobs of lower
+ * priority on the first GPU where that makes room and the node's host
+ * memory can take them; it then waits there for their memory, ahead of
+ * their resumes. */
+static int fallback_suspend(sim_run_t *r, uint32_t j, sim_slot_t *s) {
+  (void)s;
+  if (r->t->jobs[j].prio <= 0)
+    return 0;
+  uint32_t v[64], nv = 0, g = 0;
+  if (!cogpu__sim_suspend_pick(r, j, may_prio, v, &nv, &g))
+    return 0;
+  for (uint32_t i = 0; i < nv; i++)
+    cogpu__sim_suspend(r, v[i]);
+  int rc = cogpu__sim_enqueue_start(r, j, g);
+  return rc ? rc : 2;
 }
 
 /* --- rqueue: remote GPUs ----------------------------------------------------
@@ -292,6 +317,9 @@ int cogpu__sim_policy(const char *name, sim_policy_t *p) {
   /* Seed 002's two queues, as its paper defines them (rqueue.c). */
   if (!strcmp(name, "gqueue") || !strcmp(name, "rqueue"))
     return cogpu__sim_rq_policy(name, p);
+  /* Seed 001's cluster-level policies (cluster.c). */
+  if (!strcmp(name, "colocate") || !strcmp(name, "latency"))
+    return cogpu__sim_cl_policy(name, p);
   memset(p, 0, sizeof *p);
   const char *colon = strchr(name, ':');
   size_t bl = colon ? (size_t)(colon - name) : strlen(name);
@@ -303,7 +331,7 @@ int cogpu__sim_policy(const char *name, sim_policy_t *p) {
     return cogpu__seterr(-EINVAL,
                          "unknown policy '%s' (exclusive, shares, "
                          "cogpu[:firstfit|bestfit|fgd], cogpu+suspend[:...], "
-                         "gqueue, rqueue, rqueue-links)",
+                         "gqueue, rqueue, rqueue-links, colocate, latency)",
                          name);
   p->name = name;
   p->kind = bases[b].kind;

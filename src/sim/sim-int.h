@@ -240,11 +240,16 @@ typedef struct sim_policy_s {
    * or a negative errno. */
   int (*on_finish)(struct sim_run_s *r, uint32_t j);
   void (*fini)(struct sim_run_s *r);
+  /* The scan class of queued job j (0 to 3): with it the scan tries the
+   * higher classes first, each in queue order (the latency policy's short
+   * jobs first); without it, all jobs go in queue order, classed by
+   * priority under suspension. A job's class never changes. */
+  uint32_t (*rank)(const struct sim_run_s *r, uint32_t j);
 } sim_policy_t;
 
 /* Parses "exclusive", "shares", "cogpu[:firstfit|bestfit|fgd]",
- * "cogpu+suspend[:...]", "gqueue", "rqueue", "rqueue-links" into *p. 0 or
- * -EINVAL. */
+ * "cogpu+suspend[:...]", "gqueue", "rqueue", "rqueue-links", "colocate",
+ * "latency" into *p. 0 or -EINVAL. */
 int cogpu__sim_policy(const char *name, sim_policy_t *p);
 
 /* What a run reports (metrics.c computes the derived figures). */

@@ -219,6 +219,131 @@ TEST_IMPL(sim_suspend_by_hand) {
   cogpu__sim_cluster_free(&small);
 }
 
+/* Adds a one-node job made in the test: n GPUs of `gib` GiB each,
+ * arriving at `at` ms for `dur` ms. */
+static void add_job(sim_trace_t *t, int64_t at, int64_t dur, uint32_t n,
+                    uint64_t gib) {
+  sim_job_t j = {.submit = at,
+                 .dur = dur,
+                 .ngpus = n,
+                 .mem = gib * GIB,
+                 .line = (uint32_t)t->n + 2};
+  ASSERT_OK(cogpu__sim_trace_add(t, &j, NULL));
+}
+
+/* colocate, 2 nodes x 2 GPUs of 16 GiB, 2 vGPUs per GPU (--shares 2), 4
+ * GiB per GPU each (memory never binds; the vGPUs do):
+ *  A (2 GPUs, 0 s, 100 s): both nodes all free (4 vGPUs), a tie: node 0,
+ *    GPUs 0 and 1 (node 0 now 2 free).
+ *  B (1, 1 s, 50 s): node 1 (4 free): GPU 2 (tie on processes and
+ *    memory: the lower). 1-51.
+ *  C (2, 2 s, 30 s): node 0 has 2 free, node 1 3: node 1, GPUs 3 and 2
+ *    (3 has fewer processes). 2-32.
+ *  D (2, 3 s, 10 s): node 1's GPU 2 is full (B, C): only node 0 holds
+ *    both processes. 3-13.
+ *  E (1, 4 s, 10 s): node 0 full; node 1's GPU 3 (C alone). 4-14.
+ *  F (1, 5 s, 20 s): every vGPU taken; D's end at 13 frees node 0 (2
+ *    free), E's at 14 comes later: node 0, GPU 0. 13-33.
+ * cogpu (no vGPU bound) starts F at once. A job of 3 GPUs is larger
+ * than these nodes: alone on the cluster (a second trace), it takes both
+ * nodes whole, the fewest that hold it, and runs at once. */
+TEST_IMPL(sim_colocate_by_hand) {
+  sim_opts_t o = opts_1s();
+  o.shares = 2;
+  sim_trace_t t;
+  memset(&t, 0, sizeof t);
+  static const int64_t at[] = {0, 1, 2, 3, 4, 5},
+                       dur[] = {100, 50, 30, 10, 10, 20};
+  static const uint32_t n[] = {2, 1, 2, 2, 1, 1};
+  for (int i = 0; i < 6; i++)
+    add_job(&t, at[i] * 1000, dur[i] * 1000, n[i], 4);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 2, 2, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[6];
+  run(&t, &c, "colocate", &o, &r, out);
+  static const int64_t start[] = {0, 1, 2, 3, 4, 13},
+                       end[] = {100, 51, 32, 13, 14, 33};
+  static const uint32_t node[] = {0, 1, 1, 0, 1, 0};
+  for (int i = 0; i < 6; i++) {
+    ASSERT_EQ(out[i].start, start[i] * 1000);
+    ASSERT_EQ(out[i].end, end[i] * 1000);
+    ASSERT_EQ(out[i].node, node[i]);
+  }
+  ASSERT_EQ(r.done, 6);
+  ASSERT_EQ(r.suspensions, 0);
+  run(&t, &c, "cogpu", &o, &r, out);
+  ASSERT_EQ(out[5].start, 5000);
+  cogpu__sim_trace_free(&t);
+
+  memset(&t, 0, sizeof t);
+  add_job(&t, 0, 10000, 3, 4);
+  sim_outcome_t one;
+  run(&t, &c, "colocate", &o, &r, &one);
+  ASSERT_EQ(one.start, 0);
+  ASSERT_EQ(one.end, 10000);
+  ASSERT_EQ(r.done, 1);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* latency, one 16 GiB GPU with 1 vGPU (--shares 1), 10 GiB each; copies
+ * out at 10 GiB/s (1 s), back at 5 GiB/s (2 s). Run times 100, 100, 10,
+ * 10, 10 s: the median is 10 s, so L1 and L2 are long, S1-S3 short.
+ *  L1 (0 s) runs. L2 (1 s) waits: a long job suspends nobody.
+ *  S1 (2 s) suspends L1 (2 s of work done): copied out by 3, S1's
+ *    request is ahead of L1's resume: S1 3-13. L1 resumes 13-15 and has
+ *    98 s left (ends at 113 if left alone); L2 still waits.
+ *  S2 (20 s) suspends L1 again (7 s done): S2 21-31; L1 resumes 31-33,
+ *    93 s left: ends at 126.
+ *  S3 (32 s) finds L1 resuming (not running: no victim) and waits.
+ *  At 126 L2 and S3 wait: the short one first, S3 126-136; L2 136-236.
+ * colocate keeps queue order and suspends nobody: L1 0-100, L2 100-200,
+ * S1 200-210, S2 210-220, S3 220-230. */
+TEST_IMPL(sim_latency_by_hand) {
+  sim_opts_t o = opts_1s();
+  o.shares = 1;
+  o.susp_gibps = 10;
+  o.resume_gibps = 5;
+  sim_trace_t t;
+  memset(&t, 0, sizeof t);
+  static const int64_t at[] = {0, 1, 2, 20, 32}, dur[] = {100, 100, 10, 10, 10};
+  for (int i = 0; i < 5; i++)
+    add_job(&t, at[i] * 1000, dur[i] * 1000, 1, 10);
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 1, 1, 16 * GIB, 64 * GIB));
+  sim_result_t r;
+  sim_outcome_t out[5];
+  run(&t, &c, "latency", &o, &r, out);
+  static const int64_t start[] = {0, 136, 3, 21, 126},
+                       end[] = {126, 236, 13, 31, 136};
+  for (int i = 0; i < 5; i++) {
+    ASSERT_EQ(out[i].start, start[i] * 1000);
+    ASSERT_EQ(out[i].end, end[i] * 1000);
+  }
+  ASSERT_EQ(out[0].suspensions, 2);
+  ASSERT_EQ(r.suspensions, 2);
+  ASSERT_UEQ(r.suspended_bytes, 20 * GIB);
+  ASSERT_UEQ(r.suspended_peak_bytes, 10 * GIB);
+  run(&t, &c, "colocate", &o, &r, out);
+  static const int64_t cstart[] = {0, 100, 200, 210, 220};
+  for (int i = 0; i < 5; i++) {
+    ASSERT_EQ(out[i].start, cstart[i] * 1000);
+    ASSERT_EQ(out[i].end, (cstart[i] + dur[i]) * 1000);
+  }
+  ASSERT_EQ(r.suspensions, 0);
+  /* No host memory to park L1 in: short jobs wait their turn, first. */
+  sim_cluster_t small;
+  ASSERT_OK(cogpu__sim_make_cluster(&small, 1, 1, 16 * GIB, 8 * GIB));
+  run(&t, &small, "latency", &o, &r, out);
+  ASSERT_EQ(r.suspensions, 0);
+  ASSERT_EQ(out[2].start, 100000);
+  ASSERT_EQ(out[1].start, 130000);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+  cogpu__sim_cluster_free(&small);
+}
+
 /* grow.json (cogpu history) on one 16 GiB GPU: X and Y start at 0 with
  * 6 GiB each, and after 10 s of work both want 12 GiB: both wait, each
  * holding 6, and neither fits (4 free). The deadlock guard (200 ms)
@@ -402,7 +527,8 @@ TEST_IMPL(sim_malformed_rows) {
 /* The same inputs and seed give the same bytes, twice. */
 TEST_IMPL(sim_deterministic) {
   const char *pols[] = {"exclusive",     "shares",       "cogpu",  "cogpu:fgd",
-                        "cogpu+suspend", "rqueue-links", "gqueue", "rqueue"};
+                        "cogpu+suspend", "rqueue-links", "gqueue", "rqueue",
+                        "colocate",      "latency"};
   for (int round = 0; round < 2; round++) {
     const char *args[] = {"--trace",     fixture("remote.csv"),
                           "--format",    "philly",
@@ -416,6 +542,8 @@ TEST_IMPL(sim_deterministic) {
                           "--policy",    pols[5],
                           "--policy",    pols[6],
                           "--policy",    pols[7],
+                          "--policy",    pols[8],
+                          "--policy",    pols[9],
                           "--out",       th_path(round ? "b" : "a"),
                           "--jobs",      "--quiet",
                           NULL};
@@ -430,7 +558,9 @@ TEST_IMPL(sim_deterministic) {
       "cogpu-suspend.csv",  "rqueue.csv",
       "cogpu-fgd-jobs.csv", "rqueue-jobs.csv",
       "rqueue-links.csv",   "gqueue.csv",
-      "gqueue-jobs.csv",    "rqueue-links-jobs.csv"};
+      "gqueue-jobs.csv",    "rqueue-links-jobs.csv",
+      "colocate.csv",       "colocate-jobs.csv",
+      "latency.csv",        "latency-jobs.csv"};
   for (size_t i = 0; i < COGPU_ARRAY_SIZE(files); i++) {
     char a[64], b[64];
     snprintf(a, sizeof a, "a/%s", files[i]);

@@ -31,7 +31,7 @@ static const char sim_usage[] =
     "         [--jobs] [--quiet]\n"
     "\n"
     "Policies: exclusive, shares, cogpu[:firstfit|bestfit|fgd],\n"
-    "cogpu+suspend[:...], gqueue, rqueue, rqueue-links.\n"
+    "cogpu+suspend[:...], gqueue, rqueue, rqueue-links, colocate, latency.\n"
     "\n"
     "       cogpu sim --fgd PLACEMENT[,...]|all --trace FILE --format alibaba\n"
     "         --cluster NODES.csv --out DIR [--seed S] [--seeds N] [--upto "
