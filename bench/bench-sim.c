@@ -252,8 +252,9 @@ int main(void) {
     return 0;
   }
   static const char *const pols[] = {
-      "exclusive",     "shares", "cogpu",  "cogpu:firstfit", "cogpu:fgd",
-      "cogpu+suspend", "gqueue", "rqueue", "rqueue-links"};
+      "exclusive",    "shares",        "cogpu",  "cogpu:firstfit",
+      "cogpu:fgd",    "cogpu+suspend", "gqueue", "rqueue",
+      "rqueue-links", "colocate",      "latency"};
   int reps = (int)bench_env_long("BENCH_SIM_REPS", 5);
   if (reps > 64)
     reps = 64;
@@ -294,9 +295,9 @@ int main(void) {
   if (cogpu__sim_make_cluster(&c, 1250, 8, 80 * SIM_GIB, 1024 * SIM_GIB))
     bench_die("cluster", -1);
   /* FGD's placement weighs every candidate node: left out at this size. */
-  static const char *const big[] = {"exclusive",      "shares",        "cogpu",
-                                    "cogpu:firstfit", "cogpu+suspend", "gqueue",
-                                    "rqueue",         "rqueue-links"};
+  static const char *const big[] = {
+      "exclusive", "shares", "cogpu",        "cogpu:firstfit", "cogpu+suspend",
+      "gqueue",    "rqueue", "rqueue-links", "colocate",       "latency"};
   measure("synthetic", load, &t, &c, big, COGPU_ARRAY_SIZE(big), 1);
   cogpu__sim_trace_free(&t);
   cogpu__sim_cluster_free(&c);

@@ -25,15 +25,25 @@
 #include "sim/engine-int.h"
 
 typedef struct cl_s {
-  uint32_t *vgpus;   /* per node: processes a GPU may hold */
+  uint32_t *vgpus; /* per node: processes a GPU may hold */
+  /* Nodes by free vGPUs: a bit set per count (0 .. top_w), over the
+   * nodes' ranks (the larger GPUs first, then the lower number), so that
+   * colocate walks the nodes from the best down. */
+  uint32_t *nfree;   /* per node: its free vGPUs, as indexed */
+  uint64_t *nmax;    /* per node: the largest placement key of its GPUs */
+  uint32_t *rank;    /* per node: its rank */
+  uint32_t *byrank;  /* per rank: the node */
+  uint64_t *bits;    /* (top_w + 1) x words */
+  uint32_t words;    /* 64-bit words per count */
   uint32_t top_w;    /* the largest node weight (GPUs x vGPUs) */
-  uint64_t top_mem;  /* the largest GPU memory among nodes of weight top_w */
   int64_t short_max; /* latency: the longest run time that is short, ms */
 } cl_t;
 
 /* --- the API (Table 4-1) ------------------------------------------------ */
 
-uint32_t cogpu__sim_cl_nodes(const sim_run_t *r) { return r->c->nnodes; }
+uint32_t cogpu__sim_cl_nodes(const sim_run_t *r) {
+  return r->c->nnodes;
+}
 
 void cogpu__sim_cl_query(const sim_run_t *r, uint32_t n, sim_cl_node_t *out) {
   const cl_t *cl = r->cl;
@@ -53,20 +63,86 @@ int cogpu__sim_cl_set_sharing(sim_run_t *r, uint32_t n, int kind) {
   return kind == r->p->kind ? 0 : -ENOTSUP;
 }
 
-/* The strongest node's weight and memory: a node that has them all free
- * cannot be beaten, and colocate's search stops there. */
+/* The largest node weight: the most free vGPUs a node can have. */
 static void cl_top(sim_run_t *r) {
   cl_t *cl = r->cl;
   cl->top_w = 0;
-  cl->top_mem = 0;
   for (uint32_t n = 0; n < r->c->nnodes; n++) {
-    const sim_node_t *nd = &r->c->nodes[n];
-    uint32_t w = nd->ngpus * cl->vgpus[n];
-    if (w > cl->top_w || (w == cl->top_w && nd->gpu_total > cl->top_mem)) {
+    uint32_t w = r->c->nodes[n].ngpus * cl->vgpus[n];
+    if (w > cl->top_w)
       cl->top_w = w;
-      cl->top_mem = nd->gpu_total;
-    }
   }
+}
+
+static uint32_t free_vgpus(const sim_run_t *r, uint32_t n);
+
+static void bit_set(cl_t *cl, uint32_t f, uint32_t rk, bool on) {
+  uint64_t *w = &cl->bits[(size_t)f * cl->words + rk / 64];
+  uint64_t m = 1ull << (rk % 64);
+  *w = on ? *w | m : *w & ~m;
+}
+
+/* The most free memory (the placement key) on a GPU of node n: a node
+ * where j's need exceeds it is passed over at once. */
+static void node_max(const sim_run_t *r, uint32_t n) {
+  cl_t *cl = r->cl;
+  const sim_node_t *nd = &r->c->nodes[n];
+  uint64_t m = 0;
+  for (uint32_t x = nd->gpu0; x < nd->gpu0 + nd->ngpus; x++)
+    if (r->key[x] > m)
+      m = r->key[x];
+  cl->nmax[n] = m;
+}
+
+/* GPU g changed: its node moves to the set of its new free count. */
+static void cl_on_gpu(sim_run_t *r, uint32_t g) {
+  cl_t *cl = r->cl;
+  if (!cl || !cl->bits)
+    return; /* the run's set-up, before the index exists */
+  uint32_t n = r->c->gpu_node[g], f = free_vgpus(r, n);
+  node_max(r, n);
+  if (f == cl->nfree[n])
+    return;
+  bit_set(cl, cl->nfree[n], cl->rank[n], false);
+  bit_set(cl, f, cl->rank[n], true);
+  cl->nfree[n] = f;
+}
+
+/* Orders nodes by rank: the larger GPUs first, then the lower number. */
+static const sim_cluster_t *rank_c;
+static int cmp_rank(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  uint64_t mx = rank_c->nodes[x].gpu_total, my = rank_c->nodes[y].gpu_total;
+  if (mx != my)
+    return mx > my ? -1 : 1;
+  return x < y ? -1 : x > y;
+}
+
+/* (Re)builds the index of nodes by free vGPUs (after a vGPU count changed:
+ * the counts' range may have). */
+static int cl_index(sim_run_t *r) {
+  cl_t *cl = r->cl;
+  uint32_t nn = r->c->nnodes;
+  free(cl->bits);
+  cl->words = (nn + 63) / 64;
+  cl->bits = calloc(((size_t)cl->top_w + 1) * (cl->words ? cl->words : 1),
+                    sizeof *cl->bits);
+  if (!cl->bits)
+    return -ENOMEM;
+  for (uint32_t i = 0; i < nn; i++)
+    cl->byrank[i] = i;
+  /* qsort's comparator has no context: the cluster is read-only here and
+   * a run is single-threaded. */
+  rank_c = r->c;
+  qsort(cl->byrank, nn, sizeof *cl->byrank, cmp_rank);
+  for (uint32_t i = 0; i < nn; i++)
+    cl->rank[cl->byrank[i]] = i;
+  for (uint32_t n = 0; n < nn; n++) {
+    node_max(r, n);
+    cl->nfree[n] = free_vgpus(r, n);
+    bit_set(cl, cl->nfree[n], cl->rank[n], true);
+  }
+  return 0;
 }
 
 int cogpu__sim_cl_set_vgpus(sim_run_t *r, uint32_t n, uint32_t v) {
@@ -80,7 +156,7 @@ int cogpu__sim_cl_set_vgpus(sim_run_t *r, uint32_t n, uint32_t v) {
   if (v > r->rules.max_clients)
     r->rules.max_clients = v;
   cl_top(r);
-  return 0;
+  return cl->bits ? cl_index(r) : 0;
 }
 
 int cogpu__sim_cl_set_limit(sim_run_t *r, uint32_t j, uint32_t gpus) {
@@ -111,6 +187,19 @@ static bool gpu_fits(const sim_run_t *r, uint32_t j, uint32_t n, uint32_t g,
          cogpu__sim_gpu_ok(r, j, g);
 }
 
+/* Does node n hold all k of j's processes now (k GPUs where j fits)? */
+static bool node_holds(const sim_run_t *r, uint32_t j, uint32_t n, uint32_t k,
+                       uint64_t need) {
+  const cl_t *cl = r->cl;
+  if (cl->nmax[n] < need)
+    return false;
+  const sim_node_t *nd = &r->c->nodes[n];
+  uint32_t fit = 0;
+  for (uint32_t x = nd->gpu0; x < nd->gpu0 + nd->ngpus && fit < k; x++)
+    fit += gpu_fits(r, j, n, x, need);
+  return fit == k;
+}
+
 /* The node with the most free vGPUs that holds all of j's processes (one
  * per GPU) now; ties: the larger GPUs, then the lower number. Within it,
  * the GPUs with the fewest processes (ties: the most free memory, then
@@ -122,25 +211,22 @@ static bool cl_find(sim_run_t *r, uint32_t j, sim_slot_t *s) {
   if (k > r->c->max_node_gpus)
     return cogpu__sim_whole_nodes(r, j, s); /* the fewest nodes: whole */
   uint64_t need = cogpu__sim_need_key(r, j);
-  uint32_t best = SIM_NONE, bfree = 0;
-  /* Only nodes with a GPU where j fits: the index skips the rest. */
-  for (uint32_t g = cogpu__sim_index_first(r, 0, need); g != SIM_NONE;) {
-    uint32_t n = r->c->gpu_node[g];
-    const sim_node_t *nd = &r->c->nodes[n];
-    uint32_t fit = 0;
-    for (uint32_t x = g; x < nd->gpu0 + nd->ngpus && fit < k; x++)
-      fit += gpu_fits(r, j, n, x, need);
-    if (fit == k) {
-      uint32_t f = free_vgpus(r, n);
-      if (best == SIM_NONE || f > bfree ||
-          (f == bfree && nd->gpu_total > r->c->nodes[best].gpu_total)) {
-        best = n;
-        bfree = f;
+  if (cogpu__sim_index_first(r, 0, need) == SIM_NONE)
+    return false; /* no GPU anywhere with the memory */
+  uint32_t best = SIM_NONE;
+  /* From the most free vGPUs down (at least k: a vGPU per process), each
+   * count in rank order: the first node that holds j is the answer. A
+   * node without a GPU of j's memory is passed over at one comparison. */
+  for (uint32_t f = cl->top_w + 1; f-- > k && best == SIM_NONE;) {
+    const uint64_t *b = &cl->bits[(size_t)f * cl->words];
+    for (uint32_t w = 0; w < cl->words && best == SIM_NONE; w++)
+      for (uint64_t m = b[w]; m; m &= m - 1) {
+        uint32_t n = cl->byrank[w * 64 + (uint32_t)__builtin_ctzll(m)];
+        if (node_holds(r, j, n, k, need)) {
+          best = n;
+          break;
+        }
       }
-      if (f == cl->top_w && nd->gpu_total == cl->top_mem)
-        break; /* the strongest node, all free: nothing beats it */
-    }
-    g = cogpu__sim_index_first(r, nd->gpu0 + nd->ngpus, need);
   }
   if (best == SIM_NONE)
     return false;
@@ -215,6 +301,11 @@ static void cl_fini(sim_run_t *r) {
   if (!cl)
     return;
   free(cl->vgpus);
+  free(cl->nfree);
+  free(cl->nmax);
+  free(cl->rank);
+  free(cl->byrank);
+  free(cl->bits);
   free(cl);
   r->cl = NULL;
 }
@@ -228,7 +319,11 @@ static int cl_init(sim_run_t *r) {
   r->cl = cl;
   uint32_t nn = cogpu__sim_cl_nodes(r);
   cl->vgpus = calloc(nn ? nn : 1, sizeof *cl->vgpus);
-  if (!cl->vgpus)
+  cl->nfree = calloc(nn ? nn : 1, sizeof *cl->nfree);
+  cl->nmax = calloc(nn ? nn : 1, sizeof *cl->nmax);
+  cl->rank = calloc(nn ? nn : 1, sizeof *cl->rank);
+  cl->byrank = calloc(nn ? nn : 1, sizeof *cl->byrank);
+  if (!cl->vgpus || !cl->nfree || !cl->nmax || !cl->rank || !cl->byrank)
     return -ENOMEM;
   uint32_t v = r->o->shares ? r->o->shares : 1;
   for (uint32_t n = 0; n < nn; n++) {
@@ -238,6 +333,9 @@ static int cl_init(sim_run_t *r) {
     if (rc)
       return rc;
   }
+  int rc = cl_index(r);
+  if (rc)
+    return rc;
   /* latency: the median run time of the GPU jobs (the lower one). */
   size_t m = 0;
   for (size_t j = 0; j < r->t->n; j++)
@@ -263,6 +361,7 @@ int cogpu__sim_cl_policy(const char *name, sim_policy_t *p) {
   p->init = cl_init;
   p->fini = cl_fini;
   p->find = cl_find;
+  p->on_gpu = cl_on_gpu;
   if (!strcmp(name, "latency")) {
     /* The deadlock guard suspends too, as under cogpu+suspend. */
     p->suspend = true;

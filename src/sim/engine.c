@@ -175,6 +175,8 @@ uint64_t cogpu__sim_gpu_key(const sim_run_t *r, uint32_t g) {
 
 static void gpu_changed(sim_run_t *r, uint32_t g) {
   cogpu__sim_index_set(r, g, cogpu__sim_gpu_key(r, g));
+  if (r->p->on_gpu)
+    r->p->on_gpu(r, g);
 }
 
 static void node_changed(sim_run_t *r, uint32_t n) {

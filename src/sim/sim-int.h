@@ -245,6 +245,9 @@ typedef struct sim_policy_s {
    * jobs first); without it, all jobs go in queue order, classed by
    * priority under suspension. A job's class never changes. */
   uint32_t (*rank)(const struct sim_run_s *r, uint32_t j);
+  /* GPU g's bookings changed (its clients or its free memory): a policy
+   * that indexes nodes by them updates its index. */
+  void (*on_gpu)(struct sim_run_s *r, uint32_t g);
 } sim_policy_t;
 
 /* Parses "exclusive", "shares", "cogpu[:firstfit|bestfit|fgd]",
