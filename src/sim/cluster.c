@@ -108,14 +108,17 @@ static void cl_on_gpu(sim_run_t *r, uint32_t g) {
   cl->nfree[n] = f;
 }
 
-/* Orders nodes by rank: the larger GPUs first, then the lower number. */
-static const sim_cluster_t *rank_c;
+/* A node's rank key: the larger GPUs first, then the lower number. */
+typedef struct rank_key_s {
+  uint64_t mem;
+  uint32_t n;
+} rank_key_t;
+
 static int cmp_rank(const void *a, const void *b) {
-  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-  uint64_t mx = rank_c->nodes[x].gpu_total, my = rank_c->nodes[y].gpu_total;
-  if (mx != my)
-    return mx > my ? -1 : 1;
-  return x < y ? -1 : x > y;
+  const rank_key_t *x = a, *y = b;
+  if (x->mem != y->mem)
+    return x->mem > y->mem ? -1 : 1;
+  return x->n < y->n ? -1 : x->n > y->n;
 }
 
 /* (Re)builds the index of nodes by free vGPUs (after a vGPU count changed:
@@ -129,14 +132,17 @@ static int cl_index(sim_run_t *r) {
                     sizeof *cl->bits);
   if (!cl->bits)
     return -ENOMEM;
+  rank_key_t *keys = malloc((nn ? nn : 1) * sizeof *keys);
+  if (!keys)
+    return -ENOMEM;
   for (uint32_t i = 0; i < nn; i++)
-    cl->byrank[i] = i;
-  /* qsort's comparator has no context: the cluster is read-only here and
-   * a run is single-threaded. */
-  rank_c = r->c;
-  qsort(cl->byrank, nn, sizeof *cl->byrank, cmp_rank);
-  for (uint32_t i = 0; i < nn; i++)
-    cl->rank[cl->byrank[i]] = i;
+    keys[i] = (rank_key_t){.mem = r->c->nodes[i].gpu_total, .n = i};
+  qsort(keys, nn, sizeof *keys, cmp_rank);
+  for (uint32_t i = 0; i < nn; i++) {
+    cl->byrank[i] = keys[i].n;
+    cl->rank[keys[i].n] = i;
+  }
+  free(keys);
   for (uint32_t n = 0; n < nn; n++) {
     node_max(r, n);
     cl->nfree[n] = free_vgpus(r, n);

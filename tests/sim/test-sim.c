@@ -1039,6 +1039,33 @@ static const char two_models[] = "sn,cpu_milli,memory_mib,gpu,model\n"
                                  "n0,64000,262144,1,T4\n"
                                  "n1,64000,262144,1,V100M32\n";
 
+/* colocate prefers the stronger node on a tie: two_models with 2 vGPUs
+ * per GPU, 4 GiB jobs. X (0 s, 100 s) finds 2 free vGPUs on both nodes:
+ * the V100M32 (32 GiB) node n1, although n0 comes first. Y (1 s) finds 2
+ * free on n0, 1 on n1: n0. Z (2 s) finds 1 free on each: n1 (larger). */
+TEST_IMPL(sim_colocate_stronger_node) {
+  const char *nodes = th_path("nodes.csv");
+  th_write_file(nodes, two_models);
+  sim_opts_t o = opts_1s();
+  o.shares = 2;
+  sim_cluster_t c;
+  cluster_path(&c, nodes, &o);
+  sim_trace_t t;
+  memset(&t, 0, sizeof t);
+  for (int i = 0; i < 3; i++)
+    add_job(&t, i * 1000, 100000, 1, 4);
+  sim_result_t r;
+  sim_outcome_t out[3];
+  run(&t, &c, "colocate", &o, &r, out);
+  static const uint32_t node[] = {1, 0, 1};
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(out[i].start, i * 1000);
+    ASSERT_EQ(out[i].node, node[i]);
+  }
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
 /* gpu_spec: a pod goes only on the models it names. Two whole-GPU pods
  * that both name V100M32 at time 0 for 100 s: the first gets n1's GPU,
  * the second waits for it (100 s) although n0's T4 is idle; a pod naming
