@@ -29,8 +29,13 @@ typedef struct cl_s {
   /* Nodes by free vGPUs: a bit set per count (0 .. top_w), over the
    * nodes' ranks (the larger GPUs first, then the lower number), so that
    * colocate walks the nodes from the best down. */
-  uint32_t *nfree;   /* per node: its free vGPUs, as indexed */
-  uint64_t *nmax;    /* per node: the largest placement key of its GPUs */
+  uint32_t *nfree; /* per node: its free vGPUs, as indexed */
+  uint64_t *nmax;  /* per node, max_node_gpus each: node_max */
+  /* For each k, the largest k-th key of any node (a max tree over the
+   * nodes, segp leaves): a job of k GPUs whose need is above it fits on no
+   * node, found at once. */
+  uint64_t *kmax;
+  uint32_t segp;
   uint32_t *rank;    /* per node: its rank */
   uint32_t *byrank;  /* per rank: the node */
   uint64_t *bits;    /* (top_w + 1) x words */
@@ -82,16 +87,33 @@ static void bit_set(cl_t *cl, uint32_t f, uint32_t rk, bool on) {
   *w = on ? *w | m : *w & ~m;
 }
 
-/* The most free memory (the placement key) on a GPU of node n: a node
- * where j's need exceeds it is passed over at once. */
+/* The placement keys (free memory) of node n's GPUs that have a free
+ * vGPU, largest first: a node whose k-th largest is below j's need cannot
+ * hold j's k processes and is passed over at one comparison (under
+ * overload, most nodes at every failed try). */
 static void node_max(const sim_run_t *r, uint32_t n) {
   cl_t *cl = r->cl;
   const sim_node_t *nd = &r->c->nodes[n];
-  uint64_t m = 0;
-  for (uint32_t x = nd->gpu0; x < nd->gpu0 + nd->ngpus; x++)
-    if (r->key[x] > m)
-      m = r->key[x];
-  cl->nmax[n] = m;
+  uint64_t *top = &cl->nmax[(size_t)n * r->c->max_node_gpus];
+  uint32_t c = 0;
+  for (uint32_t x = nd->gpu0; x < nd->gpu0 + nd->ngpus; x++) {
+    uint64_t k = r->gpu[x].nclients < cl->vgpus[n] ? r->key[x] : 0;
+    uint32_t i = c++;
+    for (; i > 0 && top[i - 1] < k; i--)
+      top[i] = top[i - 1];
+    top[i] = k;
+  }
+  for (; c < r->c->max_node_gpus; c++)
+    top[c] = 0;
+  if (!cl->kmax)
+    return;
+  for (uint32_t k = 0; k < r->c->max_node_gpus; k++) {
+    uint64_t *t = &cl->kmax[(size_t)k * 2 * cl->segp];
+    uint32_t i = cl->segp + n;
+    t[i] = top[k];
+    for (i /= 2; i > 0; i /= 2)
+      t[i] = t[2 * i] > t[2 * i + 1] ? t[2 * i] : t[2 * i + 1];
+  }
 }
 
 /* GPU g changed: its node moves to the set of its new free count. */
@@ -143,6 +165,15 @@ static int cl_index(sim_run_t *r) {
     cl->rank[keys[i].n] = i;
   }
   free(keys);
+  free(cl->kmax);
+  cl->kmax = NULL;
+  for (cl->segp = 1; cl->segp < nn; cl->segp *= 2)
+    ;
+  cl->kmax = calloc((size_t)(r->c->max_node_gpus ? r->c->max_node_gpus : 1) *
+                        2 * cl->segp,
+                    sizeof *cl->kmax);
+  if (!cl->kmax)
+    return -ENOMEM;
   for (uint32_t n = 0; n < nn; n++) {
     node_max(r, n);
     cl->nfree[n] = free_vgpus(r, n);
@@ -197,7 +228,7 @@ static bool gpu_fits(const sim_run_t *r, uint32_t j, uint32_t n, uint32_t g,
 static bool node_holds(const sim_run_t *r, uint32_t j, uint32_t n, uint32_t k,
                        uint64_t need) {
   const cl_t *cl = r->cl;
-  if (cl->nmax[n] < need)
+  if (cl->nmax[(size_t)n * r->c->max_node_gpus + k - 1] < need)
     return false;
   const sim_node_t *nd = &r->c->nodes[n];
   uint32_t fit = 0;
@@ -217,8 +248,8 @@ static bool cl_find(sim_run_t *r, uint32_t j, sim_slot_t *s) {
   if (k > r->c->max_node_gpus)
     return cogpu__sim_whole_nodes(r, j, s); /* the fewest nodes: whole */
   uint64_t need = cogpu__sim_need_key(r, j);
-  if (cogpu__sim_index_first(r, 0, need) == SIM_NONE)
-    return false; /* no GPU anywhere with the memory */
+  if (cl->kmax[(size_t)(k - 1) * 2 * cl->segp + 1] < need)
+    return false; /* no node has k GPUs with a vGPU and the memory */
   uint32_t best = SIM_NONE;
   /* From the most free vGPUs down (at least k: a vGPU per process), each
    * count in rank order: the first node that holds j is the answer. A
@@ -309,6 +340,7 @@ static void cl_fini(sim_run_t *r) {
   free(cl->vgpus);
   free(cl->nfree);
   free(cl->nmax);
+  free(cl->kmax);
   free(cl->rank);
   free(cl->byrank);
   free(cl->bits);
@@ -326,7 +358,8 @@ static int cl_init(sim_run_t *r) {
   uint32_t nn = cogpu__sim_cl_nodes(r);
   cl->vgpus = calloc(nn ? nn : 1, sizeof *cl->vgpus);
   cl->nfree = calloc(nn ? nn : 1, sizeof *cl->nfree);
-  cl->nmax = calloc(nn ? nn : 1, sizeof *cl->nmax);
+  cl->nmax = calloc((size_t)(nn ? nn : 1) * (r->c->max_node_gpus + 1),
+                    sizeof *cl->nmax);
   cl->rank = calloc(nn ? nn : 1, sizeof *cl->rank);
   cl->byrank = calloc(nn ? nn : 1, sizeof *cl->byrank);
   if (!cl->vgpus || !cl->nfree || !cl->nmax || !cl->rank || !cl->byrank)
