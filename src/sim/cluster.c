@@ -30,7 +30,7 @@ typedef struct cl_s {
    * nodes' ranks (the larger GPUs first, then the lower number), so that
    * colocate walks the nodes from the best down. */
   uint32_t *nfree; /* per node: its free vGPUs, as indexed */
-  uint64_t *nmax;  /* per node, max_node_gpus each: node_max */
+  uint64_t *nmax;  /* per node, max_node_gpus each: node_keys */
   /* For each k, the largest k-th key of any node (a max tree over the
    * nodes, segp leaves): a job of k GPUs whose need is above it fits on no
    * node, found at once. */
@@ -91,7 +91,7 @@ static void bit_set(cl_t *cl, uint32_t f, uint32_t rk, bool on) {
  * vGPU, largest first: a node whose k-th largest is below j's need cannot
  * hold j's k processes and is passed over at one comparison (under
  * overload, most nodes at every failed try). */
-static void node_max(const sim_run_t *r, uint32_t n) {
+static void node_keys(const sim_run_t *r, uint32_t n) {
   cl_t *cl = r->cl;
   const sim_node_t *nd = &r->c->nodes[n];
   uint64_t *top = &cl->nmax[(size_t)n * r->c->max_node_gpus];
@@ -122,7 +122,7 @@ static void cl_on_gpu(sim_run_t *r, uint32_t g) {
   if (!cl || !cl->bits)
     return; /* the run's set-up, before the index exists */
   uint32_t n = r->c->gpu_node[g], f = free_vgpus(r, n);
-  node_max(r, n);
+  node_keys(r, n);
   if (f == cl->nfree[n])
     return;
   bit_set(cl, cl->nfree[n], cl->rank[n], false);
@@ -175,7 +175,7 @@ static int cl_index(sim_run_t *r) {
   if (!cl->kmax)
     return -ENOMEM;
   for (uint32_t n = 0; n < nn; n++) {
-    node_max(r, n);
+    node_keys(r, n);
     cl->nfree[n] = free_vgpus(r, n);
     bit_set(cl, cl->nfree[n], cl->rank[n], true);
   }
