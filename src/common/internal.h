@@ -201,7 +201,9 @@ enum cogpu__policy {
   X(CLIENT_ALLOC, client_alloc,                                                \
     "node client: the status snapshot's buffer allocated (fail: out of "       \
     "memory)")                                                                 \
-  X(HIST_OPEN, history_open, "history: the database file opened (fail: EMFILE)")
+  X(HIST_OPEN, history_open,                                                   \
+    "history: the database file opened (fail: EMFILE)")                        \
+  X(QUEUED, queued, "cogpud: a request queued, before it is answered")
 enum cogpu__fault_point {
   COGPU_FP_NONE = 0,
 #define X(id, name, where) COGPU_FP_##id,

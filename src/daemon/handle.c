@@ -649,6 +649,26 @@ static void answer_rebound(cogpu__daemon_t *d, dconn_t *c, uint32_t w) {
   }
 }
 
+/* Wait connection c takes queue entry w, left by the previous daemon:
+ * told it is queued, or answered at once if it was answered meanwhile. */
+static void rebind(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
+                   uint32_t w) {
+  const ledger_waiter_t *wt = &d->dh->st->waiters[w];
+  c->waiter = w;
+  c->ticket = wt->ticket;
+  set_waiter_conn(d, w, c);
+  if (wt->state != W_WAITING) {
+    answer_rebound(d, c, w);
+    return;
+  }
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  r.u.reply.flags = COGPU_REPLY_QUEUED;
+  r.u.reply.waiter = w;
+  r.u.reply.ticket = wt->ticket;
+  reply(d, c, m, 0, &r);
+}
+
 static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   const cogpu__m_wait_t *wm = &m->u.wait;
   int rc = authenticate(d, c, &wm->who);
@@ -683,19 +703,28 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     ledger_waiter_t *wt = &st->waiters[w];
     if (wt->state != W_FREE && wt->owner == c->slot &&
         wt->ticket == wm->prev_ticket && !d->waiter_conn[w]) {
-      c->waiter = w;
-      c->ticket = wt->ticket;
-      set_waiter_conn(d, (uint32_t)w, c);
-      if (wt->state == W_WAITING) {
-        cogpu__msg_t r;
-        memset(&r, 0, sizeof r);
-        r.u.reply.flags = COGPU_REPLY_QUEUED;
-        r.u.reply.waiter = w;
-        r.u.reply.ticket = wt->ticket;
-        reply(d, c, m, 0, &r);
-      } else {
-        answer_rebound(d, c, w);
-      }
+      rebind(d, c, m, w);
+      return 0;
+    }
+  }
+  /* After a daemon restart: a client that never learnt its queue entry
+   * (the old daemon died before answering "queued") asks anew, with no
+   * entry to name. An entry of this process's left by the old daemon, for
+   * the same request (GPU, bytes, exclusive), is taken as its: granted
+   * meanwhile (the recovery's service pass), a second entry would be
+   * granted too, and the first stay granted past the rebind deadline,
+   * memory nobody asked for (seen: a churner holding 1.25 GiB of its 1 in
+   * daemon_kill9_under_load). Two equal requests of one process are
+   * interchangeable. */
+  if (!wm->prev_waiter && d->rebind_deadline_ms) {
+    for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+      ledger_waiter_t *wt = &st->waiters[w];
+      if (wt->state == W_FREE || wt->resume || d->waiter_conn[w] ||
+          wt->owner != c->slot || wt->gpu != wm->req.gpu ||
+          wt->exclusive != ((wm->req.flags & COGPU_REQ_EXCLUSIVE) != 0) ||
+          (!wt->exclusive && wt->bytes != wm->req.bytes))
+        continue;
+      rebind(d, c, m, w);
       return 0;
     }
   }
@@ -742,6 +771,7 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   rp.u.reply.flags = COGPU_REPLY_QUEUED;
   rp.u.reply.waiter = (uint32_t)w;
   rp.u.reply.ticket = c->ticket;
+  cogpu__fault(COGPU_FP_QUEUED); /* queued, the client not told */
   reply(d, c, m, 0, &rp);
   return 0;
 }

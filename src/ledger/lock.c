@@ -246,7 +246,11 @@ void cogpu__ledger_tx_overflow(struct cogpu_s *h) {
 }
 
 void cogpu__ledger_tx_commit(struct cogpu_s *h) {
-  if (h->rec_pending) {
+  /* Only with a change: an empty commit (a fast path that granted
+   * nothing) must not record the request as answered, rc 0, on a GPU it
+   * never got; the caller records what happens next (handle.c). */
+  if (h->rec_pending &&
+      atomic_load_explicit(&h->st->hdr.tx_n, memory_order_relaxed) > 0) {
     /* The daemon records the client's request with its change. */
     h->rec_pending = false;
     ledger_slot_t *sl = &h->st->slots[h->slot];

@@ -209,6 +209,46 @@ TEST_IMPL_T(daemon_kill9_under_load, 90) {
   wait_empty(5000);
 }
 
+/* cogpud killed after it queued a request and before it said so (fault
+ * point "queued"): the client never learnt its queue entry, and asks the
+ * next daemon anew. The entry the old daemon left is the same request:
+ * the client gets it, granted once. Before, the new request had an entry
+ * of its own, the old one was granted too when memory freed (the
+ * recovery keeps entries for their clients), and the process held twice
+ * what it asked for (the waiter's own check: exit 13). */
+TEST_IMPL(daemon_killed_before_queued_grants_once) {
+  nd_begin();
+  th_daemon_stop(SIGTERM);
+  setenv("COGPU_FAULT", "queued:1", 1);
+  th_daemon_start();
+  unsetenv("COGPU_FAULT");
+  cogpu_t *a = lt_attach(0);
+  nd_reserve(a, 0, 15 * GiB);
+  char wready[4200];
+  snprintf(wready, sizeof wready, "%s/w", lt_user_dir());
+  pid_t w = th_spawn_helper(
+      "nd_waiter",
+      (const char *const[]){lt_user_ids(1), "2", "60000", wready, NULL});
+  th_daemon_stop(0); /* the fault point kills it: wait for that */
+  th_daemon_start();
+  /* The client asks again (its daemon_wait) and waits; 15 GiB freed: 14
+   * free would grant both entries. */
+  for (int t = 0;; t += 10) {
+    cogpu_status_t *st;
+    ASSERT_OK(cogpu_status(NULL, &st));
+    size_t n = st->gpus[0].nwaiting;
+    cogpu_status_free(st);
+    if (n >= 1)
+      break;
+    ASSERT_LT(t, th_ms(30000));
+    th_sleep_ms(10);
+  }
+  ASSERT_OK(cogpu_release(a, 0, 15 * GiB));
+  ASSERT_EQ(th_exit_code(th_wait(w, th_ms(30000))), 0);
+  cogpu_detach(a);
+  wait_empty(5000);
+}
+
 /* A job started by `cogpu run --mem` keeps its reservation across a
  * restart of the daemon, and gives it back when it ends. */
 TEST_IMPL(daemon_restart_keeps_cogpu_run_job) {

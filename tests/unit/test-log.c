@@ -411,7 +411,8 @@ TEST_IMPL(fault_other_points_pass) {
                          "client_socket",
                          "client_send",
                          "client_alloc",
-                         "history_open"};
+                         "history_open",
+                         "queued"};
   ASSERT_EQ(sizeof names / sizeof names[0], COGPU_FP__COUNT);
   for (int p = COGPU_FP_LOCK_HELD; p < COGPU_FP__COUNT; p++)
     ASSERT_EQ(fault_run(names[p], p, 1, &survived, NULL), 128 + SIGKILL);
