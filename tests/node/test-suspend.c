@@ -1174,22 +1174,27 @@ TEST_IMPL_T(susp_lock_timeout_by_hand, 60) {
 
 /* In a deadlock, the first victim (lowest priority) is busy with a long
  * kernel: its lock times out, and the next job is suspended instead; both
- * complete. */
+ * complete. The deadlock is made, not hoped for: both hold their 7 GiB
+ * before either goes on (a fixed 300 ms overlap missed it in a loaded
+ * TSan pass, where the second job started after the first had ended). */
 TEST_IMPL_T(susp_lock_timeout_next_victim, 90) {
   th_setenv("COGPU_SUSPEND_LOCK_TIMEOUT", "300ms");
   su_begin();
+  char go[4200];
+  snprintf(go, sizeof go, "waitfile:%s", th_path("go"));
   setenv("FAKE_CUDA_KERNEL_MS", "3000", 1);
-  const char *busy[] = {"cogpu",    "run",         "--priority", "-5",
-                        "--",       lt_cudaprog(), "direct",     "init",
-                        "ctx",      "alloc:7G",    "graph:64M",  "hold:300",
-                        "alloc:4G", "verify",      "freeall",    NULL};
+  const char *busy[] = {
+      "cogpu",    "run",      "--priority", "-5",       "--", lt_cudaprog(),
+      "direct",   "init",     "ctx",        "alloc:7G", go,   "graph:64M",
+      "hold:300", "alloc:4G", "verify",     "freeall",  NULL};
   pid_t a = lt_spawn_logged("busy", busy);
   unsetenv("FAKE_CUDA_KERNEL_MS");
-  const char *calm[] = {"cogpu",    "run",      "--",     lt_cudaprog(),
-                        "direct",   "init",     "ctx",    "alloc:7G",
-                        "hold:300", "alloc:4G", "verify", "freeall",
-                        NULL};
+  const char *calm[] = {
+      "cogpu",    "run", "--",       lt_cudaprog(), "direct", "init",    "ctx",
+      "alloc:7G", go,    "hold:300", "alloc:4G",    "verify", "freeall", NULL};
   pid_t b = lt_spawn_logged("calm", calm);
+  su_reserved_at_least(0, 2 * (7 * GiB + 300 * MiB));
+  th_write_file(th_path("go"), "");
   ASSERT_EQ(su_finish(a, "busy", 60000), 0);
   ASSERT_EQ(su_finish(b, "calm", 60000), 0);
   ASSERT_CONTAINS(lt_slurp("calm"), "suspended: this job");
