@@ -26,6 +26,7 @@
  * each its own peak memory (`maxrss_mb`, the process's peak resident set
  * after the run, the trace included).
  */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,6 +206,19 @@ static bool chosen(const char *only, const char *p) {
   return false;
 }
 
+/* FNV-1a over each job's start, end, node, crashes and suspensions. */
+static uint64_t outcome_hash(const sim_outcome_t *o, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t j = 0; j < n; j++) {
+    uint64_t f[5] = {(uint64_t)o[j].start, (uint64_t)o[j].end, o[j].node,
+                     o[j].crashes, o[j].suspensions};
+    for (size_t i = 0; i < 5; i++)
+      for (int b = 0; b < 64; b += 8)
+        h = (h ^ ((f[i] >> b) & 0xff)) * 1099511628211ull;
+  }
+  return h;
+}
+
 static void measure(const char *trace, double load, const sim_trace_t *t,
                     const sim_cluster_t *c, const char *const *pols,
                     size_t npol, int reps) {
@@ -221,13 +235,21 @@ static void measure(const char *trace, double load, const sim_trace_t *t,
       bench_die("policy", -1);
     uint64_t v[64];
     sim_result_t r;
+    /* The per-job outcomes, hashed: a change meant to make the simulator
+     * faster must leave this figure alone (compare runs of the same
+     * trace). */
+    sim_outcome_t *out = calloc(t->n ? t->n : 1, sizeof *out);
+    if (!out)
+      bench_die("outcomes", -1);
     for (int k = 0; k < reps; k++) {
       uint64_t a = bench_now_ns();
-      int rc = cogpu__sim_run(t, c, &p, &o, &r, NULL, NULL);
+      int rc = cogpu__sim_run(t, c, &p, &o, &r, NULL, out);
       if (rc)
         bench_die(cogpu_last_error(), rc);
       v[k] = bench_now_ns() - a;
     }
+    uint64_t h = outcome_hash(out, t->n);
+    free(out);
     bench_stats_t st = bench_stats(v, (size_t)reps);
     if (!strcmp(pols[i], "exclusive"))
       excl_ns = (double)st.median;
@@ -235,12 +257,13 @@ static void measure(const char *trace, double load, const sim_trace_t *t,
                "\"trace\":\"%s\",\"load\":%.2f,\"policy\":\"%s\","
                "\"jobs\":%zu,\"gpus\":%u,\"events\":%zu,\"seconds\":%.3f,"
                "\"jobs_per_s\":%.0f,\"vs_exclusive\":%.3f,"
-               "\"wait_mean_s\":%.1f,\"maxrss_mb\":%.0f",
+               "\"wait_mean_s\":%.1f,\"maxrss_mb\":%.0f,"
+               "\"outcomes\":\"%016" PRIx64 "\"",
                trace, load, pols[i], t->n, c->ngpus, r.events,
                (double)st.median / 1e9,
                (double)t->n / ((double)st.median / 1e9),
                excl_ns > 0 ? (double)st.median / excl_ns : 1.0, r.wait_mean,
-               maxrss_mb());
+               maxrss_mb(), h);
     fflush(stdout);
   }
 }

@@ -40,11 +40,15 @@ typedef struct sim_js_s {
   uint32_t tl_k;         /* timeline point in force */
   uint32_t nslot;        /* GPUs it holds a place on */
   uint32_t qprev, qnext; /* cluster queue links */
-  uint32_t cprev, cnext; /* its scan class's list */
-  uint64_t qseq;         /* its place in the cluster queue (increasing) */
-  uint32_t node;         /* its (first) node */
-  int64_t done;          /* ms of work done before seg */
-  int64_t seg;           /* when its current running stretch began */
+  /* Its scan class's treap (engine.c, c_append): children, its class,
+   * its need there and the smallest need of its subtree. */
+  uint32_t tl, tr;
+  uint16_t ccls;
+  double cneed, tmin;
+  uint64_t qseq; /* its place in the cluster queue (increasing) */
+  uint32_t node; /* its (first) node */
+  int64_t done;  /* ms of work done before seg */
+  int64_t seg;   /* when its current running stretch began */
   int64_t start, end, queued_at;
   int64_t released_at; /* when it last gave memory back */
   uint64_t ticket;     /* when it started (victim order: newest first) */
@@ -165,13 +169,11 @@ typedef struct sim_run_s {
   double fail_need[4][65]; /* scan: smallest need that failed, by prio */
   /* The queue by scan class (SIM_NCLASS: priority class x GPUs up to 64,
    * and one for the jobs the scan never skips: whole GPUs of any size, a
-   * gpu_spec), each a list in queue order, with a lower bound of its jobs'
-   * needs (exact after a pass over the class; a job leaving never raises
-   * it). The scan walks only the classes not yet ruled out: the big jobs
-   * an overloaded queue piles up at its head are not stepped over one by
-   * one at every release. */
-  uint32_t chead[SIM_NCLASS], ctail[SIM_NCLASS], ccount[SIM_NCLASS];
-  double cmin[SIM_NCLASS];
+   * gpu_spec), each a treap in queue order that knows its smallest needs
+   * (engine.c, c_append). The scan visits, in each class, only the jobs
+   * no failure rules out: the big jobs an overloaded queue piles up at
+   * its head are not stepped over one by one at every release. */
+  uint32_t croot[SIM_NCLASS], ccount[SIM_NCLASS];
   uint64_t qseq;   /* jobs queued so far: a job's place in the queue */
   uint32_t nkeyed; /* GPUs whose key is not 0 (somewhere to place) */
 } sim_run_t;

@@ -394,33 +394,101 @@ static uint32_t class_of(const sim_run_t *r, uint32_t j, double *need) {
   return p * 65 + k;
 }
 
+/* Each scan class's queued jobs are a treap keyed by their place in the
+ * queue (qseq), each subtree knowing the smallest need in it, so that the
+ * scan finds the next job of a class that no failure rules out in
+ * O(log n), instead of stepping over the ruled-out ones one by one: an
+ * overloaded queue under a policy that frees memory often (suspensions,
+ * resumes) is scanned from its head at each, and most of its jobs are
+ * ruled out by the first failures. The priorities are a hash of the job's
+ * number: the shape, never the outcome, depends on them. */
+static uint32_t t_prio(uint32_t j) {
+  uint32_t x = j * 0x9e3779b1u;
+  x ^= x >> 15;
+  x *= 0x2c1b3c6du;
+  return x ^ (x >> 12);
+}
+
+static void t_update(sim_run_t *r, uint32_t t) {
+  sim_js_t *s = &r->js[t];
+  double m = s->cneed;
+  if (s->tl != SIM_NONE && r->js[s->tl].tmin < m)
+    m = r->js[s->tl].tmin;
+  if (s->tr != SIM_NONE && r->js[s->tr].tmin < m)
+    m = r->js[s->tr].tmin;
+  s->tmin = m;
+}
+
+/* Joins two treaps, every key of a below every key of b. */
+static uint32_t t_merge(sim_run_t *r, uint32_t a, uint32_t b) {
+  if (a == SIM_NONE)
+    return b;
+  if (b == SIM_NONE)
+    return a;
+  if (t_prio(a) > t_prio(b)) {
+    r->js[a].tr = t_merge(r, r->js[a].tr, b);
+    t_update(r, a);
+    return a;
+  }
+  r->js[b].tl = t_merge(r, a, r->js[b].tl);
+  t_update(r, b);
+  return b;
+}
+
+static uint32_t t_remove(sim_run_t *r, uint32_t t, uint32_t j) {
+  if (t == SIM_NONE)
+    return SIM_NONE; /* not there: cannot happen (asserted by the count) */
+  sim_js_t *s = &r->js[t];
+  if (t == j)
+    return t_merge(r, s->tl, s->tr);
+  if (r->js[j].qseq < s->qseq)
+    s->tl = t_remove(r, s->tl, j);
+  else
+    s->tr = t_remove(r, s->tr, j);
+  t_update(r, t);
+  return t;
+}
+
+/* The first job of t at or after place lo whose need is below bound. */
+static uint32_t t_find(const sim_run_t *r, uint32_t t, uint64_t lo,
+                       double bound) {
+  while (t != SIM_NONE) {
+    const sim_js_t *s = &r->js[t];
+    if (!(s->tmin < bound))
+      return SIM_NONE;
+    if (s->qseq < lo) {
+      t = s->tr;
+      continue;
+    }
+    uint32_t x = t_find(r, s->tl, lo, bound);
+    if (x != SIM_NONE)
+      return x;
+    if (s->cneed < bound)
+      return t;
+    t = s->tr;
+  }
+  return SIM_NONE;
+}
+
 static void c_append(sim_run_t *r, uint32_t j) {
   double need;
   uint32_t c = class_of(r, j, &need);
   sim_js_t *s = &r->js[j];
-  s->cnext = SIM_NONE;
-  s->cprev = r->ctail[c];
-  if (r->ctail[c] != SIM_NONE)
-    r->js[r->ctail[c]].cnext = j;
-  else
-    r->chead[c] = j;
-  r->ctail[c] = j;
-  if (r->ccount[c]++ == 0 || need < r->cmin[c])
-    r->cmin[c] = need;
+  s->ccls = (uint16_t)c;
+  /* The class apart is never skipped: its jobs all count as below any
+   * bound. */
+  s->cneed = c == CLASS_APART ? -INFINITY : need;
+  s->tl = s->tr = SIM_NONE;
+  s->tmin = s->cneed;
+  /* Its place is the queue's last: joined on the right. */
+  r->croot[c] = t_merge(r, r->croot[c], j);
+  r->ccount[c]++;
 }
 
 static void c_remove(sim_run_t *r, uint32_t j) {
-  double need;
-  uint32_t c = class_of(r, j, &need);
-  sim_js_t *s = &r->js[j];
-  if (s->cprev != SIM_NONE)
-    r->js[s->cprev].cnext = s->cnext;
-  else
-    r->chead[c] = s->cnext;
-  if (s->cnext != SIM_NONE)
-    r->js[s->cnext].cprev = s->cprev;
-  else
-    r->ctail[c] = s->cprev;
+  uint32_t c = r->js[j].ccls;
+  cogpu__assert(r->ccount[c] > 0);
+  r->croot[c] = t_remove(r, r->croot[c], j);
   r->ccount[c]--;
 }
 
@@ -1218,11 +1286,42 @@ static bool scan_before(const sim_run_t *r, uint32_t ca, uint32_t a,
   return r->js[a].qseq < r->js[b].qseq;
 }
 
+/* The need below which a job of class c is not ruled out now (the class
+ * apart: any). */
+static double c_bound(const sim_run_t *r, uint32_t c) {
+  if (c == CLASS_APART)
+    return INFINITY;
+  double b = INFINITY;
+  for (uint32_t q = c / 65; q < 4; q++)
+    if (r->fail_need[q][c % 65] < b)
+      b = r->fail_need[q][c % 65];
+  return b;
+}
+
+/* The reference for scan (sim_opts_t.scan_walk): every job from from_seq
+ * on, in queue order (under a policy's rank, the higher rank's jobs
+ * first), tried one by one; try_start skips those a failure rules out.
+ * Jobs queued meanwhile are reached too, as the scan reaches them. */
+static int scan_walk(sim_run_t *r, uint64_t from_seq) {
+  for (int rank = r->p->rank ? 3 : 0; rank >= 0; rank--)
+    for (uint32_t j = r->qhead; j != SIM_NONE;) {
+      uint32_t next = r->js[j].qnext;
+      if (r->js[j].qseq >= from_seq &&
+          (!r->p->rank || r->p->rank(r, j) == (uint32_t)rank)) {
+        int rc = try_start(r, j);
+        if (rc < 0)
+          return rc;
+      }
+      j = next;
+    }
+  return 0;
+}
+
 /* Tries the queue from `from` in order, as if it went job by job: a job
- * skipped (dominated) does nothing, so each class is walked on its own
- * list, the one whose next job came first going first, and a class whose
- * every job would be skipped (its needs' bound no smaller than a failed
- * need) is dropped for the rest of the pass. */
+ * skipped (dominated) does nothing, so each class is walked on its own,
+ * the one whose next job came first going first, visiting only the jobs
+ * that no failure so far rules out (c_bound), and a class with none left
+ * is dropped for the rest of the pass. */
 static int scan(sim_run_t *r) {
   if (r->p->fcfs) {
     /* First come, first served: the head starts or everyone waits. After
@@ -1250,25 +1349,17 @@ static int scan(sim_run_t *r) {
       r->fail_need[p][k] = INFINITY;
   if (from == SIM_NONE)
     return 0;
-  bool whole = from == r->qhead;
-  uint64_t from_seq = r->js[from].qseq, seq0 = r->qseq;
+  uint64_t from_seq = r->js[from].qseq;
+  if (r->o->scan_walk)
+    return scan_walk(r, from_seq);
   uint32_t cur[SIM_NCLASS], act[SIM_NCLASS], nact = 0;
-  double seen[SIM_NCLASS];
   for (uint32_t c = 0; c < SIM_NCLASS; c++) {
     if (!r->ccount[c])
       continue;
-    /* The first of the class at or after `from`: from the tail, since a
-     * scan not from the head covers only the jobs that just came. */
-    uint32_t j = whole ? r->chead[c] : r->ctail[c];
-    if (!whole) {
-      if (r->js[j].qseq < from_seq)
-        continue;
-      while (r->js[j].cprev != SIM_NONE &&
-             r->js[r->js[j].cprev].qseq >= from_seq)
-        j = r->js[j].cprev;
-    }
+    uint32_t j = t_find(r, r->croot[c], from_seq, INFINITY);
+    if (j == SIM_NONE)
+      continue;
     cur[c] = j;
-    seen[c] = INFINITY;
     act[nact++] = c;
   }
   while (nact) {
@@ -1279,34 +1370,21 @@ static int scan(sim_run_t *r) {
       if (scan_before(r, act[i], cur[act[i]], act[bi], cur[act[bi]]))
         bi = i;
     uint32_t c = act[bi], j = cur[c];
-    cur[c] = r->js[j].cnext;
-    int rc = try_start(r, j);
-    if (rc < 0)
-      return rc;
-    if (rc == 0) {
-      double need;
-      class_of(r, j, &need);
-      if (need < seen[c])
-        seen[c] = need;
+    /* A failure since it was found may rule it out (it would do nothing);
+     * one that has left the queue (a try placed it) is not tried. */
+    if (r->js[j].st == JS_QUEUED && r->js[j].ccls == c &&
+        r->js[j].cneed < c_bound(r, c)) {
+      int rc = try_start(r, j);
+      if (rc < 0)
+        return rc;
     }
-    bool failed = rc == 0;
-    if (cur[c] == SIM_NONE) {
-      /* Walked to its end: with nothing queued meanwhile, from the head,
-       * the bound is exact again. */
-      if (whole && seq0 == r->qseq)
-        r->cmin[c] = seen[c];
+    /* The next of its class after it (a job queued meanwhile comes after
+     * every one queued before: it is found too, as in a walk). */
+    uint32_t nj = t_find(r, r->croot[c], r->js[j].qseq + 1, c_bound(r, c));
+    if (nj == SIM_NONE)
       act[bi] = act[--nact];
-    }
-    if (!failed)
-      continue;
-    /* A failure lowers the failed needs: drop the classes it rules out. */
-    for (uint32_t i = 0; i < nact;) {
-      uint32_t x = act[i];
-      if (x != CLASS_APART && dominated(r, x / 65, x % 65, r->cmin[x]))
-        act[i] = act[--nact];
-      else
-        i++;
-    }
+    else
+      cur[c] = nj;
   }
   return 0;
 }
@@ -1423,7 +1501,7 @@ static int setup(sim_run_t *r) {
   r->idle_node_gpus = ng;
   r->qhead = r->qtail = r->new_from = SIM_NONE;
   for (uint32_t x = 0; x < SIM_NCLASS; x++)
-    r->chead[x] = r->ctail[x] = SIM_NONE;
+    r->croot[x] = SIM_NONE;
   r->free_ent = SIM_NONE;
   int rc = cogpu__sim_index_init(r);
   if (rc)

@@ -149,6 +149,9 @@ typedef struct sim_opts_s {
   int64_t sample;            /* ms between time-series samples; 0: auto */
   int64_t sched_delay;       /* ms from what lets a job start to its scan */
   bool quiet;                /* no progress line */
+  /* Tests: each pass tries the queue job by job, in the scan's order,
+   * without the class index (the reference the index must agree with). */
+  bool scan_walk;
   uint32_t nmodel_mem;
   sim_model_mem_t model_mem[SIM_MAX_MODELS];
 } sim_opts_t;

@@ -908,7 +908,8 @@ TEST_IMPL(sim_plots) {
  * lag: 1 s each, as the oldest waiting); job 4 (10 GiB) fits beside job
  * 1 and starts at once (but came to a queue that was not empty). The
  * comparison's median is strictly under its target. */
-TEST_IMPL(sim_validation_scripts) {
+/* About a dozen Python runs in series (1 s each to start under load). */
+TEST_IMPL_T(sim_validation_scripts, 120) {
   const char *root = repo();
   const char *psv =
       "JobID|JobName|Submit|Start|End|State|ReqTRES|AllocTRES|AdminComment\n"
@@ -1748,6 +1749,69 @@ TEST_IMPL(sim_scan_by_class_keeps_queue_order) {
   free(ov);
   free(st);
   free(ended);
+  cogpu__sim_trace_free(&t);
+  cogpu__sim_cluster_free(&c);
+}
+
+/* The scan's class index (a treap per class that skips, in O(log n), the
+ * jobs a failure rules out) against the plain walk of the queue job by
+ * job (sim_opts_t.scan_walk), on an overloaded queue of jobs of every
+ * size, under every policy that shares GPUs, suspends or ranks jobs: the
+ * same outcome for every job. */
+TEST_IMPL(sim_scan_index_matches_walk) {
+  enum { N = 2500 };
+  sim_trace_t t;
+  memset(&t, 0, sizeof t);
+  uint64_t seed = 11;
+  for (uint32_t i = 0; i < N; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t x = (uint32_t)(seed >> 33);
+    sim_job_t j = {.submit = (int64_t)i * 250,
+                   .dur = 1000 + x % 9000,
+                   .ngpus = (x >> 13) % 8 == 0  ? 4
+                            : (x >> 13) % 8 < 3 ? 2
+                                                : 1,
+                   .mem = (1 + (x >> 17) % 15) * GIB,
+                   .prio = (int32_t)((x >> 22) % 3),
+                   .line = i + 2};
+    ASSERT_OK(cogpu__sim_trace_add(&t, &j, NULL));
+  }
+  sim_cluster_t c;
+  ASSERT_OK(cogpu__sim_make_cluster(&c, 2, 4, 16 * GIB, 64 * GIB));
+  sim_opts_t o;
+  cogpu__sim_opts_default(&o);
+  o.quiet = true;
+  sim_outcome_t *a = calloc(N, sizeof *a), *b = calloc(N, sizeof *b);
+  ASSERT_NE(a, NULL);
+  ASSERT_NE(b, NULL);
+  static const char *const pols[] = {
+      "cogpu",     "cogpu:firstfit", "cogpu+suspend", "shares",
+      "exclusive", "rqueue-links",   "colocate",      "latency"};
+  for (size_t p = 0; p < COGPU_ARRAY_SIZE(pols); p++) {
+    sim_result_t ra, rb;
+    o.scan_walk = false;
+    run(&t, &c, pols[p], &o, &ra, a);
+    o.scan_walk = true;
+    run(&t, &c, pols[p], &o, &rb, b);
+    fprintf(stderr, "%s: wait %.1f s, %zu suspensions\n", pols[p], ra.wait_mean,
+            ra.suspensions);
+    ASSERT_GT(ra.wait_mean, 10); /* seconds: a queue to skip through */
+    if (!strcmp(pols[p], "latency"))
+      ASSERT_GT(ra.suspensions, 0); /* its fallback made room */
+    for (uint32_t i = 0; i < N; i++) {
+      if (a[i].start != b[i].start || a[i].end != b[i].end ||
+          a[i].node != b[i].node || a[i].suspensions != b[i].suspensions ||
+          a[i].crashes != b[i].crashes)
+        th_fail(__FILE__, __LINE__,
+                "%s: job %u: index start %lld end %lld node %u, walk start "
+                "%lld end %lld node %u",
+                pols[p], i, (long long)a[i].start, (long long)a[i].end,
+                a[i].node, (long long)b[i].start, (long long)b[i].end,
+                b[i].node);
+    }
+  }
+  free(a);
+  free(b);
   cogpu__sim_trace_free(&t);
   cogpu__sim_cluster_free(&c);
 }
