@@ -1629,7 +1629,8 @@ static void expect_config_refused_(const char *file, int line, const char *what,
     th_fail(file, line, "the command ran with bad %s", what);
 }
 
-TEST_IMPL(cli_config_bad_env_values) {
+/* A process per option and bad value, in series: long under load. */
+TEST_IMPL_T(cli_config_bad_env_values, 120) {
   /* Every option of options.def has a case (CONFIG: see below). */
   for (int i = 0; i < COGPU_OPT__COUNT; i++) {
     bool found = i == COGPU_OPT_CONFIG;
@@ -1697,7 +1698,8 @@ TEST_IMPL(cli_config_not_a_regular_file) {
   ASSERT_IDLE();
 }
 
-TEST_IMPL(cli_config_bad_file_values) {
+/* A process per option and bad value, in series: long under load. */
+TEST_IMPL_T(cli_config_bad_file_values, 120) {
   const char *conf = tp("cogpu.conf");
   setenv("COGPU_CONFIG", conf, 1);
   char where[PATH_MAX + 8];
