@@ -68,7 +68,8 @@ endif
 # otherwise it is "unknown".
 COGPU_COMMIT ?=
 
-LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/node/*.c src/ledger/*.c))
+LIB_SRCS := $(sort $(wildcard src/common/*.c src/nvml/*.c src/node/*.c src/ledger/*.c \
+                                src/api/*.c))
 # The job history (SQLite): the daemon and the CLI only, never libcogpu or
 # the preload library, which load into users' programs.
 HIST_SRCS := $(sort $(wildcard src/history/*.c))

@@ -64,7 +64,7 @@ COGPU_API const char *cogpu_last_error(void);
 
 /* --- Attaching ------------------------------------------------------- */
 
-typedef struct cogpu_s cogpu_t;
+typedef struct cogpu_handle_s cogpu_t;
 
 typedef struct cogpu_attach_opts_s {
   int priority;        /* default priority of requests; higher is served first

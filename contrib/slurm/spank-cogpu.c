@@ -44,9 +44,9 @@
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
+#include "api/api.h"
 #include "cogpu.h"
 #include "internal.h"
-#include "ledger/ledger.h"
 
 SPANK_PLUGIN(cogpu, 1);
 
@@ -513,8 +513,7 @@ static void hold_reservation(uint32_t id, const char *job_id, const char *cmd,
   cogpu_attach_opts_t ao = {
       .priority = (int)opts.priority, .job_id = job_id, .command = cmd};
   int rc = cogpu__attach_as(&ao, job_uid, &holder);
-  if (rc == 0 &&
-      cogpu__ledger_find_job(holder, job_id, token, sizeof token) == 0) {
+  if (rc == 0 && cogpu__find_job(holder, job_id, token, sizeof token) == 0) {
     cogpu_detach(holder);
     ao.join = token;
     rc = cogpu__attach_as(&ao, job_uid, &holder);
@@ -607,7 +606,7 @@ static void guard_whole_gpus(const char *job_id, const char *cmd,
                   cogpu_last_error());
     return;
   }
-  if (cogpu__ledger_find_job(holder, job_id, token, sizeof token) == 0)
+  if (cogpu__find_job(holder, job_id, token, sizeof token) == 0)
     return; /* an earlier step (the batch step) guards them */
   int gpu;
   for (int i = 0; (gpu = slurm_gpu(cvd, i)) != NO_GPU; i++) {

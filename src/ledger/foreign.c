@@ -244,10 +244,6 @@ out:
 }
 
 int cogpu__ledger_recheck(struct cogpu_s *h, int gpu, uint64_t *over) {
-  if (h && h->node) {
-    *over = 0;
-    return cogpu__node_recheck(h->node, gpu, over);
-  }
   return cogpu__ledger_over(h, gpu, true, over);
 }
 

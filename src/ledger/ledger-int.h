@@ -26,7 +26,6 @@
 #include "internal.h"
 #include "ledger/core.h"
 #include "ledger/ledger.h"
-#include "node/node.h"
 #include "nvml/nvml.h"
 
 #define LEDGER_MAGIC "COGPUST\0"
@@ -267,10 +266,11 @@ typedef struct ledger_state_s {
   ledger_waiter_t waiters[LEDGER_MAX_WAITERS];
 } ledger_state_t;
 
-struct cogpu__node_s;
-
-/* A process's attachment (the public cogpu_t). In node mode (a daemon
- * runs) node is set and st is NULL: every call goes to the daemon.
+/* A process's attachment to the ledger: the ledger backend's handle behind
+ * a public cogpu_t in single-user mode (api-int.h), or the daemon's own
+ * handle and its proxy (trusted mode). The tag is the one the daemon names
+ * (struct cogpu_s); the public handle is the facade's, struct
+ * cogpu_handle_s.
  *
  * Its lifecycle: attached, then either done (its slot was freed: at exit,
  * by the exit destructor, while other threads of the process may still
@@ -282,7 +282,6 @@ struct cogpu__node_s;
 #define LEDGER_WAKE_LATER_MAX 16
 struct ledger_host_s;
 struct cogpu_s {
-  struct cogpu__node_s *node;
   /* The daemon that runs this handle (trusted mode: its hooks and its
    * wake list; shared by the daemon's own handle and its proxy), or NULL:
    * a process's own handle (single-user mode). Never a global: a test
@@ -312,7 +311,6 @@ struct cogpu_s {
   int64_t granted_gpu; /* set by cogpu__ledger_grant */
   char path[512];
   cogpu__config_t cfg;
-  struct cogpu_s *next; /* list of live handles, for the fork handler */
 };
 
 /* --- Trusted mode (the node daemon) ----------------------------------------
@@ -435,11 +433,37 @@ uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h);
 /* Service order of the waiting waiters (indices), per policy; returns n. */
 size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
 
-/* --- ledger.c ---------------------------------------------------------- */
-/* Attach; an observer claims a slot (to take the lock) but is not listed as
- * a client. */
-int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
-                         struct cogpu_s **out);
+/* --- ledger.c, reserve.c, status.c, usage.c: the backend's operations ----
+ * (backend.c binds them; backend.def says what each does). */
+/* Attach per cfg (and join opts->join's job); an observer claims a slot
+ * (to take the lock) but is not listed as a client. */
+int cogpu__ledger_open(const cogpu__config_t *cfg,
+                       const cogpu_attach_opts_t *opts, bool observer,
+                       struct cogpu_s **out);
+/* Free the slot (unless forked, detached or its lock is held by a stopped
+ * process: then the others' sweep does) and unmap. */
+void cogpu__ledger_close(struct cogpu_s *h);
+void cogpu__ledger_forked(struct cogpu_s *h);
+void cogpu__ledger_at_exit(struct cogpu_s *h);
+int cogpu__ledger_reserve(struct cogpu_s *h, const cogpu_request_t *req,
+                          int *gpu_out);
+int cogpu__ledger_reserve_abortable(struct cogpu_s *h,
+                                    const cogpu_request_t *req, int *gpu_out,
+                                    const cogpu__abort_t *ab);
+int cogpu__ledger_release(struct cogpu_s *h, int gpu, uint64_t bytes);
+int cogpu__ledger_held(struct cogpu_s *h, int gpu, uint64_t *bytes);
+int cogpu__ledger_gpu_count(struct cogpu_s *h);
+int cogpu__ledger_gpu_lookup(struct cogpu_s *h, const char *spec, int *gpu);
+int cogpu__ledger_job_token(struct cogpu_s *h, char *buf, size_t len);
+int cogpu__ledger_step_token(struct cogpu_s *h, char *buf, size_t len);
+int cogpu__ledger_status(struct cogpu_s *h, const cogpu__config_t *cfg,
+                         cogpu_status_t **out);
+int cogpu__ledger_mark(struct cogpu_s *h, uint32_t flags);
+cogpu__usage_t *cogpu__ledger_usage_page(struct cogpu_s *h);
+int cogpu__ledger_job_end(struct cogpu_s *h, int exit_status, bool step,
+                          cogpu__job_report_t *out);
+int cogpu__ledger_job_sample(struct cogpu_s *h, uint64_t *used, unsigned *ngpus,
+                             uint64_t *at_ms);
 
 /* With the lock held: is h still attached (not done, its slot active with
  * its generation)? Otherwise sets the error and returns it. */
@@ -461,23 +485,24 @@ typedef struct reserve_req_s {
   bool exclusive;
   uint32_t flags; /* COGPU__REQ_DEVICE_WAIT, COGPU__REQ_JOB_SPARE */
 } reserve_req_t;
-int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
+int cogpu__ledger_reserve_check(struct cogpu_s *h, const cogpu_request_t *req,
                                 reserve_req_t *r);
 /* With the lock held: grant at once if nobody waits and it fits; returns
  * the GPU or -1. */
-int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r);
+int cogpu__ledger_reserve_fast(struct cogpu_s *h, const reserve_req_t *r);
 /* With the lock held: join the queue and let the policy run; returns the
  * granted GPU (having left the queue), -1 if queued (*w), or an error. */
-int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r, int64_t *w);
-int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r);
+int cogpu__ledger_reserve_queue(struct cogpu_s *h, const reserve_req_t *r,
+                                int64_t *w);
+int64_t cogpu__ledger_enqueue(struct cogpu_s *h, const reserve_req_t *r);
 /* Leave the queue: the granted GPU, -1 not granted, -2 refused. An entry
  * still waiting is counted as cancelled. */
-int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w);
+int cogpu__ledger_dequeue(struct cogpu_s *h, uint32_t w);
 /* The same; an entry still waiting is counted as `why` (COGPU_ADMIT_*), or
  * not at all with LEDGER_ADMIT_NONE (the daemon's first, non-waiting try of
  * a request its client will wait for). */
 #define LEDGER_ADMIT_NONE (-1)
-int cogpu__ledger_dequeue_as(cogpu_t *h, uint32_t w, int why);
+int cogpu__ledger_dequeue_as(struct cogpu_s *h, uint32_t w, int why);
 /* COGPU__EJOB_SPARE with its message: a waiter answered W_JOB_SPARE. */
 int cogpu__ledger_spare_answer(void);
 int cogpu__ledger_refused(const reserve_req_t *r);
@@ -486,25 +511,27 @@ int cogpu__ledger_refused(const reserve_req_t *r);
  */
 /* With the lock held: give back bytes of h's reservation on gpu (COGPU_ALL
  * for all, which also ends exclusive use). */
-int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes);
+int cogpu__ledger_release_locked(struct cogpu_s *h, int gpu, uint64_t bytes);
 /* With the lock held: take back an exclusive grant that was not delivered. */
-void cogpu__ledger_end_exclusive(cogpu_t *h, int gpu);
+void cogpu__ledger_end_exclusive(struct cogpu_s *h, int gpu);
 /* With the lock held: the snapshot cogpu_status returns. */
-int cogpu__ledger_status_fill(cogpu_t *h, cogpu_status_t *st);
+int cogpu__ledger_status_fill(struct cogpu_s *h, cogpu_status_t *st);
 /* The waiters answered since the last call (trusted mode); returns n. */
-size_t cogpu__ledger_take_wakes_of(cogpu_t *h, uint32_t *out, size_t max);
+size_t cogpu__ledger_take_wakes_of(struct cogpu_s *h, uint32_t *out,
+                                   size_t max);
 /* Fills a slot for a client of the daemon (trusted mode, lock held). */
-void cogpu__ledger_slot_fill(cogpu_t *h, uint32_t slot, int pid, uint32_t uid,
-                             int priority, const char *command,
+void cogpu__ledger_slot_fill(struct cogpu_s *h, uint32_t slot, int pid,
+                             uint32_t uid, int priority, const char *command,
                              const char *job_id);
 /* The daemon's own attachment (trusted mode), recovered; and its end. */
 int cogpu__ledger_open_trusted(const cogpu__config_t *cfg,
-                               struct ledger_host_s *host, cogpu_t **out);
-void cogpu__ledger_close_trusted(cogpu_t *h);
+                               struct ledger_host_s *host,
+                               struct cogpu_s **out);
+void cogpu__ledger_close_trusted(struct cogpu_s *h);
 /* Lock held: the slot's owner joins the job of slot *job (generation *job_gen).
  * If that slot is itself a member of a live job (a step's token), the owner
  * joins that job, in the step: *job and *job_gen then name the job. */
-void cogpu__ledger_slot_join(cogpu_t *h, uint32_t slot, uint32_t *job,
+void cogpu__ledger_slot_join(struct cogpu_s *h, uint32_t slot, uint32_t *job,
                              uint32_t *job_gen);
 
 /* --- wait.c: sleeping and waking ----------------------------------------- */

@@ -1,6 +1,7 @@
 /*
- * ledger.c: the public C API over the node state: attach, reserve (with
- * waiting), release, detach. The fast path (nobody waiting, the request
+ * ledger.c: a process's attachment to the node state (the ledger backend of
+ * the public API, backend.c): attach, release, detach, lookups, fork and
+ * exit. The fast path (nobody waiting, the request
  * fits) is one uncontended lock, a few stores and an unlock: no system
  * call. Everything slow (liveness checks, NVML) happens only when a request
  * does not fit, on a waiter's housekeeping tick, or at attach.
@@ -15,51 +16,14 @@
 
 #include "ledger-int.h"
 
-static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct cogpu_s *handles;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-
-static void fork_prepare(void) {
-  pthread_mutex_lock(&handles_mu);
-}
-static void fork_parent(void) {
-  pthread_mutex_unlock(&handles_mu);
-}
-
 /* The child must not keep its parent's liveness lock alive: closing its
  * copy of the descriptor does not release the lock (the parent's copy holds
- * it), and marks the handles as the parent's. */
-static void fork_child(void) {
-  for (struct cogpu_s *h = handles; h; h = h->next) {
-    if (h->node && !h->forked)
-      cogpu__node_forked(h->node);
-    if (!h->forked && h->fd >= 0)
-      close(h->fd);
-    h->fd = -1;
-    h->forked = true;
-  }
-  pthread_mutex_unlock(&handles_mu);
-}
-
-static void fork_setup(void) {
-  pthread_atfork(fork_prepare, fork_parent, fork_child);
-}
-
-static void handles_add(struct cogpu_s *h) {
-  pthread_mutex_lock(&handles_mu);
-  h->next = handles;
-  handles = h;
-  pthread_mutex_unlock(&handles_mu);
-}
-
-static void handles_remove(struct cogpu_s *h) {
-  pthread_mutex_lock(&handles_mu);
-  for (struct cogpu_s **p = &handles; *p; p = &(*p)->next)
-    if (*p == h) {
-      *p = h->next;
-      break;
-    }
-  pthread_mutex_unlock(&handles_mu);
+ * it), and marks the handle as the parent's. */
+void cogpu__ledger_forked(struct cogpu_s *h) {
+  if (!h->forked && h->fd >= 0)
+    close(h->fd);
+  h->fd = -1;
+  h->forked = true;
 }
 
 /* The PID as the outermost visible PID namespace numbers it (NSpid's first
@@ -167,64 +131,17 @@ static void warn_node_settings(struct cogpu_s *h) {
                p->s, p->where, cogpu_policy_name((int)h->st->hdr.policy));
 }
 
-static int ledger_attach_as(const cogpu_attach_opts_t *opts, bool observer,
-                            uint32_t for_uid, struct cogpu_s **out);
 static int attach_join(struct cogpu_s *h, const char *token);
 
-int cogpu__ledger_attach(const cogpu_attach_opts_t *opts, bool observer,
-                         struct cogpu_s **out) {
-  return ledger_attach_as(opts, observer, (uint32_t)-1, out);
-}
-
-int cogpu__attach_as(const cogpu_attach_opts_t *opts, uint32_t for_uid,
-                     cogpu_t **out) {
-  int rc = ledger_attach_as(opts, false, for_uid, out);
-  if (rc == 0 && !(*out)->node && opts && opts->join && *opts->join) {
-    rc = attach_join(*out, opts->join);
-    if (rc) {
-      char msg[1024];
-      snprintf(msg, sizeof msg, "%s", cogpu_last_error());
-      cogpu_detach(*out);
-      *out = NULL;
-      return cogpu__seterr(rc, "%s", msg);
-    }
-  }
-  return rc;
-}
-
-int cogpu__attach_mode(void) {
-  cogpu__config_t cfg;
-  int rc = cogpu__config_load(&cfg);
-  return rc ? rc : cogpu__node_mode(&cfg);
-}
-
-static int ledger_attach_as(const cogpu_attach_opts_t *opts, bool observer,
-                            uint32_t for_uid, struct cogpu_s **out) {
-  cogpu__clearerr();
-  if (!out)
-    return cogpu__seterr(-EINVAL, "cogpu_attach: out is NULL");
-  pthread_once(&fork_once, fork_setup);
+static int ledger_open(const cogpu__config_t *cfg,
+                       const cogpu_attach_opts_t *opts, bool observer,
+                       struct cogpu_s **out) {
   struct cogpu_s *h = calloc(1, sizeof *h);
   if (!h)
     return cogpu__seterr(-ENOMEM, "out of memory");
   h->fd = -1;
-  int rc = cogpu__config_load(&h->cfg);
-  if (rc == 0 && h->cfg.v[COGPU_OPT_LOG].source != COGPU_SRC_DEFAULT)
-    cogpu__log_set_level((int)h->cfg.v[COGPU_OPT_LOG].i);
-  int node = rc == 0 && !observer ? cogpu__node_mode(&h->cfg) : 0;
-  if (node == 1) {
-    rc = cogpu__node_attach(&h->cfg, opts, for_uid, &h->node);
-    if (rc) {
-      free(h);
-      return rc;
-    }
-    h->priority = opts ? opts->priority : 0;
-    handles_add(h);
-    *out = h;
-    return 0;
-  }
-  if (rc == 0)
-    rc = cogpu__ledger_shm_open(h);
+  h->cfg = *cfg;
+  int rc = cogpu__ledger_shm_open(h);
   if (rc != 0) {
     free(h);
     return rc;
@@ -253,14 +170,29 @@ static int ledger_attach_as(const cogpu_attach_opts_t *opts, bool observer,
   cogpu__ledger_unlock(h);
   if (!observer)
     warn_node_settings(h);
-  handles_add(h);
   *out = h;
   return 0;
 }
 
-static int check_handle(cogpu_t *h) {
-  if (h && h->node && !h->forked)
-    return 0;
+int cogpu__ledger_open(const cogpu__config_t *cfg,
+                       const cogpu_attach_opts_t *opts, bool observer,
+                       struct cogpu_s **out) {
+  int rc = ledger_open(cfg, opts, observer, out);
+  if (rc == 0 && !observer && opts && opts->join && *opts->join) {
+    rc = attach_join(*out, opts->join);
+    if (rc) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", cogpu_last_error());
+      cogpu__ledger_close(*out);
+      *out = NULL;
+      cogpu__clearerr();
+      return cogpu__seterr(rc, "%s", msg);
+    }
+  }
+  return rc;
+}
+
+static int check_handle(struct cogpu_s *h) {
   if (!h || !h->st)
     return cogpu__seterr(-EINVAL, "invalid cogpu handle");
   if (h->forked)
@@ -344,11 +276,7 @@ void cogpu__ledger_slot_join(struct cogpu_s *h, uint32_t slot, uint32_t *job,
   cogpu__ledger_tx_commit(h);
 }
 
-int cogpu_attach(const cogpu_attach_opts_t *opts, cogpu_t **out) {
-  return cogpu__attach_as(opts, (uint32_t)-1, out);
-}
-
-static int check_gpu(cogpu_t *h, int gpu) {
+static int check_gpu(struct cogpu_s *h, int gpu) {
   if (gpu < 0 || (uint32_t)gpu >= h->st->hdr.ngpus)
     return cogpu__seterr(-ENODEV, "no GPU %d on this node (%u GPUs)", gpu,
                          h->st->hdr.ngpus);
@@ -356,8 +284,6 @@ static int check_gpu(cogpu_t *h, int gpu) {
 }
 
 uint64_t cogpu__ledger_left_ago_ms(struct cogpu_s *h) {
-  if (h && h->node)
-    return cogpu__node_left_ago_ms(h->node);
   if (check_handle(h) != 0)
     return UINT64_MAX;
   uint32_t at = atomic_load_explicit(&h->st->hdr.left_ms, memory_order_acquire);
@@ -368,8 +294,6 @@ uint64_t cogpu__ledger_left_ago_ms(struct cogpu_s *h) {
 
 int cogpu__ledger_room(struct cogpu_s *h, int gpu, uint64_t *capacity,
                        uint64_t *free_bytes) {
-  if (h && h->node)
-    return cogpu__node_room(h->node, gpu, capacity, free_bytes);
   int rc = check_handle(h);
   if (rc == 0)
     rc = check_gpu(h, gpu);
@@ -384,8 +308,6 @@ int cogpu__ledger_room(struct cogpu_s *h, int gpu, uint64_t *capacity,
 }
 
 uint64_t cogpu__ledger_job_spare(struct cogpu_s *h, int gpu) {
-  if (h && h->node)
-    return cogpu__node_job_spare(h->node, gpu);
   if (check_handle(h) || check_gpu(h, gpu) || h->res_slot == h->slot)
     return 0;
   const ledger_slot_t *job = &h->st->slots[h->res_slot];
@@ -394,9 +316,7 @@ uint64_t cogpu__ledger_job_spare(struct cogpu_s *h, int gpu) {
   return held > lent ? held - lent : 0;
 }
 
-int cogpu_job_token(cogpu_t *h, char *buf, size_t len) {
-  if (h && h->node)
-    return cogpu__node_job_token(h->node, buf, len);
+int cogpu__ledger_job_token(struct cogpu_s *h, char *buf, size_t len) {
   int rc = check_handle(h);
   if (rc)
     return rc;
@@ -407,9 +327,7 @@ int cogpu_job_token(cogpu_t *h, char *buf, size_t len) {
   return 0;
 }
 
-int cogpu__step_token(cogpu_t *h, char *buf, size_t len) {
-  if (h && h->node)
-    return cogpu__node_step_token(h->node, buf, len);
+int cogpu__ledger_step_token(struct cogpu_s *h, char *buf, size_t len) {
   int rc = check_handle(h);
   if (rc)
     return rc;
@@ -419,16 +337,7 @@ int cogpu__step_token(cogpu_t *h, char *buf, size_t len) {
   return 0;
 }
 
-int cogpu_detach(cogpu_t *h) {
-  cogpu__clearerr();
-  if (!h)
-    return cogpu__seterr(-EINVAL, "invalid cogpu handle");
-  handles_remove(h);
-  if (h->node) {
-    cogpu__node_detach(h->node);
-    free(h);
-    return 0;
-  }
+void cogpu__ledger_close(struct cogpu_s *h) {
   /* A stopped lock holder: the slot is left to the others' sweep, which
    * finds it dead once our liveness lock goes with the descriptor. */
   /* An observer (status) never made its slot active: nothing to free. */
@@ -443,19 +352,14 @@ int cogpu_detach(cogpu_t *h) {
   }
   cogpu__ledger_shm_close(h);
   free(h);
-  return 0;
 }
 
-int cogpu_gpu_count(cogpu_t *h) {
-  if (h && h->node)
-    return cogpu__node_gpu_count(h->node);
+int cogpu__ledger_gpu_count(struct cogpu_s *h) {
   int rc = check_handle(h);
   return rc ? rc : (int)h->st->hdr.ngpus;
 }
 
-int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu) {
-  if (h && h->node)
-    return cogpu__node_gpu_lookup(h->node, spec, gpu);
+int cogpu__ledger_gpu_lookup(struct cogpu_s *h, const char *spec, int *gpu) {
   int rc = check_handle(h);
   if (rc)
     return rc;
@@ -466,9 +370,7 @@ int cogpu_gpu_lookup(cogpu_t *h, const char *spec, int *gpu) {
   return cogpu__gpu_spec(spec, uuids, n, gpu);
 }
 
-int cogpu_held(cogpu_t *h, int gpu, uint64_t *bytes) {
-  if (h && h->node)
-    return cogpu__node_held(h->node, gpu, bytes);
+int cogpu__ledger_held(struct cogpu_s *h, int gpu, uint64_t *bytes) {
   int rc = check_handle(h);
   if (rc == 0)
     rc = check_gpu(h, gpu);
@@ -486,7 +388,7 @@ static uint64_t unclaimed(const ledger_slot_t *job, int gpu) {
 
 /* Checks the handle and GPU, then takes the lock with the job re-checked
  * (the caller unlocks). */
-static int gpu_call_lock(cogpu_t *h, int gpu) {
+static int gpu_call_lock(struct cogpu_s *h, int gpu) {
   int rc = check_handle(h);
   if (rc == 0)
     rc = check_gpu(h, gpu);
@@ -506,9 +408,8 @@ static void claim_move(struct cogpu_s *h, int gpu, int64_t n) {
   cogpu__ledger_tx_commit(h);
 }
 
-int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
-  if (h && h->node)
-    return cogpu__node_claim(h->node, gpu, want, got);
+int cogpu__ledger_claim(struct cogpu_s *h, int gpu, uint64_t want,
+                        uint64_t *got) {
   int rc = gpu_call_lock(h, gpu);
   if (rc)
     return rc;
@@ -538,14 +439,12 @@ int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got) {
 /* A process whose job ended (its slot names itself as its job): what it
  * claimed became its own reservation, so giving a claim back releases it
  * from there. */
-static bool job_ended(cogpu_t *h) {
+static bool job_ended(struct cogpu_s *h) {
   const ledger_slot_t *me = &h->st->slots[h->slot];
   return me->job == (uint64_t)h->slot + 1;
 }
 
-int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
-  if (h && h->node)
-    return cogpu__node_unclaim(h->node, gpu, bytes);
+int cogpu__ledger_unclaim(struct cogpu_s *h, int gpu, uint64_t bytes) {
   int rc = gpu_call_lock(h, gpu);
   if (rc)
     return rc;
@@ -562,10 +461,8 @@ int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes) {
   return rc;
 }
 
-int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
+int cogpu__ledger_find_job(struct cogpu_s *h, const char *job_id, char *tok,
                            size_t len) {
-  if (h && h->node)
-    return cogpu__node_find_job(h->node, job_id, tok, len);
   int rc = check_handle(h);
   if (rc)
     return rc;
@@ -591,7 +488,7 @@ int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
 /* Release while the job is suspended (a thread of one of its processes
  * that was not in a CUDA call): what it gives back comes off the parked
  * footprint, which is not on the GPU and so not in its reserved count. */
-static int release_parked(cogpu_t *h, int gpu, uint64_t bytes) {
+static int release_parked(struct cogpu_s *h, int gpu, uint64_t bytes) {
   ledger_slot_t *s = &h->st->slots[h->res_slot];
   ledger_slot_t *me = &h->st->slots[h->slot];
   if (bytes == COGPU_ALL)
@@ -612,7 +509,7 @@ static int release_parked(cogpu_t *h, int gpu, uint64_t bytes) {
   return 0;
 }
 
-int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes) {
+int cogpu__ledger_release_locked(struct cogpu_s *h, int gpu, uint64_t bytes) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_gpu_t *g = &hd->gpus[gpu];
   ledger_slot_t *s = &h->st->slots[h->res_slot];
@@ -662,7 +559,7 @@ int cogpu__ledger_release_locked(cogpu_t *h, int gpu, uint64_t bytes) {
   return 0;
 }
 
-void cogpu__ledger_end_exclusive(cogpu_t *h, int gpu) {
+void cogpu__ledger_end_exclusive(struct cogpu_s *h, int gpu) {
   ledger_gpu_t *g = &h->st->hdr.gpus[gpu];
   if (g->excl_slot != h->res_slot + 1)
     return;
@@ -673,10 +570,7 @@ void cogpu__ledger_end_exclusive(cogpu_t *h, int gpu) {
   cogpu__ledger_serve(h);
 }
 
-int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
-  cogpu__clearerr();
-  if (h && h->node)
-    return cogpu__node_release(h->node, gpu, bytes);
+int cogpu__ledger_release(struct cogpu_s *h, int gpu, uint64_t bytes) {
   int rc = gpu_call_lock(h, gpu);
   if (rc)
     return rc;
@@ -685,29 +579,17 @@ int cogpu_release(cogpu_t *h, int gpu, uint64_t bytes) {
   return rc;
 }
 
-/* Detach what is still attached at exit, so waiters are served now rather
- * than at their next housekeeping tick. (A process killed outright is
- * reclaimed by the others through its liveness lock.) */
-__attribute__((destructor)) static void ledger_at_exit(void) {
-  pthread_mutex_lock(&handles_mu);
-  for (struct cogpu_s *h = handles; h; h = h->next) {
-    if (h->forked || !h->st || h->node || atomic_load(&h->done) ||
-        cogpu__ledger_lock_bounded(h) != 0)
-      continue;
-    /* Other threads may still call in: from now on they are refused. */
-    atomic_store(&h->done, true);
-    cogpu__ledger_slot_free(h, h->slot);
-    cogpu__ledger_serve(h);
-    cogpu__ledger_unlock(h);
-  }
-  pthread_mutex_unlock(&handles_mu);
-}
-
-const char *cogpu_policy_name(int policy) {
-  static const char *names[] = {"fifo", "mmu", "priority-fifo", "priority-mmu"};
-  if (policy < 0 || policy >= (int)COGPU_ARRAY_SIZE(names))
-    return "unknown";
-  return names[policy];
+/* At exit (api.c's destructor): free the slot, so waiters are served now
+ * rather than at their next housekeeping tick. */
+void cogpu__ledger_at_exit(struct cogpu_s *h) {
+  if (h->forked || !h->st || atomic_load(&h->done) ||
+      cogpu__ledger_lock_bounded(h) != 0)
+    return;
+  /* Other threads may still call in: from now on they are refused. */
+  atomic_store(&h->done, true);
+  cogpu__ledger_slot_free(h, h->slot);
+  cogpu__ledger_serve(h);
+  cogpu__ledger_unlock(h);
 }
 
 /* The node daemon's attachment to its own state (trusted mode): opened with
@@ -742,9 +624,7 @@ void cogpu__ledger_close_trusted(struct cogpu_s *h) {
   free(h);
 }
 
-int cogpu__mark(cogpu_t *h, uint32_t flags) {
-  if (h && h->node)
-    return cogpu__node_mark(h->node, flags);
+int cogpu__ledger_mark(struct cogpu_s *h, uint32_t flags) {
   int rc = check_handle(h);
   if (rc)
     return rc;

@@ -1,7 +1,9 @@
 /*
- * ledger.h: the ledger's interface for the other components (the preload
- * library, the CLI, the Slurm plug-in, the daemon), beyond the public API
- * of cogpu.h. ledger-int.h is the ledger's own: its layout and internals.
+ * ledger.h: the ledger's interface for the public API (its backend, the
+ * single-user mode's) and the node daemon, which runs the ledger itself in
+ * trusted mode (ledger-int.h) and calls these on its handles. Programs
+ * reach them through the facade (api/api.h), never directly. ledger-int.h
+ * is the ledger's own: its layout and internals.
  */
 #ifndef COGPU_LEDGER_H
 #define COGPU_LEDGER_H
@@ -9,144 +11,46 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "cogpu.h"
 #include "internal.h"
 
-/* Attach on behalf of user for_uid (root only; the Slurm plug-in in
- * slurmstepd books a job for its user, whose tasks then join it). In node
- * mode the daemon records the job as for_uid's; in single-user mode the
- * ledger is the caller's own and for_uid is not used. */
-int cogpu__attach_as(const cogpu_attach_opts_t *opts, uint32_t for_uid,
-                     cogpu_t **out);
+/* The ledger's handle (ledger-int.h). */
+struct cogpu_s;
+
+/* The ledger as the public API's backend (backend.c). */
+extern const cogpu__backend_t cogpu__ledger_backend;
 
 /* Capacity of a GPU and what is free there now, read without the lock
  * (a moment's view, for reporting such as cuMemGetInfo). */
-int cogpu__ledger_room(cogpu_t *h, int gpu, uint64_t *capacity,
+int cogpu__ledger_room(struct cogpu_s *h, int gpu, uint64_t *capacity,
                        uint64_t *free_bytes);
 
 /* The driver refused memory that this process's reservation covered:
- * read what is held outside cogpu on `gpu` again, now (foreign memory is
- * otherwise read once per foreign_refresh), and say by how much the
- * node's reservations and that memory together exceed the GPU (*over; 0
- * when they fit, and the refusal is not the outside's doing). */
-int cogpu__ledger_recheck(cogpu_t *h, int gpu, uint64_t *over);
+ * read what is held outside cogpu on `gpu` again, now, and say by how much
+ * the node's reservations and that memory together exceed the GPU (*over;
+ * 0 when they fit). */
+int cogpu__ledger_recheck(struct cogpu_s *h, int gpu, uint64_t *over);
 
 /* Milliseconds since a client of the node last left (exited, died,
  * detached) or released all it held on a GPU, read without the lock;
- * UINT64_MAX if none has, or h is not attached. The driver frees a leaving
- * client's memory a moment after the ledger sees it go. */
-uint64_t cogpu__ledger_left_ago_ms(cogpu_t *h);
+ * UINT64_MAX if none has, or h is not attached. */
+uint64_t cogpu__ledger_left_ago_ms(struct cogpu_s *h);
 
 /* For a process that joined a job: take up to `want` bytes of the job's
  * reservation on `gpu` that no other process of the job has taken, as this
- * process's share (*got, possibly 0). The share returns to the job when
- * the process detaches or dies. A process of its own job gets 0. */
-int cogpu__ledger_claim(cogpu_t *h, int gpu, uint64_t want, uint64_t *got);
+ * process's share (*got, possibly 0). A process of its own job gets 0. */
+int cogpu__ledger_claim(struct cogpu_s *h, int gpu, uint64_t want,
+                        uint64_t *got);
 /* What this process's job holds on `gpu` that none of its processes has
  * claimed (0 for a process of its own), read without the lock. */
-uint64_t cogpu__ledger_job_spare(cogpu_t *h, int gpu);
-/* Give back up to `bytes` of this process's claim on `gpu` to its job, for
- * the job's other processes: the job keeps the memory. */
-int cogpu__ledger_unclaim(cogpu_t *h, int gpu, uint64_t bytes);
+uint64_t cogpu__ledger_job_spare(struct cogpu_s *h, int gpu);
+/* Give back up to `bytes` of this process's claim on `gpu` to its job. */
+int cogpu__ledger_unclaim(struct cogpu_s *h, int gpu, uint64_t bytes);
 
-/* The token of a live job with this job id (one that joined no other job),
- * for a later process of the same batch-system job to join; -ESRCH if
- * none. tok needs 24 bytes. */
-/* 1 when an attach of this process goes to the node daemon (node mode),
- * 0 in single-user mode, or an error code (a bad configuration, or
- * node_mode=daemon without the daemon's socket). */
-int cogpu__attach_mode(void);
-/* cogpu_reserve whose wait the caller may give up (internal.h's
- * cogpu__abort_t): -ECANCELED then. */
-int cogpu__reserve_abortable(cogpu_t *h, const cogpu_request_t *req,
-                             int *gpu_out, const cogpu__abort_t *ab);
-int cogpu__ledger_find_job(cogpu_t *h, const char *job_id, char *tok,
+/* The token of a live job with this job id (one that joined no other job);
+ * -ESRCH if none. tok needs 24 bytes. */
+int cogpu__ledger_find_job(struct cogpu_s *h, const char *job_id, char *tok,
                            size_t len);
-
-/* What a process reports about itself, for suspension (cogpu__mark): that
- * it uses CUDA through the preload library (so the node daemon may lock
- * and checkpoint it), and what it used that the driver's checkpoint cannot
- * move, which makes its job unsuspendable. Each bit once per process. */
-#define COGPU_MARK_CUDA 0x1u
-#define COGPU_MARK_MANAGED 0x2u
-#define COGPU_MARK_IPC 0x4u
-#define COGPU_MARK_VMM_EXPORT 0x8u
-#define COGPU_MARK_ALL 0xfu
-#define COGPU_MARK_UNSUSPENDABLE                                               \
-  (COGPU_MARK_MANAGED | COGPU_MARK_IPC | COGPU_MARK_VMM_EXPORT)
-/* Set by the daemon, never by a client: a suspend or resume failed in a
- * way that may have left the job unusable; it is never tried again. */
-#define COGPU_MARK_BROKEN 0x100u
-/* Set by the daemon, never by a client: root booked this slot for its
- * user (COGPU_ATTACH_FOR_UID: the Slurm plug-in in slurmstepd). A later
- * step of the same job joins only such a slot of the job's user, so a
- * registration a user made under a job's id is never taken for the job. */
-#define COGPU_MARK_BOOKED 0x200u
-int cogpu__mark(cogpu_t *h, uint32_t flags);
-
-/* --- Usage: what a process's allocations hold (docs/history.md) -----------
- * The preload library counts every allocation exactly; it publishes the
- * process's used bytes per GPU and their peak here with relaxed atomic
- * stores, and whoever keeps the record reads the last values, even after
- * the process died (kill -9): in single-user mode the page is the
- * process's own slot in the shared ledger; in node mode it is a sealed
- * memfd the process passed to the daemon at registration. Indexed by
- * ledger GPU. Only its own process writes it, so a process can misreport
- * only its own job. */
-#define COGPU_USAGE_GPUS 16
-typedef struct cogpu__usage_s {
-  _Atomic uint64_t used[COGPU_USAGE_GPUS];
-  _Atomic uint64_t peak[COGPU_USAGE_GPUS];
-  /* CLOCK_REALTIME (ns) when a peak was last raised, on any GPU. */
-  _Atomic uint64_t peak_ns;
-  uint64_t pad[7];
-} cogpu__usage_t;
-/* This process's usage page, or NULL (not attached; the daemon would not
- * take one). Valid until the handle is detached. */
-cogpu__usage_t *cogpu__usage_page(cogpu_t *h);
-
-/* The end-of-job report (cogpu run): the figures of the handle's job on
- * the GPU where it peaked highest. */
-typedef struct cogpu__job_report_s {
-  int gpu;                /* ledger GPU; -1 when the job used no GPU memory */
-  uint64_t peak;          /* most its processes held at once, as counted */
-  uint64_t reserved;      /* most its reservation held on that GPU */
-  uint64_t peak_after_ms; /* from the job's start to its peak */
-  uint64_t waited_ms;     /* in the node's queue, all requests */
-  uint64_t run_ms;
-  unsigned suspensions;
-  unsigned guard_failures; /* requests the deadlock guard failed */
-  uint64_t escaped; /* most its processes held outside the preload library */
-} cogpu__job_report_t;
-/* Records the job's exit status (a wait(2) status; -1 unknown) for its
- * history record and fills *out. Called by the job's own slot (cogpu run)
- * before it detaches. */
-int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out);
-/* cogpu__job_end for one step of a job (a Slurm step): *out has the
- * figures of the processes that joined through this handle's step token
- * (its peak, when, how long the step ran) and the job's reservation,
- * wait and suspensions. */
-int cogpu__step_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out);
-/* The token (cogpu_attach_opts_t.join) that makes a process part of this
- * handle's job and of its step: the step's report counts it. It is the
- * job's token when this handle holds the job's reservation itself. */
-int cogpu__step_token(cogpu_t *h, char *buf, size_t len);
-/* Single-user mode: what the handle's job uses now on each GPU (its live
- * processes' used bytes, summed; used[COGPU_USAGE_GPUS], *ngpus filled),
- * and *at_ms, how long since the job started: a sample of its memory
- * timeline, which cogpu run keeps for the job's record. One pass over the
- * slots under the ledger's lock. -ENOTSUP in node mode, where the daemon
- * samples. */
-int cogpu__job_sample(cogpu_t *h, uint64_t *used, unsigned *ngpus,
-                      uint64_t *at_ms);
-/* The end-of-job line(s), like seff's, into buf (each ending in a newline;
- * truncated to len): the job's exact peak against what it reserved, the
- * wait, suspensions, and a hint when the declaration was far off, written
- * as flag then size ("--mem " or "--gpu-mem="); `declared` is the job's
- * declaration (0: on demand), `job` how the job is named ("job 42").
- * Returns the length written. */
-size_t cogpu__job_report_line(const cogpu__job_report_t *r, const char *job,
-                              const char *flag, uint64_t declared, char *buf,
-                              size_t len);
 
 #endif /* COGPU_LEDGER_H */

@@ -12,7 +12,7 @@
 
 #include "ledger-int.h"
 
-int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
+int cogpu__ledger_reserve_check(struct cogpu_s *h, const cogpu_request_t *req,
                                 reserve_req_t *r) {
   if (!h || !h->st || !req)
     return cogpu__seterr(-EINVAL, "cogpu_reserve: NULL handle or request");
@@ -56,7 +56,7 @@ int cogpu__ledger_reserve_check(cogpu_t *h, const cogpu_request_t *req,
 }
 
 /* With nobody waiting, grant at once where it fits (auto: most free). */
-int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
+int cogpu__ledger_reserve_fast(struct cogpu_s *h, const reserve_req_t *r) {
   ledger_hdr_t *hd = &h->st->hdr;
   /* A suspended job's requests wait for its resume. */
   if (hd->nwaiting || h->st->slots[h->res_slot].susp != SUSP_NONE)
@@ -98,7 +98,7 @@ int cogpu__ledger_reserve_fast(cogpu_t *h, const reserve_req_t *r) {
   return best;
 }
 
-int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r) {
+int64_t cogpu__ledger_enqueue(struct cogpu_s *h, const reserve_req_t *r) {
   ledger_hdr_t *hd = &h->st->hdr;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
@@ -131,7 +131,7 @@ int64_t cogpu__ledger_enqueue(cogpu_t *h, const reserve_req_t *r) {
 /* Leave the queue: returns the granted GPU, or -1 if it was not granted.
  * An entry still waiting ends here unanswered, counted as `why`; grants
  * and refusals were counted when they were made. */
-int cogpu__ledger_dequeue_as(cogpu_t *h, uint32_t w, int why) {
+int cogpu__ledger_dequeue_as(struct cogpu_s *h, uint32_t w, int why) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_waiter_t *wt = &h->st->waiters[w];
   int gpu = wt->state == W_GRANTED     ? (int)wt->granted_gpu
@@ -156,7 +156,7 @@ int cogpu__ledger_dequeue_as(cogpu_t *h, uint32_t w, int why) {
   return gpu;
 }
 
-int cogpu__ledger_dequeue(cogpu_t *h, uint32_t w) {
+int cogpu__ledger_dequeue(struct cogpu_s *h, uint32_t w) {
   return cogpu__ledger_dequeue_as(h, w, COGPU_ADMIT_CANCELLED);
 }
 
@@ -178,7 +178,7 @@ int cogpu__ledger_refused(const reserve_req_t *r) {
 
 /* A waiter that was answered (granted or refused): leave the queue and
  * return 0 with the GPU, or the refusal. */
-static int answered(cogpu_t *h, uint32_t w, const reserve_req_t *r,
+static int answered(struct cogpu_s *h, uint32_t w, const reserve_req_t *r,
                     int *gpu_out) {
   int g = cogpu__ledger_dequeue(h, w);
   if (g == -2)
@@ -198,7 +198,7 @@ static bool is_answered(const ledger_waiter_t *wt) {
  * ticket (never reused): an entry freed under a sleeper (its process's
  * slot was reclaimed, or a repair dropped it) may already be another
  * process's request, which must be neither taken nor cancelled. */
-static bool waiter_mine(cogpu_t *h, uint32_t w, uint64_t ticket) {
+static bool waiter_mine(struct cogpu_s *h, uint32_t w, uint64_t ticket) {
   const ledger_waiter_t *wt = &h->st->waiters[w];
   return wt->state != W_FREE && wt->ticket == ticket && wt->owner == h->slot;
 }
@@ -218,7 +218,7 @@ static int64_t ms_left(uint64_t deadline_ns) {
   return now >= deadline_ns ? 0 : (int64_t)((deadline_ns - now) / 1000000u);
 }
 
-static int reserve_wait(cogpu_t *h, uint32_t w, uint64_t ticket,
+static int reserve_wait(struct cogpu_s *h, uint32_t w, uint64_t ticket,
                         const reserve_req_t *r, int *gpu_out) {
   ledger_waiter_t *wt = &h->st->waiters[w];
   /* Saturated: a bound of centuries waits, it does not wrap into the past;
@@ -274,7 +274,7 @@ static int reserve_wait(cogpu_t *h, uint32_t w, uint64_t ticket,
 /* The request's turn under the policy, with the lock held: join the queue
  * and let the policy run. Returns the granted GPU (having left the queue),
  * -1 when not served yet (*w is its waiter), or a negative error. */
-int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
+int cogpu__ledger_reserve_queue(struct cogpu_s *h, const reserve_req_t *r,
                                 int64_t *w) {
   /* It did not fit: were the figures right? A counter gone wrong would
    * keep an idle node at "0 B free" for good. Recounted, it may fit now. */
@@ -301,7 +301,7 @@ int cogpu__ledger_reserve_queue(cogpu_t *h, const reserve_req_t *r,
 /* Not served at once: bring the figures up to date (memory of dead clients,
  * foreign processes that went away) before answering "not now" or
  * sleeping. The request stays queued meanwhile, keeping its place. */
-static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
+static int reserve_slow(struct cogpu_s *h, const reserve_req_t *r, uint32_t w,
                         uint64_t ticket, int *gpu_out) {
   cogpu__ledger_foreign_refresh(h, false);
   cogpu__ledger_shm_check_linked(h);
@@ -339,11 +339,8 @@ static int reserve_slow(cogpu_t *h, const reserve_req_t *r, uint32_t w,
   return reserve_wait(h, w, ticket, r, gpu_out);
 }
 
-int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
-  if (h && h->node && !h->forked) {
-    cogpu__clearerr();
-    return cogpu__node_reserve(h->node, req, gpu_out, NULL);
-  }
+int cogpu__ledger_reserve(struct cogpu_s *h, const cogpu_request_t *req,
+                          int *gpu_out) {
   reserve_req_t r = {0};
   int rc = cogpu__ledger_reserve_check(h, req, &r);
   if (rc)
@@ -377,19 +374,14 @@ int cogpu_reserve(cogpu_t *h, const cogpu_request_t *req, int *gpu_out) {
   return 0;
 }
 
-/* In node mode the request keeps its place in the queue while the caller
- * is asked whether to go on. In single-user mode the wait is on the
- * ledger's futex, which nothing but a grant wakes: it waits in slices
- * instead, each one a fresh request (so under fifo it may lose its place
- * to a request that came between two slices). */
-int cogpu__reserve_abortable(cogpu_t *h, const cogpu_request_t *req,
-                             int *gpu_out, const cogpu__abort_t *ab) {
+/* The wait is on the ledger's futex, which nothing but a grant wakes: it
+ * waits in slices instead, each one a fresh request (so under fifo it may
+ * lose its place to a request that came between two slices). */
+int cogpu__ledger_reserve_abortable(struct cogpu_s *h,
+                                    const cogpu_request_t *req, int *gpu_out,
+                                    const cogpu__abort_t *ab) {
   if (!ab || !ab->stop || !req || req->timeout_ms == COGPU_NOWAIT)
-    return cogpu_reserve(h, req, gpu_out);
-  if (h && h->node && !h->forked) {
-    cogpu__clearerr();
-    return cogpu__node_reserve(h->node, req, gpu_out, ab);
-  }
+    return cogpu__ledger_reserve(h, req, gpu_out);
   int64_t every = ab->every_ms > 0 ? ab->every_ms : 1000;
   uint64_t t0 = cogpu__now_ns() / 1000000u;
   for (;;) {
@@ -403,7 +395,7 @@ int cogpu__reserve_abortable(cogpu_t *h, const cogpu_request_t *req,
                              (long long)req->timeout_ms);
     }
     slice.timeout_ms = left >= 0 && left < every ? left : every;
-    int rc = cogpu_reserve(h, &slice, gpu_out);
+    int rc = cogpu__ledger_reserve(h, &slice, gpu_out);
     if (rc != -ETIMEDOUT || (left >= 0 && left <= every))
       return rc;
     if (ab->stop(ab->arg))

@@ -102,41 +102,6 @@ static void status_waiters(struct cogpu_s *h, uint32_t g, const uint32_t *order,
   }
 }
 
-/* Names are looked up after the lock is released: NSS may be slow (LDAP).
- * Each uid once per snapshot: a node's clients belong to a few users, and
- * one lookup reads /etc/passwd (or asks LDAP) again, which with thousands
- * of clients and waiters was most of a snapshot's time. */
-typedef struct name_cache_s {
-  uint32_t uid[16];
-  char name[16][sizeof(((cogpu_client_info_t *)0)->user)];
-  size_t n, next;
-} name_cache_t;
-
-static void cached_name(name_cache_t *nc, uint32_t uid, char *buf, size_t len) {
-  for (size_t i = 0; i < nc->n; i++)
-    if (nc->uid[i] == uid) {
-      snprintf(buf, len, "%s", nc->name[i]);
-      return;
-    }
-  cogpu__user_name(uid, buf, len);
-  size_t k = nc->n < 16 ? nc->n++ : nc->next++ % 16;
-  nc->uid[k] = uid;
-  snprintf(nc->name[k], sizeof nc->name[k], "%s", buf);
-}
-
-static void status_names(cogpu_status_t *st) {
-  name_cache_t nc = {.n = 0};
-  for (size_t g = 0; g < st->ngpus; g++) {
-    cogpu_gpu_info_t *gi = &st->gpus[g];
-    for (size_t i = 0; i < gi->nclients; i++)
-      cached_name(&nc, gi->clients[i].uid, gi->clients[i].user,
-                  sizeof gi->clients[i].user);
-    for (size_t i = 0; i < gi->nwaiting; i++)
-      cached_name(&nc, gi->waiting[i].uid, gi->waiting[i].user,
-                  sizeof gi->waiting[i].user);
-  }
-}
-
 static int status_fill_order(struct cogpu_s *h, cogpu_status_t *st,
                              uint32_t *order, uint64_t *used, uint64_t *peak) {
   ledger_hdr_t *hd = &h->st->hdr;
@@ -187,31 +152,15 @@ int cogpu__ledger_status_fill(struct cogpu_s *h, cogpu_status_t *st) {
   return rc;
 }
 
-int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
-  cogpu__clearerr();
-  if (!out)
-    return cogpu__seterr(-EINVAL, "cogpu_status: out is NULL");
+/* b NULL: an observer's attachment of its own, for the snapshot. Users'
+ * names are left to the caller (api.c), after every lock. */
+int cogpu__ledger_status(struct cogpu_s *h, const cogpu__config_t *cfg,
+                         cogpu_status_t **out) {
   struct cogpu_s *own = NULL;
-  if (h && h->node && !h->forked) {
-    int rc = cogpu__node_status(&h->cfg, h->node, out);
-    if (rc == 0)
-      status_names(*out);
-    return rc;
-  }
   if (!h) {
-    cogpu__config_t cfg;
-    int rc = cogpu__config_load(&cfg);
-    if (rc)
-      return rc;
-    if (cogpu__node_mode(&cfg) == 1) {
-      rc = cogpu__node_status(&cfg, NULL, out);
-      if (rc == 0)
-        status_names(*out);
-      return rc;
-    }
-  }
-  if (!h) {
-    int rc = cogpu__ledger_attach(NULL, true, &own);
+    if (cfg->v[COGPU_OPT_LOG].source != COGPU_SRC_DEFAULT)
+      cogpu__log_set_level((int)cfg->v[COGPU_OPT_LOG].i);
+    int rc = cogpu__ledger_open(cfg, NULL, true, &own);
     if (rc)
       return rc;
     h = own;
@@ -231,30 +180,19 @@ int cogpu_status(cogpu_t *h, cogpu_status_t **out) {
         cogpu__ledger_serve(h);
       rc = cogpu__ledger_status_fill(h, st);
       cogpu__ledger_unlock(h);
-      if (rc == 0)
-        status_names(st);
     }
   }
   char msg[512];
   snprintf(msg, sizeof msg, "%s",
            rc == -ENOMEM ? "cogpu_status: out of memory" : cogpu_last_error());
-  if (own)
-    cogpu_detach(own);
+  if (own) {
+    cogpu__ledger_close(own);
+    cogpu__clearerr(); /* as cogpu_detach did */
+  }
   if (rc) {
     cogpu_status_free(st);
     return cogpu__seterr(rc, "%s", msg);
   }
   *out = st;
   return 0;
-}
-
-void cogpu_status_free(cogpu_status_t *st) {
-  if (!st)
-    return;
-  for (size_t g = 0; st->gpus && g < st->ngpus; g++) {
-    free(st->gpus[g].clients);
-    free(st->gpus[g].waiting);
-  }
-  free(st->gpus);
-  free(st);
 }

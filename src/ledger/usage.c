@@ -254,21 +254,14 @@ void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s) {
     uh->ended(uh->ctx, h, s);
 }
 
-cogpu__usage_t *cogpu__usage_page(cogpu_t *h) {
+cogpu__usage_t *cogpu__ledger_usage_page(struct cogpu_s *h) {
   if (!h || h->forked || atomic_load(&h->done))
     return NULL;
-  if (h->node)
-    return cogpu__node_usage_page(h->node);
   return h->st ? &h->st->slots[h->slot].usage : NULL;
 }
 
-static int job_end(cogpu_t *h, int exit_status, bool step,
-                   cogpu__job_report_t *out) {
-  cogpu__clearerr();
-  if (!h || !out)
-    return cogpu__seterr(-EINVAL, "cogpu__job_end: no handle");
-  if (h->node)
-    return cogpu__node_job_end(h->node, exit_status, step, out);
+int cogpu__ledger_job_end(struct cogpu_s *h, int exit_status, bool step,
+                          cogpu__job_report_t *out) {
   int rc = cogpu__ledger_lock_live(h);
   if (rc)
     return rc;
@@ -281,21 +274,8 @@ static int job_end(cogpu_t *h, int exit_status, bool step,
   return 0;
 }
 
-int cogpu__job_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out) {
-  return job_end(h, exit_status, false, out);
-}
-
-int cogpu__step_end(cogpu_t *h, int exit_status, cogpu__job_report_t *out) {
-  return job_end(h, exit_status, true, out);
-}
-
-int cogpu__job_sample(cogpu_t *h, uint64_t *used, unsigned *ngpus,
-                      uint64_t *at_ms) {
-  cogpu__clearerr();
-  if (!h || !used || !ngpus || !at_ms)
-    return cogpu__seterr(-EINVAL, "cogpu__job_sample: bad argument");
-  if (h->node)
-    return cogpu__seterr(-ENOTSUP, "the node daemon samples its jobs");
+int cogpu__ledger_job_sample(struct cogpu_s *h, uint64_t *used, unsigned *ngpus,
+                             uint64_t *at_ms) {
   int rc = cogpu__ledger_lock_live(h);
   if (rc)
     return rc;
@@ -314,70 +294,4 @@ int cogpu__job_sample(cogpu_t *h, uint64_t *used, unsigned *ngpus,
   *ngpus = ng;
   *at_ms = now > start ? (now - start) / 1000000u : 0;
   return 0;
-}
-
-/* A declaration worth suggesting: the peak and 5 % more, rounded up to
- * a whole GiB (to 256 MiB below 4 GiB). */
-static uint64_t report_suggest(uint64_t peak) {
-  uint64_t want = peak + peak / 20;
-  uint64_t unit = want < (4ull << 30) ? 256ull << 20 : 1ull << 30;
-  return (want + unit - 1) / unit * unit;
-}
-
-/* The report's line on memory that escaped the preload library, if any:
- * its length in buf. */
-static size_t report_escaped(const cogpu__job_report_t *r, const char *job,
-                             char *buf, size_t len) {
-  if (!r->escaped || len == 0)
-    return 0;
-  char e[32];
-  int n = snprintf(buf, len,
-                   "cogpu: %s: processes of it held up to %s of GPU memory "
-                   "outside the preload library (not in the figures above; "
-                   "counted as foreign: `cogpu status` named them)\n",
-                   job, cogpu__fmt_size(r->escaped, e, sizeof e));
-  return n < 0 ? 0 : (size_t)n < len ? (size_t)n : len - 1;
-}
-
-size_t cogpu__job_report_line(const cogpu__job_report_t *r, const char *job,
-                              const char *flag, uint64_t declared, char *buf,
-                              size_t len) {
-  char pk[32], res[32], sug[32], tail[160] = "";
-  int n;
-  if (r->gpu < 0) {
-    n = snprintf(buf, len,
-                 "cogpu: %s used no GPU memory that cogpu saw; waited %.0f "
-                 "s; suspended %u times\n",
-                 job, (double)r->waited_ms / 1e3, r->suspensions);
-    size_t u = n < 0 ? 0 : (size_t)n < len ? (size_t)n : len ? len - 1 : 0;
-    return u + report_escaped(r, job, buf + u, len - u);
-  }
-  cogpu__fmt_size(r->peak, pk, sizeof pk);
-  if (r->reserved && declared && r->peak) {
-    uint64_t s = report_suggest(r->peak);
-    /* Far off: a quarter of the reservation unused, or grown beyond it. */
-    if ((r->peak < r->reserved / 4 * 3 || r->peak > declared) && s != declared)
-      snprintf(tail, sizeof tail, " (%s%s would have done)", flag,
-               cogpu__fmt_size(s, sug, sizeof sug));
-  }
-  if (r->reserved)
-    n = snprintf(buf, len,
-                 "cogpu: %s used at most %s of GPU %d (reserved %s, %.0f %%); "
-                 "waited %.0f s; suspended %u times%s\n",
-                 job, pk, r->gpu, cogpu__fmt_size(r->reserved, res, sizeof res),
-                 100.0 * (double)r->peak / (double)r->reserved,
-                 (double)r->waited_ms / 1e3, r->suspensions, tail);
-  else
-    n = snprintf(buf, len,
-                 "cogpu: %s used at most %s of GPU %d (on demand); waited "
-                 "%.0f s; suspended %u times\n",
-                 job, pk, r->gpu, (double)r->waited_ms / 1e3, r->suspensions);
-  size_t used = n < 0 ? 0 : (size_t)n < len ? (size_t)n : len ? len - 1 : 0;
-  if (r->guard_failures && used < len) {
-    n = snprintf(buf + used, len - used,
-                 "cogpu: %s: the deadlock guard failed %u of its requests\n",
-                 job, r->guard_failures);
-    used += n < 0 ? 0 : (size_t)n < len - used ? (size_t)n : len - used - 1;
-  }
-  return used + report_escaped(r, job, buf + used, len - used);
 }

@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ledger/ledger.h"
+#include "backend.h"
 #include "node/node.h"
 #include "node/proto.h"
 #include "nvml/nvml.h"
@@ -46,7 +46,7 @@ struct cogpu__node_s {
   uint32_t ngpus, policy;
   uint32_t late_seq; /* a reserve that gave up waiting for its reply */
   uint64_t late_bytes;
-  /* The usage page (ledger.h): its memfd, kept to pass it again to a
+  /* The usage page (backend.h): its memfd, kept to pass it again to a
    * daemon that restarted; usage_state 0 not made, 1 passed, 2 failed. */
   int usage_fd;
   int usage_state;

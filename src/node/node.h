@@ -1,11 +1,11 @@
 /*
  * node.h: the client side of node mode: a process whose node runs cogpud
  * reaches the ledger only through the daemon's socket (proto.h). The public
- * API (src/ledger/ledger.c) hands each call of a node-mode handle to the
- * functions below. Node mode applies when the daemon's socket exists or
- * the daemon holds its lock (node_mode=auto), or is asked for
- * (node_mode=daemon); then a client never falls back to a ledger of its
- * own, which would book the GPUs twice.
+ * API (src/api) hands each call of a node-mode handle to the functions
+ * below, through the node backend (backend.c). Node mode applies when the
+ * daemon's socket exists or the daemon holds its lock (node_mode=auto), or is
+ * asked for (node_mode=daemon); then a client never falls back to a ledger of
+ * its own, which would book the GPUs twice.
  */
 #ifndef COGPU_NODE_H
 #define COGPU_NODE_H
@@ -14,10 +14,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "cogpu.h"
 #include "internal.h"
 
 typedef struct cogpu__node_s cogpu__node_t;
+
+/* The node client as the public API's backend (backend.c). */
+extern const cogpu__backend_t cogpu__node_backend;
 
 /* 1: node mode (use the daemon), 0: single-user mode, or an error (with
  * node_mode=daemon and no socket). */
@@ -62,7 +66,7 @@ int cogpu__node_unclaim(cogpu__node_t *n, int gpu, uint64_t bytes);
 int cogpu__node_find_job(cogpu__node_t *n, const char *job_id, char *tok,
                          size_t len);
 int cogpu__node_job_token(cogpu__node_t *n, char *buf, size_t len);
-/* Tell the daemon what this process uses (COGPU_MARK_*, ledger.h). */
+/* Tell the daemon what this process uses (COGPU_MARK_*, backend.h). */
 int cogpu__node_mark(cogpu__node_t *n, uint32_t flags);
 /* Suspend (or resume) the job of pid, or of job_id; waits until it is done
  * or timeout_ms passes (-1: no bound). *bytes: the footprint moved; *ms:
@@ -74,7 +78,7 @@ int cogpu__node_suspend(const cogpu__config_t *cfg, int pid, const char *job_id,
 int cogpu__node_gpu_count(cogpu__node_t *n);
 int cogpu__node_gpu_lookup(cogpu__node_t *n, const char *spec, int *gpu);
 
-/* This process's usage page (ledger.h): a sealed memfd, made and passed
+/* This process's usage page (backend.h): a sealed memfd, made and passed
  * to the daemon on first use, and passed again after a daemon restart;
  * NULL if it cannot be made or the daemon refused it. */
 struct cogpu__usage_s *cogpu__node_usage_page(cogpu__node_t *n);

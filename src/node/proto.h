@@ -80,11 +80,11 @@ enum cogpu__msg_type {
   COGPU_M_ACK,     /* wait connection: the grant was received */
   COGPU_M_STATUS,  /* query connection: snapshot in a memfd */
   COGPU_M_RESET,   /* query connection: admin only */
-  COGPU_M_MARK,    /* main connection: what this process uses (ledger.h) */
+  COGPU_M_MARK,    /* main connection: what this process uses (backend.h) */
   COGPU_M_SUSPEND, /* query connection: suspend or resume a job; answered
                       when done */
   COGPU_M_USAGE,   /* main connection: this process's usage page (a sealed
-                      memfd passed with SCM_RIGHTS; ledger.h) */
+                      memfd passed with SCM_RIGHTS; backend.h) */
   COGPU_M_JOB_END, /* main connection: the job's exit status; the reply
                       is its end-of-job report */
   COGPU_M_HISTORY, /* query connection: finished jobs (a memfd) */
@@ -147,7 +147,7 @@ typedef struct cogpu__m_reset_s {
 } cogpu__m_reset_t;
 
 typedef struct cogpu__m_mark_s {
-  uint32_t flags; /* COGPU_MARK_* (ledger.h); checked by the daemon */
+  uint32_t flags; /* COGPU_MARK_* (backend.h); checked by the daemon */
   uint32_t pad;
 } cogpu__m_mark_t;
 

@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ledger/ledger.h"
+#include "api/api.h"
 #include "nvml/nvml.h"
 #include "preload/preload-int.h"
 #include "preload/table.h"
@@ -75,7 +75,7 @@ static bool
 static cogpu__config_t pl_cfg;
 static pl_table_t pl_tables[4]; /* pointers, VMM handles, arrays, contexts */
 /* Where this process publishes its used bytes and their peak per GPU
- * (ledger.h: its slot, or the memfd the daemon maps), or NULL. Relaxed
+ * (backend.h: its slot, or the memfd the daemon maps), or NULL. Relaxed
  * atomics only: one store per allocation and free, and a compare-and-swap
  * only when the peak rises; nothing on kernel launches. */
 static _Atomic(cogpu__usage_t *) pl_usage;
@@ -402,8 +402,7 @@ static CUresult dev_grow(pl_dev_t *d, int64_t timeout, uint32_t flags) {
     /* The job's memory first: it is counted once, whichever of its
      * processes uses it. */
     uint64_t got = 0;
-    if (pl_member && cogpu__ledger_claim(pl_h, d->gpu, want, &got) == 0 &&
-        got) {
+    if (pl_member && cogpu__claim(pl_h, d->gpu, want, &got) == 0 && got) {
       d->base += got;
       atomic_fetch_add(&d->reserved, (int64_t)got);
       continue;
@@ -448,7 +447,7 @@ static void dev_shrink(pl_dev_t *d) {
     excess -= drop;
   }
   if (excess && excess <= d->base &&
-      cogpu__ledger_unclaim(pl_h, d->gpu, excess) == 0) {
+      cogpu__unclaim(pl_h, d->gpu, excess) == 0) {
     d->base -= excess;
     atomic_fetch_sub(&d->reserved, (int64_t)excess);
   }
@@ -575,7 +574,7 @@ CUresult cogpu__pl_charge(CUdevice dev, uint64_t bytes) {
 enum { OUTSIDE_NOT_OVER, OUTSIDE_SERVED, OUTSIDE_FAILED };
 static int outside_wait(pl_dev_t *d, pl_retry_t *r) {
   uint64_t over = 0;
-  int rc0 = pl_h ? cogpu__ledger_recheck(pl_h, d->gpu, &over) : -EINVAL;
+  int rc0 = pl_h ? cogpu__recheck(pl_h, d->gpu, &over) : -EINVAL;
   if (rc0 != 0 || over == 0) {
     cogpu__log(COGPU_LOG_INFO,
                "GPU %d: the driver refused memory cogpu granted, and the "
@@ -643,7 +642,7 @@ bool cogpu__pl_retry(CUdevice dev, CUresult rc, pl_retry_t *r) {
   /* Only when a client left moments ago (within driver_wait) is there a
    * reason to think the driver still holds its memory. */
   if (r->n == 0 &&
-      (wait_ms <= 0 || cogpu__ledger_left_ago_ms(pl_h) > (uint64_t)wait_ms))
+      (wait_ms <= 0 || cogpu__left_ago_ms(pl_h) > (uint64_t)wait_ms))
     return outside_or_once_more(d, r);
   if (r->n == 0) {
     r->deadline_ns = now + (uint64_t)wait_ms * 1000000u;
@@ -798,8 +797,7 @@ static void stake_settle(const pl_dev_t *d) {
       sg == d->gpu)
     return;
   uint64_t got = 0;
-  if (cogpu__ledger_claim(pl_h, (int)sg, cfg_u(COGPU_OPT_CONTEXT_BYTES),
-                          &got) == 0 &&
+  if (cogpu__claim(pl_h, (int)sg, cfg_u(COGPU_OPT_CONTEXT_BYTES), &got) == 0 &&
       got)
     cogpu_release(pl_h, (int)sg, got);
 }
@@ -849,12 +847,12 @@ bool cogpu__pl_meminfo(CUdevice dev, uint64_t *free_b, uint64_t *total_b,
     fr = share > u ? share - u : 0;
     /* The job's other processes use part of a shared reservation. */
     uint64_t mine = (res > used ? (uint64_t)(res - used) : 0) +
-                    cogpu__ledger_job_spare(pl_h, d->gpu);
+                    cogpu__job_spare(pl_h, d->gpu);
     if (pl_member && !limit && mine < fr)
       fr = mine;
   } else {
     uint64_t cap = 0, gfree = 0;
-    cogpu__ledger_room(pl_h, d->gpu, &cap, &gfree);
+    cogpu__room(pl_h, d->gpu, &cap, &gfree);
     *total_b = cap;
     fr = gfree + (res > used ? (uint64_t)(res - used) : 0);
   }

@@ -4,7 +4,7 @@
  * that same device when freed. A free of memory cogpu never saw is passed
  * to the driver untouched; only the driver's own results are returned.
  */
-#include "ledger/ledger.h"
+#include "api/api.h"
 #include "preload/preload-int.h"
 
 /* Charge, allocate, track; undo the charge if the driver fails. */

@@ -216,7 +216,7 @@ uint64_t cogpu__pl_context_bytes(CUdevice dev);
  * instead. Returns what is counted for it now. */
 uint64_t cogpu__pl_context_settle(CUdevice dev, uint64_t charged);
 /* Tell the ledger, once, that this process used a kind of memory the
- * driver cannot checkpoint (COGPU_MARK_*, ledger.h). */
+ * driver cannot checkpoint (COGPU_MARK_*, backend.h). */
 void cogpu__pl_mark(uint32_t flag);
 /* Stream-ordered pools: account a pool's reserved footprint. */
 void cogpu__pl_pool_sync(CUmemoryPool pool, CUdevice dev);

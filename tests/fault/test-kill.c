@@ -11,9 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "internal.h"
 #include "ledger-helpers.h"
-#include "ledger/ledger.h"
 
 static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
   return (cogpu_request_t){.gpu = gpu,
@@ -256,7 +256,7 @@ HELPER_IMPL(job_member) {
                        .bytes = GiB,
                        .priority = COGPU_PRIORITY_DEFAULT,
                        .timeout_ms = 0};
-  if (cogpu_attach(&o, &h) || cogpu__ledger_claim(h, 0, UINT64_MAX, &got) ||
+  if (cogpu_attach(&o, &h) || cogpu__claim(h, 0, UINT64_MAX, &got) ||
       cogpu_reserve(h, &r, NULL) || cogpu_release(h, 0, GiB / 2))
     return 2;
   return 0;
@@ -291,7 +291,7 @@ TEST_IMPL_SINGLE(fault_job_member_dies_anywhere) {
     cogpu_t *next;
     uint64_t held, got;
     ASSERT_OK(cogpu_attach(&m, &next));
-    ASSERT_OK(cogpu__ledger_claim(next, 0, UINT64_MAX, &got));
+    ASSERT_OK(cogpu__claim(next, 0, UINT64_MAX, &got));
     ASSERT_OK(cogpu_held(job, 0, &held));
     ASSERT_UEQ(got, held);
     ASSERT_OK(cogpu_detach(next));

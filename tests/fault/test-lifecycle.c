@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "internal.h"
 #include "ledger-helpers.h"
 #include "ledger/ledger-int.h"
@@ -76,7 +77,7 @@ TEST_IMPL(lifecycle_member_waits_after_its_job_ends) {
   ASSERT_OK(cogpu_reserve(other, &r, NULL));
   member = attach_member(job);
   uint64_t got;
-  ASSERT_OK(cogpu__ledger_claim(member, 0, 3 * GiB, &got));
+  ASSERT_OK(cogpu__claim(member, 0, 3 * GiB, &got));
   ASSERT_UEQ(got, 3 * GiB);
   waiting_t w;
   waiting_start(&w, member, req(0, 2 * GiB, COGPU_WAIT_FOREVER));
@@ -93,7 +94,7 @@ TEST_IMPL(lifecycle_member_waits_after_its_job_ends) {
   ASSERT_OK(w.rc);
   ASSERT_UEQ(lt_reserved_by(0, "member"), 5 * GiB);
   /* Its former claims are its own now: given back, they leave it. */
-  ASSERT_OK(cogpu__ledger_unclaim(member, 0, 3 * GiB));
+  ASSERT_OK(cogpu__unclaim(member, 0, 3 * GiB));
   ASSERT_UEQ(lt_reserved_by(0, "member"), 2 * GiB);
   ASSERT_OK(cogpu_release(member, 0, COGPU_ALL));
   lt_check_invariants();
@@ -118,8 +119,9 @@ TEST_IMPL_SINGLE(lifecycle_waiter_identity) {
   waiting_start(&wa, a, req(0, GiB, 2000));
   lt_wait_nwaiting(0, 1, 5000);
   /* Drop a's entry, as a repair would, then b's request takes its index. */
-  ledger_state_t *st = holder->st;
-  cogpu__ledger_lock(holder);
+  struct cogpu_s *lh = cogpu__ledger_of(holder);
+  ledger_state_t *st = lh->st;
+  cogpu__ledger_lock(lh);
   uint32_t idx = LEDGER_MAX_WAITERS;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++)
     if (st->waiters[w].state == W_WAITING)
@@ -127,10 +129,10 @@ TEST_IMPL_SINGLE(lifecycle_waiter_identity) {
   ASSERT(idx < LEDGER_MAX_WAITERS);
   st->waiters[idx].state = W_FREE;
   st->hdr.nwaiting--;
-  cogpu__ledger_unlock(holder);
+  cogpu__ledger_unlock(lh);
   waiting_start(&wb, b, req(0, 2 * GiB, COGPU_WAIT_FOREVER));
   lt_wait_nwaiting(0, 1, 5000);
-  ASSERT_EQ(st->waiters[idx].owner, b->slot);
+  ASSERT_EQ(st->waiters[idx].owner, cogpu__ledger_of(b)->slot);
   ASSERT_EQ(pthread_join(wa.t, NULL), 0);
   ASSERT_EQ(wa.rc, -ECANCELED);
   /* b's request is untouched, and served when memory frees. */
@@ -201,12 +203,13 @@ TEST_IMPL_SINGLE(lifecycle_wrong_counters_recounted) {
   th_setenv("COGPU_MARGIN", "0");
   th_setenv("COGPU_MAX_CLIENTS", "2");
   cogpu_t *h = lt_attach(0);
-  ledger_state_t *st = h->st;
-  cogpu__ledger_lock(h);
+  struct cogpu_s *lh = cogpu__ledger_of(h);
+  ledger_state_t *st = lh->st;
+  cogpu__ledger_lock(lh);
   st->hdr.gpus[0].reserved = 16 * GiB;
   st->hdr.gpus[0].nclients = 2;
   st->hdr.nwaiting = 3;
-  cogpu__ledger_unlock(h);
+  cogpu__ledger_unlock(lh);
   cogpu_request_t r = req(0, 16 * GiB, 0);
   ASSERT_OK(cogpu_reserve(h, &r, NULL));
   ASSERT_UEQ(st->hdr.gpus[0].reserved, 16 * GiB);
@@ -220,9 +223,9 @@ TEST_IMPL_SINGLE(lifecycle_wrong_counters_recounted) {
   r = req(0, 4 * GiB, 0);
   ASSERT_OK(cogpu_reserve(job, &r, NULL));
   member = attach_member(job);
-  cogpu__ledger_lock(h);
-  st->slots[job->slot].lent[0] = 4 * GiB;
-  cogpu__ledger_unlock(h);
+  cogpu__ledger_lock(lh);
+  st->slots[cogpu__ledger_of(job)->slot].lent[0] = 4 * GiB;
+  cogpu__ledger_unlock(lh);
   /* Wrong: the member cannot claim, and growing does not fit either (the
    * node is full), so the request is checked and the job recounted. */
   r = req(0, 12 * GiB, 0);
@@ -230,7 +233,7 @@ TEST_IMPL_SINGLE(lifecycle_wrong_counters_recounted) {
   r = req(0, 1 * GiB, 0);
   ASSERT_EQ(cogpu_reserve(member, &r, NULL), -EAGAIN);
   uint64_t got;
-  ASSERT_OK(cogpu__ledger_claim(member, 0, 4 * GiB, &got));
+  ASSERT_OK(cogpu__claim(member, 0, 4 * GiB, &got));
   ASSERT_UEQ(got, 4 * GiB);
   lt_check_invariants();
   cogpu_detach(member);
@@ -259,8 +262,8 @@ TEST_IMPL(lifecycle_guard_waits_for_all_members) {
   ASSERT_OK(cogpu_attach(&m, &a));
   ASSERT_OK(cogpu_attach(&m, &b));
   uint64_t got;
-  ASSERT_OK(cogpu__ledger_claim(a, 0, 4 * GiB, &got));
-  ASSERT_OK(cogpu__ledger_claim(b, 0, 4 * GiB, &got));
+  ASSERT_OK(cogpu__claim(a, 0, 4 * GiB, &got));
+  ASSERT_OK(cogpu__claim(b, 0, 4 * GiB, &got));
   waiting_t wa, wo;
   waiting_start(&wa, a, req(0, 4 * GiB, COGPU_WAIT_FOREVER));
   lt_wait_nwaiting(0, 1, 5000);

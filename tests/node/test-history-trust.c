@@ -33,10 +33,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "history/history.h"
 #include "internal.h"
 #include "ledger-helpers.h"
-#include "ledger/ledger.h"
 #include "node/proto.h"
 
 #define UID_A 65533u

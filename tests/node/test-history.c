@@ -14,10 +14,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "history/history.h"
 #include "internal.h"
 #include "ledger-helpers.h"
-#include "ledger/ledger.h"
 
 static void hist_env(void) {
   if (th_sanitizer_runtime()[0])

@@ -45,6 +45,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "fuzz-harness.h"
 #include "internal.h"
 #include "ledger-helpers.h"

@@ -21,10 +21,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "cuda/cuda-abi.h"
 #include "internal.h"
 #include "ledger-helpers.h"
-#include "ledger/ledger.h"
 
 /* Every test here runs against a node daemon it starts itself when the
  * runner gives none: once per build. */

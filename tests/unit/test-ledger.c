@@ -13,10 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "internal.h"
 #include "ledger-helpers.h"
 #include "ledger/ledger-int.h"
-#include "ledger/ledger.h"
 
 static cogpu_request_t req(int gpu, uint64_t bytes, int64_t timeout_ms) {
   return (cogpu_request_t){.gpu = gpu,
@@ -485,8 +485,8 @@ HELPER_IMPL(claim_and_die) {
   cogpu_attach_opts_t o = {.join = argv[0], .command = "member"};
   cogpu_t *h;
   uint64_t got = 0;
-  if (cogpu_attach(&o, &h) != 0 ||
-      cogpu__ledger_claim(h, 0, UINT64_MAX, &got) != 0 || got != 4 * GiB)
+  if (cogpu_attach(&o, &h) != 0 || cogpu__claim(h, 0, UINT64_MAX, &got) != 0 ||
+      got != 4 * GiB)
     return 2;
   raise(SIGKILL); /* dies holding its claim */
   return 3;
@@ -505,26 +505,26 @@ TEST_IMPL(ledger_job_claims) {
   char tok[32];
   ASSERT_OK(cogpu_job_token(job, tok, sizeof tok));
   uint64_t got = 1;
-  ASSERT_OK(cogpu__ledger_claim(job, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__claim(job, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 0); /* the job's own process claims nothing */
   cogpu_attach_opts_t m = {.join = tok, .command = "member"};
   ASSERT_OK(cogpu_attach(&m, &a));
   ASSERT_OK(cogpu_attach(&m, &b));
-  ASSERT_OK(cogpu__ledger_claim(a, 0, GiB, &got));
+  ASSERT_OK(cogpu__claim(a, 0, GiB, &got));
   ASSERT_UEQ(got, GiB);
-  ASSERT_OK(cogpu__ledger_claim(b, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__claim(b, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 3 * GiB);
-  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__claim(a, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 0);
-  ASSERT_EQ(cogpu__ledger_claim(a, 9, 1, &got), -ENODEV);
+  ASSERT_EQ(cogpu__claim(a, 9, 1, &got), -ENODEV);
   /* Part of a claim given back goes to the job, for its other processes,
    * not to the node; no more than was claimed, and nothing for the job's
    * own process. */
-  ASSERT_OK(cogpu__ledger_unclaim(b, 0, GiB));
-  ASSERT_OK(cogpu__ledger_unclaim(job, 0, GiB));
-  ASSERT_EQ(cogpu__ledger_unclaim(b, 9, 1), -ENODEV);
+  ASSERT_OK(cogpu__unclaim(b, 0, GiB));
+  ASSERT_OK(cogpu__unclaim(job, 0, GiB));
+  ASSERT_EQ(cogpu__unclaim(b, 9, 1), -ENODEV);
   ASSERT_UEQ(lt_reserved_by(0, "job"), 4 * GiB);
-  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__claim(a, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, GiB);
   lt_check_invariants();
   /* What a process grows the job by is its own, not for others to claim;
@@ -533,26 +533,26 @@ TEST_IMPL(ledger_job_claims) {
   cogpu_request_t more = req(0, 2 * GiB, 0);
   ASSERT_OK(cogpu_reserve(a, &more, NULL));
   ASSERT_OK(cogpu_attach(&m, &c));
-  ASSERT_OK(cogpu__ledger_claim(c, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__claim(c, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 0);
   ASSERT_UEQ(lt_reserved_by(0, "job"), 6 * GiB);
   ASSERT_OK(cogpu_release(a, 0, 2 * GiB));
-  ASSERT_OK(cogpu__ledger_claim(c, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__claim(c, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 0);
   ASSERT_UEQ(lt_reserved_by(0, "job"), 4 * GiB);
   cogpu_detach(c);
-  ASSERT_OK(cogpu__ledger_unclaim(b, 0, 10 * GiB)); /* all of its 2G */
-  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__unclaim(b, 0, 10 * GiB)); /* all of its 2G */
+  ASSERT_OK(cogpu__claim(a, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 2 * GiB);
   cogpu_detach(b);
-  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__claim(a, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 0);
   cogpu_detach(a);
   const char *args[] = {tok, NULL};
   int st = th_wait(th_spawn_helper("claim_and_die", args), th_ms(5000));
   ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
   ASSERT_OK(cogpu_attach(&m, &a));
-  ASSERT_OK(cogpu__ledger_claim(a, 0, UINT64_MAX, &got));
+  ASSERT_OK(cogpu__claim(a, 0, UINT64_MAX, &got));
   ASSERT_UEQ(got, 4 * GiB);
   /* Claims move nothing between the job and the GPU. */
   ASSERT_UEQ(lt_reserved_by(0, "job"), 4 * GiB);

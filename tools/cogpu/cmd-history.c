@@ -16,9 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "cli.h"
 #include "history/history.h"
-#include "ledger/ledger.h"
 #include "node/node.h"
 
 static int hist_usage(const char *msg, const char *arg) {

@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <pthread.h>
 
-#include "ledger-int.h"
+#include "api/api-int.h"
 #include "schedgpu.h"
 
 enum {
@@ -42,7 +42,7 @@ int schedGPUInit(int timeout_seconds, int priority) {
   sg_priority = priority;
   int rc = sg_attach();
   if (rc == SG_SUCCESS)
-    sg_handle->priority = priority;
+    sg_handle->be->set_priority(sg_handle->b, priority);
   pthread_mutex_unlock(&sg_mu);
   return rc;
 }
