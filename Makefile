@@ -321,10 +321,10 @@ FUZZ_SRCS := $(LIB_SRCS) src/daemon/handle.c src/daemon/daemon.c src/daemon/susp
 FUZZ_ENV := LD_LIBRARY_PATH=$(abspath $(B))/tests/fakes FAKE_NVML_GPUS=16G,16G
 .PHONY: fuzz fuzz-driver
 fuzz-driver: $(B)/fuzz/fuzz-daemon-plain
-$(B)/fuzz/fuzz-daemon-plain: $(FUZZ_SRCS) $(wildcard src/*/*.h tests/fuzz/*.h)
+$(B)/fuzz/fuzz-daemon-plain: $(FUZZ_SRCS) $(wildcard src/*/*.h src/*/*.def tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/fuzz -o $@ $(FUZZ_SRCS) -lsystemd $(HIST_LIBS) $(LDLIBS)
-$(B)/fuzz/fuzz-daemon: $(FUZZ_SRCS) $(wildcard src/*/*.h tests/fuzz/*.h)
+$(B)/fuzz/fuzz-daemon: $(FUZZ_SRCS) $(wildcard src/*/*.h src/*/*.def tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
 	AFL_QUIET=1 $(AFL_CC) $(BASEFLAGS) $(CFLAGS) -Itests/fuzz -o $@ $(FUZZ_SRCS) \
 	    -lsystemd $(HIST_LIBS) $(LDLIBS)
