@@ -226,6 +226,32 @@ uint64_t lt_cpu_ticks(pid_t pid) {
   return ut + st;
 }
 
+char lt_proc_state(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *s = strrchr(buf, ')');
+  return s && s[1] == ' ' ? s[2] : 0;
+}
+
+bool lt_in_sleep_call(pid_t pid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  long nr = strtol(buf, NULL, 10);
+  return nr == SYS_nanosleep || nr == SYS_clock_nanosleep;
+}
+
 int lt_fd_count(pid_t pid) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);

@@ -84,6 +84,11 @@ char *lt_slurp(const char *tag);
 
 /* CPU time (user + system, clock ticks) process pid has used. */
 uint64_t lt_cpu_ticks(pid_t pid);
+/* pid's state letter in /proc/PID/stat (R, S, T...), 0 when it is gone. */
+char lt_proc_state(pid_t pid);
+/* Is pid (stopped or sleeping) inside nanosleep or clock_nanosleep
+ * (/proc/PID/syscall: a process of ours)? A fault point's stall is. */
+bool lt_in_sleep_call(pid_t pid);
 /* How many descriptors process pid has open. */
 int lt_fd_count(pid_t pid);
 

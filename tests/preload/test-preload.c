@@ -1068,11 +1068,17 @@ TEST_IMPL(preload_job_concurrent_members) {
  * has taken. */
 TEST_IMPL(preload_job_meminfo_shared) {
   preload_env();
-  char script[9000];
+  /* The second asks once the first holds its 1G (it says "waiting"
+   * after it), and the first lets go once the second has asked: cues,
+   * not a timed window (a fixed 0.5 s missed it under load). */
+  char script[20000], first[4200], done[4200];
+  snprintf(first, sizeof first, "%s", th_path("first.out"));
+  snprintf(done, sizeof done, "%s", th_path("done"));
   snprintf(script, sizeof script,
-           "%s direct init ctx alloc:1G hold:1500 & "
-           "sleep 0.5; %s direct init ctx info; wait",
-           lt_cudaprog(), lt_cudaprog());
+           "%s direct init ctx alloc:1G waitfile:%s > %s & "
+           "until grep -q waiting %s || ! kill -0 $!; do sleep 0.02; done; "
+           "%s direct init ctx info; touch %s; wait",
+           lt_cudaprog(), done, first, first, lt_cudaprog(), done);
   const char *argv[] = {"cogpu", "run", "--mem", "2G", "--",
                         "sh",    "-c",  script,  NULL};
   ASSERT_EQ(finish(lt_spawn_logged("out", argv), "out"), 0);
