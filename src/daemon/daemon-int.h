@@ -63,6 +63,7 @@ typedef struct dconn_s {
    * (record.c); `id` names the connection to that answer, which may come
    * after the connection has gone. */
   bool hist_pending;
+  uint32_t hist_seq; /* the HISTORY request's sequence number */
   uint64_t id;
   int passed_fd;    /* a descriptor that came with the message (-1: none) */
   bool counted;     /* in its user's count of connections (admins: not) */
@@ -89,11 +90,27 @@ typedef struct duser_s {
 } duser_t;
 
 typedef struct cogpu__susp_s cogpu__susp_t;
+typedef struct cogpu__susp_op_s cogpu__susp_op_t;
+
+/* An operation of the loop's queue (daemon.c): handed to the suspender,
+ * its result not final yet. At most one per job: slot and generation of
+ * the state opened epoch-th (a reset opens a new one, whose generations
+ * start anew). */
+typedef struct dop_s {
+  uint64_t id;
+  uint32_t slot, gen;
+  int op;
+  uint32_t epoch;
+  struct dop_s *next;
+} dop_t;
 struct cogpu__drec_s;
 
 typedef struct cogpu__daemon_s {
   cogpu__config_t cfg;
   cogpu__susp_t *susp;       /* suspend.c; NULL when fuzzing */
+  dop_t *ops;                /* the operation queue (daemon.c) */
+  uint64_t next_op_id;       /* dop_t.id */
+  uint32_t state_epoch;      /* states opened so far (dop_t.epoch) */
   struct cogpu__drec_s *rec; /* record.c: usage pages and job history */
   struct cogpu_s *dh;        /* the daemon's own attachment to its state */
   struct cogpu_s proxy;      /* acts for one client at a time */
@@ -191,23 +208,71 @@ void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c);
 /* Sends a reply to req on c (handle.c). */
 int cogpu__daemon_reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
                         int rc, cogpu__msg_t *r);
-/* Answers the wait connections whose requests were served or refused, and
- * hands the suspender what the ledger decided (handle.c). */
+/* A reply to req's sequence number on c, passing fd (-1: none). */
+int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
+                           cogpu__msg_t *r, int fd);
+/* Answers the wait connections whose requests were served or refused
+ * (handle.c). */
 void cogpu__daemon_answer_waiters(cogpu__daemon_t *d);
+/* An operation the suspender has done: applied to the ledger and told to
+ * who waits for it; 1 when it is to be run again (handle.c). */
+int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *o);
+/* Sends the history writer's answers to the connections that asked
+ * (handle.c). */
+void cogpu__daemon_history_answered(cogpu__daemon_t *d);
 
-/* --- suspend.c: suspending and resuming jobs ------------------------------ */
+/* --- suspend.c: the suspender (a service) ------------------------------
+ * It runs the operations the loop hands it, in a thread of its own, and
+ * hands each back done; it answers no client and decides nothing of the
+ * ledger's (it gives the ledger its hooks: may a job be suspended, how
+ * long has it been idle, what will its resume need). */
+
+/* A suspension operation: handed to the suspender by the loop (which
+ * holds at most one per job, a job being its slot and generation), and
+ * handed back with its result. */
+#define SUSP_OP_UNDO                                                           \
+  3 /* a suspension put back: its job ended meanwhile,                         \
+       or a previous daemon left it half done */
+/* Restores tried before a job is given up (the last failure ends it). */
+#define SUSP_RESTORE_TRIES 3u
+struct cogpu__susp_op_s {
+  uint64_t id; /* the loop's name for it */
+  uint32_t slot, gen;
+  int op; /* LEDGER_OP_SUSPEND, LEDGER_OP_RESUME or SUSP_OP_UNDO */
+  int npids;
+  uint64_t bytes; /* the footprint (held when the operation was handed) */
+  /* When it may run again (monotonic ns), and how a resume has waited for
+   * the driver to have room: since when, when it was last said, how often;
+   * how many restores the driver refused. */
+  uint64_t not_before_ns, waiting_since_ns, warned_ns;
+  unsigned tries, restore_tries;
+  /* The result. */
+  int rc;
+  bool broken; /* a process was left locked or checkpointed */
+  uint64_t took_ns;
+  char msg[256];
+};
+
 /* Starts the suspender's thread (it loads libcuda and calls cuInit) and
  * gives the ledger its hooks. */
 int cogpu__susp_start(cogpu__daemon_t *d);
 void cogpu__susp_stop(cogpu__daemon_t *d);
-/* The eventfd the thread signals when it has results. */
+/* The eventfd the thread signals when it has done operations. */
 int cogpu__susp_fd(cogpu__daemon_t *d);
-/* Hands the thread the suspensions and resumes the ledger decided. */
-void cogpu__susp_pump(cogpu__daemon_t *d);
-/* Applies the thread's results to the ledger and answers who waits. */
-void cogpu__susp_completed(cogpu__daemon_t *d);
-/* After a restart: finishes what a previous daemon left half done. */
-void cogpu__susp_recover(cogpu__daemon_t *d);
+/* Hands the thread operation op (named id) on job (slot, gen): its
+ * processes and footprint are read from the ledger now. 0, or -ENOMEM,
+ * -ENOTSUP (no suspender). */
+int cogpu__susp_submit(cogpu__daemon_t *d, uint64_t id, uint32_t slot,
+                       uint32_t gen, int op);
+/* An operation done (NULL: none now), the caller's until it hands it back
+ * to run again (cogpu__susp_again, at o->not_before_ns) or releases it. */
+cogpu__susp_op_t *cogpu__susp_take(cogpu__daemon_t *d);
+void cogpu__susp_again(cogpu__daemon_t *d, cogpu__susp_op_t *o);
+void cogpu__susp_release(cogpu__daemon_t *d, cogpu__susp_op_t *o);
+/* A job the driver cannot give back (a failed restore): its processes are
+ * told why on their stderr, and killed. */
+void cogpu__susp_end_stuck(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
+                           const char *why);
 /* Learns that a run of command by uid on a GPU of that model peaked at
  * peak bytes: what resume admission expects of the command's next jobs
  * (loop thread). */
@@ -217,9 +282,6 @@ void cogpu__susp_learn(cogpu__daemon_t *d, uint32_t uid, const char *command,
 void cogpu__susp_status(cogpu__daemon_t *d, cogpu_status_t *st);
 /* On the timer: which processes did GPU work (max_idle). */
 void cogpu__susp_sample(cogpu__daemon_t *d);
-/* SUSPEND on a query connection. */
-int cogpu__daemon_on_suspend(cogpu__daemon_t *d, dconn_t *c,
-                             const cogpu__msg_t *m);
 
 /* --- record.c: usage pages and the job history --------------------------- */
 /* Installs the ledger's usage hooks and starts the history writer. */
@@ -237,22 +299,32 @@ bool cogpu__daemon_rec_sampling(cogpu__daemon_t *d);
 void cogpu__daemon_rec_sample(cogpu__daemon_t *d);
 /* Records written to the database so far. */
 uint64_t cogpu__daemon_rec_written(cogpu__daemon_t *d);
-/* USAGE on a main connection (the page is c->passed_fd). */
-int cogpu__daemon_on_usage(cogpu__daemon_t *d, dconn_t *c,
-                           const cogpu__msg_t *m, cogpu__msg_t *r);
-/* HISTORY: checks who may see what, and hands the query to the history
- * writer thread; 1 when it will be answered (cogpu__daemon_rec_answer),
- * else an error for r. The loop never waits for SQLite. */
-int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
-                             const cogpu__msg_t *m, cogpu__msg_t *r);
-/* The descriptor the loop polls for answered queries (-1: none), and the
- * answering: each pending connection gets its records (a sealed memfd)
- * or the error. */
+/* USAGE: maps fd (a sealed memfd of size bytes, which stays the caller's)
+ * as the usage page of slot (generation gen); else an error, said in msg. */
+int cogpu__daemon_rec_usage(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
+                            int fd, uint64_t size, char *msg, size_t len);
+/* HISTORY of a user (uid; admin: may see every user's jobs): decides what
+ * the user may see and hands the query to the history writer thread; 1
+ * when it will be answered (an answer carrying tag, from
+ * cogpu__daemon_rec_take), else an error said in msg. The loop never waits
+ * for SQLite. */
+int cogpu__daemon_rec_query(cogpu__daemon_t *d, uint64_t tag, uid_t uid,
+                            bool admin, const cogpu__m_history_t *q, char *msg,
+                            size_t len);
+/* A query's answer: its records (fd, a sealed memfd, the answer's until
+ * freed) or an error (rc, msg). */
+typedef struct cogpu__rec_answer_s {
+  struct cogpu__rec_answer_s *next;
+  uint64_t tag; /* the asker's (cogpu__daemon_rec_query) */
+  int rc;
+  int fd;
+  char msg[sizeof(((cogpu__msg_t *)0)->u.reply.msg)];
+} cogpu__rec_answer_t;
+/* The descriptor the loop polls for answered queries (-1: none), the
+ * answers (a list, the caller's, each freed with _answer_free). */
 int cogpu__daemon_rec_fd(cogpu__daemon_t *d);
-void cogpu__daemon_rec_answer(cogpu__daemon_t *d);
-/* A reply to req's sequence number on c, passing fd (-1: none). */
-int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
-                           cogpu__msg_t *r, int fd);
+cogpu__rec_answer_t *cogpu__daemon_rec_take(cogpu__daemon_t *d);
+void cogpu__daemon_rec_answer_free(cogpu__rec_answer_t *a);
 
 /* A process's start time (clock ticks since boot; 0 if it is gone): with
  * its PID, it names the process without ambiguity. */

@@ -37,6 +37,8 @@ static dconn_t mark_listen, mark_timer, mark_signal, mark_susp, mark_hist;
 static int sigfd = -1;
 static uint64_t watchdog_us;
 
+static void ops_pump(cogpu__daemon_t *d);
+
 static uint64_t now_ms(void) {
   return cogpu__now_ns() / 1000000u;
 }
@@ -136,6 +138,7 @@ static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
   c->dead = true;
   cogpu__daemon_reap_list(d, c);
   cogpu__daemon_close(d, c);
+  ops_pump(d);
   if (c->fd >= 0) {
     if (!d->fuzz)
       epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
@@ -418,6 +421,7 @@ static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
     bool bad = n <= 0 || nfds < 0 || nfds > 1 || (mh.msg_flags & MSG_TRUNC) ||
                cogpu__daemon_handle(d, c, &m, (size_t)n) != 0;
     d->handling = NULL;
+    ops_pump(d);
     /* A descriptor is the handler's to keep (dup) or not: never leaked. */
     if (c->passed_fd >= 0)
       close(c->passed_fd);
@@ -429,6 +433,125 @@ static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
   }
   if (events & (EPOLLHUP | EPOLLERR))
     conn_free(d, c);
+}
+
+/* --- the operation queue ----------------------------------------------------
+ * The suspensions and resumes the ledger decides (its host's list of
+ * operations) are the loop's: taken after each message, each closed
+ * connection and each tick, held here from the moment they are handed to
+ * the suspender until their result is final, and never more than one per
+ * job (slot and generation of the state now open). A second operation for
+ * a job that has one is merged (the same one: it is under way) or refused:
+ * the ledger never decides one (a job in SUSPENDING or RESUMING waits for
+ * its operation's result), and recovery asks for one only for the jobs
+ * that have none. So no job is resumed twice (issue 23, 6: recovery's
+ * service pass and its scan of half-done jobs both submitted a resume). */
+
+static dop_t *op_find(cogpu__daemon_t *d, uint32_t slot, uint32_t gen) {
+  for (dop_t *o = d->ops; o; o = o->next)
+    if (o->slot == slot && o->gen == gen && o->epoch == d->state_epoch)
+      return o;
+  return NULL;
+}
+
+/* Queues op on job (slot, gen) and hands it to the suspender; -EALREADY
+ * when the job has an operation already (nothing done). */
+static int op_add(cogpu__daemon_t *d, uint32_t slot, uint32_t gen, int op) {
+  if (op_find(d, slot, gen))
+    return -EALREADY;
+  dop_t *o = calloc(1, sizeof *o);
+  int rc = o ? cogpu__susp_submit(d, ++d->next_op_id, slot, gen, op) : -ENOMEM;
+  if (rc) {
+    free(o);
+    /* Not handed over: the state says what was meant; a suspension is
+     * reported failed (a resume stays due). */
+    struct cogpu_s *h = d->dh;
+    cogpu__ledger_lock(h);
+    if (op == LEDGER_OP_SUSPEND)
+      cogpu__ledger_suspend_done(h, slot, gen, rc, false);
+    cogpu__ledger_unlock(h);
+    return rc;
+  }
+  *o = (dop_t){.id = d->next_op_id,
+               .slot = slot,
+               .gen = gen,
+               .op = op,
+               .epoch = d->state_epoch,
+               .next = d->ops};
+  d->ops = o;
+  return 0;
+}
+
+static void op_remove(cogpu__daemon_t *d, uint64_t id) {
+  for (dop_t **pp = &d->ops; *pp; pp = &(*pp)->next)
+    if ((*pp)->id == id) {
+      dop_t *o = *pp;
+      *pp = o->next;
+      free(o);
+      return;
+    }
+}
+
+/* Takes the operations the ledger decided. */
+static void ops_pump(cogpu__daemon_t *d) {
+  if (!d->susp || !d->dh)
+    return;
+  ledger_susp_op_t ops[64];
+  size_t n;
+  while ((n = cogpu__ledger_take_susp_ops(d->dh, ops, 64)) > 0)
+    for (size_t i = 0; i < n; i++) {
+      if (op_add(d, ops[i].slot, ops[i].gen, ops[i].op) != -EALREADY)
+        continue;
+      const dop_t *o = op_find(d, ops[i].slot, ops[i].gen);
+      cogpu__assert_why(false, "a second operation for a job that has one");
+      cogpu__log(COGPU_LOG_ERROR,
+                 "the ledger asked for operation %d on slot %u while its "
+                 "operation %d is under way: %s",
+                 ops[i].op, ops[i].slot, o->op,
+                 o->op == ops[i].op ? "merged" : "refused");
+    }
+}
+
+/* The suspender has done operations: each is final (its result applied
+ * and answered, its place in the queue freed) or runs again, keeping its
+ * place. */
+static void ops_done(cogpu__daemon_t *d) {
+  cogpu__susp_op_t *o;
+  while ((o = cogpu__susp_take(d))) {
+    if (cogpu__daemon_susp_result(d, o)) {
+      cogpu__susp_again(d, o);
+      continue;
+    }
+    op_remove(d, o->id);
+    cogpu__susp_release(d, o);
+  }
+  if (!d->dh)
+    return;
+  ops_pump(d);
+  cogpu__daemon_answer_waiters(d);
+}
+
+/* After a restart: jobs a previous daemon left half-way. A suspension
+ * under way is undone (its footprint is still booked: restore, unlock); a
+ * resume under way is done again (its footprint is booked). The
+ * recovery's first service pass may already have served a parked job's
+ * resume (SUSPENDED -> RESUMING, its operation decided): that one is taken
+ * first, and the job is not given a second. */
+static void ops_recover(cogpu__daemon_t *d) {
+  if (!d->susp || !d->dh)
+    return;
+  ops_pump(d);
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    uint32_t gen = atomic_load(&sl->gen);
+    if (sl->state != SLOT_ACTIVE || op_find(d, s, gen))
+      continue;
+    if (sl->susp == SUSP_SUSPENDING)
+      op_add(d, s, gen, SUSP_OP_UNDO);
+    else if (sl->susp == SUSP_RESUMING)
+      op_add(d, s, gen, LEDGER_OP_RESUME);
+  }
 }
 
 /* --- recovery after a restart ------------------------------------------------
@@ -510,6 +633,7 @@ static void on_tick(cogpu__daemon_t *d) {
   cogpu__ledger_unlock(h);
   cogpu__susp_sample(d);
   d->orphans_dirty = true; /* some may be left: look again */
+  ops_pump(d);
   cogpu__daemon_answer_waiters(d);
   if (watchdog_us)
     sd_notify(0, "WATCHDOG=1");
@@ -938,7 +1062,7 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
     epoll_ctl(d->epfd, EPOLL_CTL_ADD, cogpu__daemon_rec_fd(d), &ev);
   }
   recover(d);
-  cogpu__susp_recover(d);
+  ops_recover(d);
   if (sd_watchdog_enabled(0, &watchdog_us) <= 0)
     watchdog_us = 0;
   return 0;
@@ -961,9 +1085,9 @@ static bool dispatch(cogpu__daemon_t *d, struct epoll_event *evs, int n) {
     } else if (c == &mark_signal) {
       d->stop = true;
     } else if (c == &mark_susp) {
-      cogpu__susp_completed(d);
+      ops_done(d);
     } else if (c == &mark_hist) {
-      cogpu__daemon_rec_answer(d);
+      cogpu__daemon_history_answered(d);
     } else {
       on_readable(d, c, evs[i].events);
     }
@@ -1051,6 +1175,7 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
     snprintf(path, sizeof path, "%s", d->dh->path);
     cogpu__ledger_close_trusted(d->dh);
     d->dh = NULL;
+    d->state_epoch++; /* operations under way are of the old state's jobs */
     unlink(path);
   }
   cogpu__config_t cfg;
@@ -1082,6 +1207,11 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
  * and clients re-register with the next daemon. */
 void cogpu__daemon_fini(cogpu__daemon_t *d) {
   cogpu__susp_stop(d);
+  while (d->ops) {
+    dop_t *o = d->ops;
+    d->ops = o->next;
+    free(o);
+  }
   cogpu__daemon_rec_stop(d);
   while (d->conns) {
     dconn_t *c = d->conns;

@@ -796,7 +796,6 @@ static int on_ack(cogpu__daemon_t *d, dconn_t *c) {
  * refused, or whose entries are gone (their job ended). */
 void cogpu__daemon_answer_waiters(cogpu__daemon_t *d) {
   static uint32_t woken[LEDGER_MAX_WAITERS];
-  cogpu__susp_pump(d);
   size_t n = cogpu__ledger_take_wakes_of(d->dh, woken, LEDGER_MAX_WAITERS);
   ledger_state_t *st = d->dh->st;
   for (size_t i = 0; i < n; i++) {
@@ -933,7 +932,9 @@ static int on_mark(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
 static int on_usage(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
-  int rc = cogpu__daemon_on_usage(d, c, m, &r);
+  int rc =
+      cogpu__daemon_rec_usage(d, c->slot, c->gen, c->passed_fd, m->u.usage.size,
+                              r.u.reply.msg, sizeof r.u.reply.msg);
   reply(d, c, m, rc, &r);
   return 0;
 }
@@ -973,13 +974,262 @@ static int on_job_end(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
 static int on_history(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
-  int rc = cogpu__daemon_on_history(d, c, m, &r);
+  /* The query is named by the connection's id: its answer may come after
+   * the connection has gone (cogpu__daemon_history_answered). */
+  int rc = cogpu__daemon_rec_query(d, c->id, c->uid, c->admin, &m->u.history,
+                                   r.u.reply.msg, sizeof r.u.reply.msg);
   if (rc == 1) {
-    c->hist_pending = true; /* answered by cogpu__daemon_rec_answer */
+    c->hist_pending = true;
+    c->hist_seq = m->seq;
     return 0;
   }
   reply(d, c, m, rc, &r);
   return -1;
+}
+
+/* --- suspensions: `cogpu suspend`/`resume`, and the suspender's results ---
+ */
+
+/* Tell the waiting requests of a job that it was suspended. */
+static void note_waiters(cogpu__daemon_t *d, uint32_t slot) {
+  ledger_state_t *st = d->dh->st;
+  const ledger_slot_t *sl = &st->slots[slot];
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && d->nwaitconns; w++) {
+    dconn_t *c = d->waiter_conn[w];
+    const ledger_waiter_t *wt = &st->waiters[w];
+    if (!c || wt->state != W_WAITING || wt->slot != slot || wt->resume)
+      continue;
+    cogpu__msg_t r, req;
+    memset(&r, 0, sizeof r);
+    cogpu__msg_init(&req, COGPU_M_WAIT, 1);
+    r.u.reply.flags = COGPU_REPLY_SUSPENDED;
+    r.u.reply.gpu = (int32_t)sl->susp_gpu;
+    r.u.reply.a = sl->parked;
+    reply(d, c, &req, 0, &r);
+  }
+}
+
+/* Answer the `cogpu suspend`/`resume` commands waiting on this job. */
+static void answer_manual(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
+                          int op, int rc, const char *msg, uint64_t bytes,
+                          uint64_t ms, uint64_t took_ms) {
+  for (dconn_t *c = d->conns; c; c = c->next) {
+    if (c->kind != DC_QUERY || !c->susp_pending || c->susp_slot != slot ||
+        c->susp_gen != gen || c->susp_op != op)
+      continue;
+    cogpu__msg_t r, req;
+    memset(&r, 0, sizeof r);
+    cogpu__msg_init(&req, COGPU_M_SUSPEND, 1);
+    r.u.reply.a = bytes;
+    r.u.reply.b = ms;
+    r.u.reply.ticket = took_ms;
+    if (rc)
+      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", msg);
+    c->susp_pending = false;
+    reply(d, c, &req, rc, &r);
+    cogpu__daemon_end_later(d, c);
+  }
+}
+
+/* An operation the suspender has done: its result applied to the ledger,
+ * and told to whoever waits for it (the job's waiting requests, the
+ * `cogpu suspend`/`resume` that asked). 1 when it is to run again (o says
+ * how: the same resume later, or the undo of a suspension whose job ended
+ * meanwhile), 0 when it is over. */
+int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
+  struct cogpu_s *h = d->dh;
+  if (!h)
+    return 0;
+  ledger_slot_t *sl = &h->st->slots[j->slot];
+  bool same = sl->state == SLOT_ACTIVE && atomic_load(&sl->gen) == j->gen;
+  char sz[32];
+  cogpu__fmt_size(j->bytes, sz, sizeof sz);
+  double secs = (double)j->took_ns / 1e9;
+  if (j->op == LEDGER_OP_SUSPEND) {
+    if (!same && j->rc == 0) {
+      /* The job ended meanwhile and its processes outlived it (their
+       * share became their own, booked on the GPU): put them back. */
+      j->op = SUSP_OP_UNDO;
+      return 1;
+    }
+    if (j->rc == 0)
+      cogpu__log(COGPU_LOG_WARN,
+                 "suspended the job of pid %d (%s, %d processes) in "
+                 "%.2f s",
+                 sl->pid, sz, j->npids, secs);
+    else
+      cogpu__log(COGPU_LOG_WARN, "could not suspend the job of pid %d: %s",
+                 sl->pid, j->msg);
+    cogpu__ledger_lock(h);
+    cogpu__ledger_suspend_done(h, j->slot, j->gen, j->rc, j->broken);
+    cogpu__ledger_unlock(h);
+    if (j->rc == 0 && same)
+      note_waiters(d, j->slot);
+    answer_manual(d, j->slot, j->gen, LEDGER_OP_SUSPEND, j->rc, j->msg,
+                  j->bytes, j->took_ns / 1000000u, j->took_ns / 1000000u);
+    if (j->rc && j->broken && same)
+      cogpu__susp_end_stuck(d, j->slot, j->gen, j->msg);
+  } else if (j->op == LEDGER_OP_RESUME && j->rc == -EAGAIN) {
+    if (!same || sl->susp != SUSP_RESUMING)
+      return 0; /* the job ended while it waited */
+    /* The driver does not have the room yet: try again soon (20 ms,
+     * doubling to half a second), and say so at once, then every
+     * minute while it lasts. */
+    uint64_t now = cogpu__now_ns();
+    if (!j->waiting_since_ns)
+      j->waiting_since_ns = now;
+    if (!j->warned_ns || now - j->warned_ns >= cogpu__ms_to_ns(60000)) {
+      cogpu__log(COGPU_LOG_WARN,
+                 "the resume of the job of pid %d waits for the driver: "
+                 "%s",
+                 sl->pid, j->msg);
+      j->warned_ns = now;
+    }
+    unsigned ms = j->tries < 5 ? 20u << j->tries : 500u;
+    j->tries++;
+    j->not_before_ns = now + cogpu__ms_to_ns(ms);
+    return 1;
+  } else if (j->op == LEDGER_OP_RESUME && j->rc && j->broken && same &&
+             sl->susp == SUSP_RESUMING &&
+             j->restore_tries + 1 < SUSP_RESTORE_TRIES) {
+    /* The driver refused a restore: it may be passing (an error that
+     * leaves the process checkpointed); tried again at 100 ms, 400 ms. */
+    cogpu__log(COGPU_LOG_WARN, "resuming the job of pid %d: %s; trying again",
+               sl->pid, j->msg);
+    j->not_before_ns =
+        cogpu__now_ns() + cogpu__ms_to_ns(100u << (2 * j->restore_tries));
+    j->restore_tries++;
+    return 1;
+  } else if (j->op == LEDGER_OP_RESUME) {
+    uint64_t away = same ? (cogpu__now_ns() - sl->susp_since_ns) : 0;
+    if (j->rc == 0)
+      cogpu__log(COGPU_LOG_WARN,
+                 "resumed the job of pid %d (%s) in %.2f s, after %.1f s "
+                 "suspended",
+                 sl->pid, sz, secs, (double)away / 1e9);
+    else
+      cogpu__log(COGPU_LOG_ERROR, "resuming the job of pid %d: %s", sl->pid,
+                 j->msg);
+    cogpu__ledger_lock(h);
+    cogpu__ledger_resume_done(h, j->slot, j->gen, j->rc);
+    cogpu__ledger_unlock(h);
+    answer_manual(d, j->slot, j->gen, LEDGER_OP_RESUME, j->rc, j->msg, j->bytes,
+                  away / 1000000u, j->took_ns / 1000000u);
+    if (j->rc && j->broken && same)
+      cogpu__susp_end_stuck(d, j->slot, j->gen, j->msg);
+  } else {
+    cogpu__ledger_lock(h);
+    if (same && sl->susp == SUSP_SUSPENDING)
+      cogpu__ledger_suspend_done(h, j->slot, j->gen, -ECANCELED, j->broken);
+    cogpu__ledger_unlock(h);
+    if (j->broken)
+      cogpu__log(COGPU_LOG_ERROR,
+                 "putting back the processes of a "
+                 "suspension: %s",
+                 j->msg);
+  }
+  return 0;
+}
+
+/* The job a request names: by a pid of any of its processes, or by job id;
+ * the job's slot. */
+static int64_t find_job(cogpu__daemon_t *d, const cogpu__m_suspend_t *q) {
+  ledger_state_t *st = d->dh->st;
+  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    const ledger_slot_t *sl = &st->slots[s];
+    if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
+      continue;
+    /* A PID names a registration only while it is the registered
+     * process's (its start time): once that process has ended, its PID
+     * may be another user's process. */
+    bool hit = q->pid ? sl->pid == q->pid &&
+                            cogpu__daemon_starttime(q->pid) == sl->starttime
+                      : strcmp(sl->job_id, q->job_id) == 0 &&
+                            (!sl->job || sl->job == (uint64_t)s + 1);
+    if (!hit)
+      continue;
+    if (sl->job && sl->job != (uint64_t)s + 1 && sl->job <= LEDGER_MAX_SLOTS) {
+      const ledger_slot_t *job = &st->slots[sl->job - 1];
+      if (job->state == SLOT_ACTIVE && atomic_load(&job->gen) == sl->job_gen)
+        return (int64_t)sl->job - 1;
+    }
+    return s;
+  }
+  return -1;
+}
+
+static int on_suspend(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
+  const cogpu__m_suspend_t *q = &m->u.suspend;
+  cogpu__msg_t r;
+  memset(&r, 0, sizeof r);
+  int64_t s = find_job(d, q);
+  int rc = 0;
+  if (s < 0) {
+    rc = -ESRCH;
+    if (q->pid)
+      snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+               "no process %d attached to cogpu on this node", q->pid);
+    else
+      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "no job '%s' on this node",
+               q->job_id);
+  } else if (d->dh->st->slots[s].uid != c->uid && c->uid != 0 && !c->admin) {
+    rc = -EPERM;
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+             "the job of pid %d belongs to another user",
+             d->dh->st->slots[s].pid);
+  } else if (!d->susp) {
+    rc = -ENOTSUP;
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+             "this daemon cannot suspend jobs");
+  }
+  if (rc) {
+    reply(d, c, m, rc, &r);
+    return -1;
+  }
+  struct cogpu_s *h = d->dh;
+  ledger_slot_t *sl = &h->st->slots[s];
+  char why[256];
+  cogpu__ledger_lock(h);
+  if (q->resume)
+    rc = cogpu__ledger_resume_ask(h, (uint32_t)s, why, sizeof why);
+  else
+    rc = cogpu__ledger_suspend_begin(h, (uint32_t)s, true, why, sizeof why);
+  cogpu__ledger_unlock(h);
+  if (rc) {
+    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
+             "cannot %s the job of pid "
+             "%d: %s",
+             q->resume ? "resume" : "suspend", sl->pid, why);
+    reply(d, c, m, rc, &r);
+    return -1;
+  }
+  /* Answered when its operation is done (cogpu__daemon_susp_result); the
+   * loop hands the operation the ledger queued to the suspender. */
+  c->susp_pending = true;
+  c->susp_slot = (uint32_t)s;
+  c->susp_gen = atomic_load(&sl->gen);
+  c->susp_op = q->resume ? LEDGER_OP_RESUME : LEDGER_OP_SUSPEND;
+  return 0;
+}
+
+/* The history writer answered: each answer goes to its connection if that
+ * is still there (a client that gave up is not waited for). */
+void cogpu__daemon_history_answered(cogpu__daemon_t *d) {
+  for (cogpu__rec_answer_t *q = cogpu__daemon_rec_take(d), *next; q; q = next) {
+    next = q->next;
+    dconn_t *c = d->conns;
+    while (c && (c->id != q->tag || !c->hist_pending || c->dead))
+      c = c->next;
+    if (c) {
+      cogpu__msg_t r;
+      memset(&r, 0, sizeof r);
+      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", q->msg);
+      c->hist_pending = false;
+      cogpu__daemon_reply_fd(d, c, c->hist_seq, q->rc, &r, q->fd);
+      cogpu__daemon_end_later(d, c);
+    }
+    cogpu__daemon_rec_answer_free(q);
+  }
 }
 
 /* --- dispatch ---------------------------------------------------------------
@@ -1051,7 +1301,7 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
       break;
     case COGPU_M_SUSPEND:
       c->kind = DC_QUERY;
-      rc = cogpu__daemon_on_suspend(d, c, &m);
+      rc = on_suspend(d, c, &m);
       break;
     case COGPU_M_HISTORY:
       c->kind = DC_QUERY;

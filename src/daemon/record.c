@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <pwd.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,15 +48,12 @@ typedef struct rec_job_s {
  * queued before it (so a job that ended before the request is in its
  * answer, with no waiting in the loop), then answered by the loop. */
 typedef struct hq_s {
+  cogpu__rec_answer_t a; /* first: what the loop is handed back */
   struct hq_s *next;
-  uint64_t conn_id; /* dconn_t.id: the connection may be gone by then */
-  uint32_t seq;
   uid_t uid;
   cogpu__hist_filter_t f;
-  int rc;
-  int mfd;
-  char msg[sizeof(((cogpu__msg_t *)0)->u.reply.msg)];
 } hq_t;
+_Static_assert(offsetof(hq_t, a) == 0, "an answer is freed as its query");
 /* Queries under way: on the node, and of one user. A query is quick (a
  * few ms) unless the database is locked (SQLite's bounded busy wait): the
  * bounds keep one user's stream of requests from delaying others' for
@@ -314,14 +312,14 @@ static void run_query(struct cogpu__drec_s *r, hq_t *q) {
   cogpu__hist_t *db = NULL;
   cogpu__hist_rec_t *v = NULL;
   size_t n = 0;
-  q->mfd = -1;
+  q->a.fd = -1;
   int rc = cogpu__hist_open(r->path, false, &db);
   if (rc == 0)
     rc = cogpu__hist_query(db, &q->f, &v, &n);
   cogpu__hist_close(db);
   if (rc) {
-    q->rc = rc;
-    snprintf(q->msg, sizeof q->msg, "%s", cogpu_last_error());
+    q->a.rc = rc;
+    snprintf(q->a.msg, sizeof q->a.msg, "%s", cogpu_last_error());
     return;
   }
   cogpu__hist_hdr_t hh = {.magic = COGPU_HIST_MAGIC,
@@ -339,15 +337,15 @@ static void run_query(struct cogpu__drec_s *r, hq_t *q) {
       (bytes && write(mfd, v, bytes) != (ssize_t)bytes) ||
       fcntl(mfd, F_ADD_SEALS,
             F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
-    q->rc = errno ? -errno : -EIO;
-    snprintf(q->msg, sizeof q->msg, "cannot pass the history: %s",
-             strerror(-q->rc));
+    q->a.rc = errno ? -errno : -EIO;
+    snprintf(q->a.msg, sizeof q->a.msg, "cannot pass the history: %s",
+             strerror(-q->a.rc));
     if (mfd >= 0)
       close(mfd);
     mfd = -1;
   }
   free(v);
-  q->mfd = mfd;
+  q->a.fd = mfd;
 }
 
 static void *writer(void *arg) {
@@ -510,9 +508,7 @@ void cogpu__daemon_rec_stop(cogpu__daemon_t *d) {
   }
   for (hq_t *q = r->hq_done, *next; q; q = next) {
     next = q->next;
-    if (q->mfd >= 0)
-      close(q->mfd);
-    free(q);
+    cogpu__daemon_rec_answer_free(&q->a);
   }
   for (hq_t *q = r->hq, *next; q; q = next) {
     next = q->next;
@@ -533,30 +529,28 @@ void cogpu__daemon_rec_stop(cogpu__daemon_t *d) {
   d->rec = NULL;
 }
 
-int cogpu__daemon_on_usage(cogpu__daemon_t *d, dconn_t *c,
-                           const cogpu__msg_t *m, cogpu__msg_t *r) {
+int cogpu__daemon_rec_usage(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
+                            int fd, uint64_t size, char *msg, size_t len) {
   struct cogpu__drec_s *x = d->rec;
-  int fd = c->passed_fd;
   struct stat sb;
   int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
   /* Only a memfd that can neither shrink nor grow: a mapping of a file the
    * client could truncate would fault in the daemon. */
-  if (!x || fd < 0 || m->u.usage.size != sizeof(cogpu__usage_t) ||
-      fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
-      sb.st_size != (off_t)sizeof(cogpu__usage_t) || seals < 0 ||
+  if (!x || fd < 0 || size != sizeof(cogpu__usage_t) || fstat(fd, &sb) != 0 ||
+      !S_ISREG(sb.st_mode) || sb.st_size != (off_t)sizeof(cogpu__usage_t) ||
+      seals < 0 ||
       (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
           (F_SEAL_SHRINK | F_SEAL_GROW)) {
-    snprintf(r->u.reply.msg, sizeof r->u.reply.msg,
-             "a usage page must be a sealed memfd of %zu bytes",
+    snprintf(msg, len, "a usage page must be a sealed memfd of %zu bytes",
              sizeof(cogpu__usage_t));
     return -EINVAL;
   }
   void *p = mmap(NULL, sizeof(cogpu__usage_t), PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED)
     return -errno;
-  page_drop(x, c->slot);
-  x->page[c->slot] = p;
-  x->page_gen[c->slot] = c->gen;
+  page_drop(x, slot);
+  x->page[slot] = p;
+  x->page_gen[slot] = gen;
   x->npages++;
   return 0;
 }
@@ -570,45 +564,42 @@ uint64_t cogpu__daemon_rec_written(cogpu__daemon_t *d) {
   return d->rec ? __atomic_load_n(&d->rec->written, __ATOMIC_RELAXED) : 0;
 }
 
-/* HISTORY: who may see what is decided here, from the connection's
- * credentials: root and the admin group see every user's jobs, others
- * their own. The query itself goes to the writer thread. */
-int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
-                             const cogpu__msg_t *m, cogpu__msg_t *r) {
+/* A query of uid's (who may see every user's jobs if admin): who may see
+ * what is decided here; the query itself goes to the writer thread. */
+int cogpu__daemon_rec_query(cogpu__daemon_t *d, uint64_t tag, uid_t uid,
+                            bool admin, const cogpu__m_history_t *q, char *msg,
+                            size_t len) {
   struct cogpu__drec_s *x = d->rec;
-  const cogpu__m_history_t *q = &m->u.history;
   cogpu__hist_filter_t f = {.has_uid = q->has_uid,
                             .uid = q->uid,
                             .since_ms = q->since_s * 1000,
                             .last = q->last};
-  if (!c->admin) {
-    if (q->has_uid && q->uid != c->uid) {
-      snprintf(r->u.reply.msg, sizeof r->u.reply.msg,
+  if (!admin) {
+    if (q->has_uid && q->uid != uid) {
+      snprintf(msg, len,
                "only root and the admin group may see other users' jobs");
       return -EPERM;
     }
     f.has_uid = true;
-    f.uid = c->uid;
+    f.uid = uid;
   }
   if (!x || !x->history_on || !x->started) {
-    snprintf(r->u.reply.msg, sizeof r->u.reply.msg,
-             "the node keeps no job history (history_dir=none)");
+    snprintf(msg, len, "the node keeps no job history (history_dir=none)");
     return -ENOENT;
   }
   pthread_mutex_lock(&x->mu);
   unsigned mine = 0;
   for (hq_t *o = x->hq; o; o = o->next)
-    mine += o->uid == c->uid;
+    mine += o->uid == uid;
   for (hq_t *o = x->hq_done; o; o = o->next)
-    mine += o->uid == c->uid;
+    mine += o->uid == uid;
   bool full = x->nhq >= HQ_MAX || mine >= HQ_USER_MAX;
   hq_t *n = full ? NULL : calloc(1, sizeof *n);
   if (n) {
-    n->conn_id = c->id;
-    n->seq = m->seq;
-    n->uid = c->uid;
+    n->a.tag = tag;
+    n->a.fd = -1;
+    n->uid = uid;
     n->f = f;
-    n->mfd = -1;
     *x->hq_tail = n;
     x->hq_tail = &n->next;
     x->nhq++;
@@ -616,7 +607,7 @@ int cogpu__daemon_on_history(cogpu__daemon_t *d, dconn_t *c,
   }
   pthread_mutex_unlock(&x->mu);
   if (!n) {
-    snprintf(r->u.reply.msg, sizeof r->u.reply.msg, "%s: try again in a moment",
+    snprintf(msg, len, "%s: try again in a moment",
              full ? "too many history requests under way" : "out of memory");
     return full ? -EBUSY : -ENOMEM;
   }
@@ -627,37 +618,30 @@ int cogpu__daemon_rec_fd(cogpu__daemon_t *d) {
   return d->rec && d->rec->history_on ? d->rec->efd : -1;
 }
 
-/* In the loop: the writer answered; each answer goes to its connection if
- * that is still there (a client that gave up is not waited for). */
-void cogpu__daemon_rec_answer(cogpu__daemon_t *d) {
+/* In the loop: the queries the writer has answered, in a list the caller
+ * owns. The wake-up is read before the list is taken, so that an answer
+ * added meanwhile wakes the loop again. */
+cogpu__rec_answer_t *cogpu__daemon_rec_take(cogpu__daemon_t *d) {
   struct cogpu__drec_s *x = d->rec;
   uint64_t cnt;
   if (!x || read(x->efd, &cnt, sizeof cnt) < 0) {
     /* spurious: nothing to take */
   }
   if (!x)
-    return;
+    return NULL;
   pthread_mutex_lock(&x->mu);
   hq_t *done = x->hq_done;
   x->hq_done = NULL;
   for (hq_t *q = done; q; q = q->next)
     x->nhq--;
   pthread_mutex_unlock(&x->mu);
-  for (hq_t *q = done, *next; q; q = next) {
-    next = q->next;
-    dconn_t *c = d->conns;
-    while (c && (c->id != q->conn_id || !c->hist_pending || c->dead))
-      c = c->next;
-    if (c) {
-      cogpu__msg_t r;
-      memset(&r, 0, sizeof r);
-      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", q->msg);
-      c->hist_pending = false;
-      cogpu__daemon_reply_fd(d, c, q->seq, q->rc, &r, q->mfd);
-      cogpu__daemon_end_later(d, c);
-    }
-    if (q->mfd >= 0)
-      close(q->mfd);
-    free(q);
-  }
+  for (hq_t *q = done; q; q = q->next)
+    q->a.next = q->next ? &q->next->a : NULL;
+  return done ? &done->a : NULL;
+}
+
+void cogpu__daemon_rec_answer_free(cogpu__rec_answer_t *a) {
+  if (a->fd >= 0)
+    close(a->fd);
+  free(a); /* the first member of its hq_t */
 }

@@ -23,6 +23,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,41 +43,25 @@
 #endif
 
 #define SUSP_MAX_PIDS 64
-#define OP_UNDO                                                                \
-  3 /* recovery: a suspension a previous daemon left half done                 \
-     */
 
-/* Restores tried before a job is given up (the last failure ends it). */
-#define SUSP_RESTORE_TRIES 3u
-
+/* An operation, with what only the suspender needs of it. */
 typedef struct sjob_s {
-  uint32_t slot, gen;
-  int op;
+  cogpu__susp_op_t o; /* first: what the loop is handed back */
   /* The job's processes, each named by its PID, its start time and a
    * pidfd taken when the operation was queued (-1: none; start time
    * only): a PID reused by another process, another user's, is never
    * locked, checkpointed, restored or unlocked (issue 23). */
-  int npids;
   int32_t pids[SUSP_MAX_PIDS];
   uint64_t starts[SUSP_MAX_PIDS];
   int pidfds[SUSP_MAX_PIDS];
-  uint64_t bytes;
   unsigned lock_ms;
   /* Resume: the footprint the restore puts back on the GPU (NVML index
-   * gpu), not before not_before_ns (monotonic), and since when and how
-   * often it has waited for the driver to have that much free. */
+   * gpu). */
   unsigned gpu;
   uint64_t need;
-  uint64_t not_before_ns, waiting_since_ns, warned_ns;
-  unsigned tries;
-  unsigned restore_tries; /* restores that failed (the driver's error) */
-  /* Result. */
-  int rc;
-  bool broken;
-  uint64_t took_ns;
-  char msg[256];
   struct sjob_s *next;
 } sjob_t;
+_Static_assert(offsetof(sjob_t, o) == 0, "an operation is its job");
 
 enum { CAP_INIT = 0, CAP_OK, CAP_NONE };
 
@@ -125,6 +110,7 @@ struct cogpu__susp_s {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   sjob_t *todo, **todo_tail, *done;
+  sjob_t *taken; /* loop thread: done jobs not yet handed back */
   int efd;
   bool stop;
   int cap; /* CAP_*, under mu */
@@ -213,7 +199,7 @@ static bool same_process(const sjob_t *j, int i) {
 }
 
 static void sjob_free(sjob_t *j) {
-  for (int i = 0; i < j->npids; i++)
+  for (int i = 0; i < j->o.npids; i++)
     if (j->pidfds[i] >= 0)
       close(j->pidfds[i]);
   free(j);
@@ -223,9 +209,9 @@ static void sjob_free(sjob_t *j) {
  * its start time once its pidfd is held (so that the pidfd is of the
  * process that attached, or of none). */
 static void sjob_take_pids(struct cogpu_s *h, sjob_t *j) {
-  j->npids = (int)cogpu__ledger_job_pids(h, j->slot, j->pids, j->starts,
-                                         SUSP_MAX_PIDS);
-  for (int i = 0; i < j->npids; i++) {
+  j->o.npids = (int)cogpu__ledger_job_pids(h, j->o.slot, j->pids, j->starts,
+                                           SUSP_MAX_PIDS);
+  for (int i = 0; i < j->o.npids; i++) {
     j->pidfds[i] = -1;
     j->pidfds[i] = (int)syscall(SYS_pidfd_open, j->pids[i], 0);
     if (j->pidfds[i] >= 0)
@@ -243,7 +229,7 @@ static void sjob_take_pids(struct cogpu_s *h, sjob_t *j) {
  * checkpointed: used when a suspension fails half-way and by recovery.
  * Only ever called while the ledger still books the job's footprint. */
 static void undo(cogpu__susp_t *s, sjob_t *j) {
-  for (int i = 0; i < j->npids; i++) {
+  for (int i = 0; i < j->o.npids; i++) {
     CUcheckpointRestoreArgs ra = {0};
     CUcheckpointUnlockArgs ua = {0};
     if (!same_process(j, i))
@@ -251,9 +237,9 @@ static void undo(cogpu__susp_t *s, sjob_t *j) {
     CUresult r = s->cu.restore(j->pids[i], &ra);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_ILLEGAL_STATE &&
         r != CUDA_ERROR_INVALID_VALUE) {
-      j->broken = true;
-      snprintf(j->msg, sizeof j->msg, "restoring pid %d failed: %s", j->pids[i],
-               cu_err(r));
+      j->o.broken = true;
+      snprintf(j->o.msg, sizeof j->o.msg, "restoring pid %d failed: %s",
+               j->pids[i], cu_err(r));
     }
     r = s->cu.unlock(j->pids[i], &ua);
     (void)r; /* not locked (never was, or gone): nothing to do */
@@ -280,11 +266,11 @@ static void no_checkpoints(cogpu__susp_t *s) {
 
 static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
   int locked = 0;
-  for (; locked < j->npids; locked++) {
+  for (; locked < j->o.npids; locked++) {
     CUcheckpointLockArgs la = {.timeoutMs = j->lock_ms};
     if (!same_process(j, locked)) {
-      j->rc = -ESRCH;
-      snprintf(j->msg, sizeof j->msg,
+      j->o.rc = -ESRCH;
+      snprintf(j->o.msg, sizeof j->o.msg,
                "process %d of the job has ended (its PID may be another "
                "process's now)",
                j->pids[locked] > 0 ? j->pids[locked] : 0);
@@ -294,35 +280,35 @@ static void run_suspend(cogpu__susp_t *s, sjob_t *j) {
     if (r == CUDA_ERROR_NOT_SUPPORTED && !s->ever_ok)
       no_checkpoints(s);
     if (r != CUDA_SUCCESS) {
-      j->rc = r == CUDA_ERROR_NOT_READY ? -EBUSY : -EIO;
-      snprintf(j->msg, sizeof j->msg, "locking pid %d: %s", j->pids[locked],
+      j->o.rc = r == CUDA_ERROR_NOT_READY ? -EBUSY : -EIO;
+      snprintf(j->o.msg, sizeof j->o.msg, "locking pid %d: %s", j->pids[locked],
                cu_err(r));
       break;
     }
   }
-  if (j->rc == 0)
-    for (int i = 0; i < j->npids; i++) {
+  if (j->o.rc == 0)
+    for (int i = 0; i < j->o.npids; i++) {
       CUcheckpointCheckpointArgs ca = {0};
       if (!same_process(j, i)) {
-        j->rc = -ESRCH;
-        snprintf(j->msg, sizeof j->msg, "process %d of the job has ended",
+        j->o.rc = -ESRCH;
+        snprintf(j->o.msg, sizeof j->o.msg, "process %d of the job has ended",
                  j->pids[i]);
         break;
       }
       CUresult r = s->cu.checkpoint(j->pids[i], &ca);
       if (r != CUDA_SUCCESS) {
-        j->rc = -EIO;
-        snprintf(j->msg, sizeof j->msg, "checkpointing pid %d: %s", j->pids[i],
-                 cu_err(r));
+        j->o.rc = -EIO;
+        snprintf(j->o.msg, sizeof j->o.msg, "checkpointing pid %d: %s",
+                 j->pids[i], cu_err(r));
         break;
       }
     }
-  if (j->rc) {
+  if (j->o.rc) {
     sjob_t part = *j;
-    part.npids = locked;
-    part.broken = false;
+    part.o.npids = locked;
+    part.o.broken = false;
     undo(s, &part);
-    j->broken = part.broken;
+    j->o.broken = part.o.broken;
   } else {
     s->ever_ok = true;
   }
@@ -345,8 +331,8 @@ static bool room_for(sjob_t *j) {
   char a[32], b[32];
   cogpu__fmt_size(free_b, a, sizeof a);
   cogpu__fmt_size(j->need, b, sizeof b);
-  j->rc = -EAGAIN;
-  snprintf(j->msg, sizeof j->msg,
+  j->o.rc = -EAGAIN;
+  snprintf(j->o.msg, sizeof j->o.msg,
            "the driver has %s free on the GPU, and its memory needs %s "
            "(processes that ended and are still exiting, or memory used "
            "outside cogpu's view)",
@@ -365,7 +351,7 @@ static bool room_for(sjob_t *j) {
 static bool any_checkpointed(cogpu__susp_t *s, sjob_t *j) {
   if (!s->cu.get_state)
     return true;
-  for (int i = 0; i < j->npids; i++) {
+  for (int i = 0; i < j->o.npids; i++) {
     CUprocessState st = CU_PROCESS_STATE_RUNNING;
     if (!same_process(j, i))
       continue;
@@ -379,7 +365,7 @@ static bool any_checkpointed(cogpu__susp_t *s, sjob_t *j) {
 static void run_resume(cogpu__susp_t *s, sjob_t *j) {
   if (any_checkpointed(s, j) && !room_for(j))
     return;
-  for (int i = 0; i < j->npids; i++) {
+  for (int i = 0; i < j->o.npids; i++) {
     CUcheckpointRestoreArgs ra = {0};
     CUcheckpointUnlockArgs ua = {0};
     if (!same_process(j, i))
@@ -388,17 +374,17 @@ static void run_resume(cogpu__susp_t *s, sjob_t *j) {
     if (r == CUDA_ERROR_INVALID_VALUE)
       continue; /* the process is gone */
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_ILLEGAL_STATE) {
-      j->rc = -EIO;
-      j->broken = true;
-      snprintf(j->msg, sizeof j->msg, "restoring pid %d: %s", j->pids[i],
+      j->o.rc = -EIO;
+      j->o.broken = true;
+      snprintf(j->o.msg, sizeof j->o.msg, "restoring pid %d: %s", j->pids[i],
                cu_err(r));
       continue;
     }
     r = s->cu.unlock(j->pids[i], &ua);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_ILLEGAL_STATE &&
         r != CUDA_ERROR_INVALID_VALUE) {
-      j->rc = -EIO;
-      snprintf(j->msg, sizeof j->msg, "unlocking pid %d: %s", j->pids[i],
+      j->o.rc = -EIO;
+      snprintf(j->o.msg, sizeof j->o.msg, "unlocking pid %d: %s", j->pids[i],
                cu_err(r));
     }
   }
@@ -410,7 +396,7 @@ static sjob_t *take_ready(cogpu__susp_t *s) {
   uint64_t now = cogpu__now_ns();
   for (sjob_t **pp = &s->todo; *pp; pp = &(*pp)->next) {
     sjob_t *j = *pp;
-    if (j->not_before_ns > now)
+    if (j->o.not_before_ns > now)
       continue;
     *pp = j->next;
     if (!*pp)
@@ -425,8 +411,8 @@ static sjob_t *take_ready(cogpu__susp_t *s) {
 static uint64_t next_due(cogpu__susp_t *s) {
   uint64_t when = 0;
   for (sjob_t *j = s->todo; j; j = j->next)
-    if (!when || j->not_before_ns < when)
-      when = j->not_before_ns;
+    if (!when || j->o.not_before_ns < when)
+      when = j->o.not_before_ns;
   return when;
 }
 
@@ -461,16 +447,16 @@ static void *worker(void *arg) {
     pthread_mutex_unlock(&s->mu);
     uint64_t t0 = cogpu__now_ns();
     if (cap != CAP_OK) {
-      j->rc = -ENOTSUP;
-      snprintf(j->msg, sizeof j->msg, "%s", s->cap_why);
-    } else if (j->op == LEDGER_OP_SUSPEND) {
+      j->o.rc = -ENOTSUP;
+      snprintf(j->o.msg, sizeof j->o.msg, "%s", s->cap_why);
+    } else if (j->o.op == LEDGER_OP_SUSPEND) {
       run_suspend(s, j);
-    } else if (j->op == LEDGER_OP_RESUME) {
+    } else if (j->o.op == LEDGER_OP_RESUME) {
       run_resume(s, j);
     } else {
       undo(s, j);
     }
-    j->took_ns = cogpu__now_ns() - t0;
+    j->o.took_ns = cogpu__now_ns() - t0;
     pthread_mutex_lock(&s->mu);
     j->next = s->done;
     s->done = j;
@@ -791,6 +777,11 @@ void cogpu__susp_stop(cogpu__daemon_t *d) {
     s->done = j->next;
     sjob_free(j);
   }
+  while (s->taken) {
+    sjob_t *j = s->taken;
+    s->taken = j->next;
+    sjob_free(j);
+  }
   close(s->efd);
   free(s->idle);
   free(s->learnt);
@@ -798,85 +789,79 @@ void cogpu__susp_stop(cogpu__daemon_t *d) {
   d->susp = NULL;
 }
 
-static void submit(cogpu__daemon_t *d, uint32_t slot, uint32_t gen, int op) {
+/* --- what the loop hands over and takes back -------------------------------
+ * The loop owns the operations (one in flight per job); the suspender runs
+ * each one handed to it and hands it back done. */
+
+int cogpu__susp_submit(cogpu__daemon_t *d, uint64_t id, uint32_t slot,
+                       uint32_t gen, int op) {
   cogpu__susp_t *s = d->susp;
-  sjob_t *j = calloc(1, sizeof *j);
   struct cogpu_s *h = d->dh;
-  if (!j) {
-    /* Out of memory: the state says what was meant; report failure. */
-    cogpu__ledger_lock(h);
-    if (op == LEDGER_OP_SUSPEND)
-      cogpu__ledger_suspend_done(h, slot, gen, -ENOMEM, false);
-    cogpu__ledger_unlock(h);
-    return;
-  }
-  j->slot = slot;
-  j->gen = gen;
-  j->op = op;
+  if (!s || !h)
+    return -ENOTSUP;
+  sjob_t *j = calloc(1, sizeof *j);
+  if (!j)
+    return -ENOMEM;
+  j->o.id = id;
+  j->o.slot = slot;
+  j->o.gen = gen;
+  j->o.op = op;
   const ledger_slot_t *sl = &h->st->slots[slot];
   sjob_take_pids(h, j);
   /* The footprint: still in held while suspending, booked back into held
    * when resuming. */
-  j->bytes = sl->susp_gpu < LEDGER_MAX_GPUS ? sl->held[sl->susp_gpu] : 0;
+  j->o.bytes = sl->susp_gpu < LEDGER_MAX_GPUS ? sl->held[sl->susp_gpu] : 0;
   j->lock_ms = (unsigned)d->cfg.v[COGPU_OPT_SUSPEND_LOCK_TIMEOUT].i;
   if (op == LEDGER_OP_RESUME && sl->susp_gpu < h->st->hdr.ngpus) {
     j->gpu = h->st->hdr.gpus[sl->susp_gpu].index;
     /* What the suspension took off the GPU; after a daemon restart that
      * is not known here, and the whole booking stands for it. */
-    j->need = s->parked_gen[slot] == gen ? s->parked[slot] : j->bytes;
+    j->need = s->parked_gen[slot] == gen ? s->parked[slot] : j->o.bytes;
   }
   enqueue(s, j);
+  return 0;
 }
 
-void cogpu__susp_pump(cogpu__daemon_t *d) {
-  if (!d->susp || !d->dh)
-    return;
-  ledger_susp_op_t ops[64];
-  size_t n;
-  while ((n = cogpu__ledger_take_susp_ops(d->dh, ops, 64)) > 0)
-    for (size_t i = 0; i < n; i++)
-      submit(d, ops[i].slot, ops[i].gen, ops[i].op);
-}
-
-/* Tell the waiting requests of a job that it was suspended. */
-static void note_waiters(cogpu__daemon_t *d, uint32_t slot) {
-  ledger_state_t *st = d->dh->st;
-  const ledger_slot_t *sl = &st->slots[slot];
-  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && d->nwaitconns; w++) {
-    dconn_t *c = d->waiter_conn[w];
-    const ledger_waiter_t *wt = &st->waiters[w];
-    if (!c || wt->state != W_WAITING || wt->slot != slot || wt->resume)
-      continue;
-    cogpu__msg_t r, req;
-    memset(&r, 0, sizeof r);
-    cogpu__msg_init(&req, COGPU_M_WAIT, 1);
-    r.u.reply.flags = COGPU_REPLY_SUSPENDED;
-    r.u.reply.gpu = (int32_t)sl->susp_gpu;
-    r.u.reply.a = sl->parked;
-    cogpu__daemon_reply(d, c, &req, 0, &r);
+cogpu__susp_op_t *cogpu__susp_take(cogpu__daemon_t *d) {
+  cogpu__susp_t *s = d->susp;
+  if (!s)
+    return NULL;
+  if (!s->taken) {
+    /* The wake-up is read before the list is taken: a job done meanwhile
+     * wakes the loop again. */
+    uint64_t x;
+    if (read(s->efd, &x, sizeof x) < 0) {
+      /* spurious: nothing to take */
+    }
+    pthread_mutex_lock(&s->mu);
+    s->taken = s->done;
+    s->done = NULL;
+    pthread_mutex_unlock(&s->mu);
   }
+  sjob_t *j = s->taken;
+  if (!j)
+    return NULL;
+  s->taken = j->next;
+  j->next = NULL;
+  if (j->o.op == LEDGER_OP_SUSPEND && j->o.rc == 0) {
+    /* What its resume will put back (loop thread only). */
+    s->parked[j->o.slot] = j->o.bytes;
+    s->parked_gen[j->o.slot] = j->o.gen;
+  }
+  return &j->o;
 }
 
-/* Answer the `cogpu suspend`/`resume` commands waiting on this job. */
-static void answer_manual(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
-                          int op, int rc, const char *msg, uint64_t bytes,
-                          uint64_t ms, uint64_t took_ms) {
-  for (dconn_t *c = d->conns; c; c = c->next) {
-    if (c->kind != DC_QUERY || !c->susp_pending || c->susp_slot != slot ||
-        c->susp_gen != gen || c->susp_op != op)
-      continue;
-    cogpu__msg_t r, req;
-    memset(&r, 0, sizeof r);
-    cogpu__msg_init(&req, COGPU_M_SUSPEND, 1);
-    r.u.reply.a = bytes;
-    r.u.reply.b = ms;
-    r.u.reply.ticket = took_ms;
-    if (rc)
-      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", msg);
-    c->susp_pending = false;
-    cogpu__daemon_reply(d, c, &req, rc, &r);
-    cogpu__daemon_end_later(d, c);
-  }
+void cogpu__susp_again(cogpu__daemon_t *d, cogpu__susp_op_t *o) {
+  sjob_t *j = (sjob_t *)o;
+  o->rc = 0;
+  o->broken = false;
+  o->msg[0] = 0;
+  enqueue(d->susp, j);
+}
+
+void cogpu__susp_release(cogpu__daemon_t *d, cogpu__susp_op_t *o) {
+  (void)d;
+  sjob_free((sjob_t *)o);
 }
 
 /* --- A job the driver cannot give back ------------------------------------
@@ -926,8 +911,8 @@ static void kill_slot_process(const ledger_slot_t *sl) {
     kill(pid, SIGKILL);
 }
 
-static void end_stuck_job(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
-                          const char *why) {
+void cogpu__susp_end_stuck(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
+                           const char *why) {
   ledger_state_t *st = d->dh->st;
   const ledger_slot_t *job = &st->slots[slot];
   if (job->state != SLOT_ACTIVE || atomic_load(&job->gen) != gen)
@@ -952,254 +937,4 @@ static void end_stuck_job(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
     tell_stderr(sl->pid, line);
     kill_slot_process(sl);
   }
-}
-
-void cogpu__susp_completed(cogpu__daemon_t *d) {
-  cogpu__susp_t *s = d->susp;
-  uint64_t x;
-  if (!s || read(s->efd, &x, sizeof x) < 0) {
-    /* spurious: nothing to take */
-  }
-  if (!s)
-    return;
-  pthread_mutex_lock(&s->mu);
-  sjob_t *list = s->done;
-  s->done = NULL;
-  pthread_mutex_unlock(&s->mu);
-  struct cogpu_s *h = d->dh;
-  for (sjob_t *j = list, *next; j; j = next) {
-    next = j->next;
-    if (!h) {
-      sjob_free(j);
-      continue;
-    }
-    ledger_slot_t *sl = &h->st->slots[j->slot];
-    bool same = sl->state == SLOT_ACTIVE && atomic_load(&sl->gen) == j->gen;
-    char sz[32];
-    cogpu__fmt_size(j->bytes, sz, sizeof sz);
-    double secs = (double)j->took_ns / 1e9;
-    if (j->op == LEDGER_OP_SUSPEND) {
-      if (!same && j->rc == 0) {
-        /* The job ended meanwhile and its processes outlived it (their
-         * share became their own, booked on the GPU): put them back. */
-        j->op = OP_UNDO;
-        j->next = NULL;
-        pthread_mutex_lock(&s->mu);
-        *s->todo_tail = j;
-        s->todo_tail = &j->next;
-        pthread_cond_signal(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        continue;
-      }
-      if (j->rc == 0)
-        cogpu__log(COGPU_LOG_WARN,
-                   "suspended the job of pid %d (%s, %d processes) in "
-                   "%.2f s",
-                   sl->pid, sz, j->npids, secs);
-      else
-        cogpu__log(COGPU_LOG_WARN, "could not suspend the job of pid %d: %s",
-                   sl->pid, j->msg);
-      if (j->rc == 0 && same) {
-        s->parked[j->slot] = j->bytes;
-        s->parked_gen[j->slot] = j->gen;
-      }
-      cogpu__ledger_lock(h);
-      cogpu__ledger_suspend_done(h, j->slot, j->gen, j->rc, j->broken);
-      cogpu__ledger_unlock(h);
-      if (j->rc == 0 && same)
-        note_waiters(d, j->slot);
-      answer_manual(d, j->slot, j->gen, LEDGER_OP_SUSPEND, j->rc, j->msg,
-                    j->bytes, j->took_ns / 1000000u, j->took_ns / 1000000u);
-      if (j->rc && j->broken && same)
-        end_stuck_job(d, j->slot, j->gen, j->msg);
-    } else if (j->op == LEDGER_OP_RESUME && j->rc == -EAGAIN) {
-      if (!same || sl->susp != SUSP_RESUMING) {
-        sjob_free(j); /* the job ended while it waited */
-        continue;
-      }
-      /* The driver does not have the room yet: try again soon (20 ms,
-       * doubling to half a second), and say so at once, then every
-       * minute while it lasts. */
-      uint64_t now = cogpu__now_ns();
-      if (!j->waiting_since_ns)
-        j->waiting_since_ns = now;
-      if (!j->warned_ns || now - j->warned_ns >= cogpu__ms_to_ns(60000)) {
-        cogpu__log(COGPU_LOG_WARN,
-                   "the resume of the job of pid %d waits for the driver: "
-                   "%s",
-                   sl->pid, j->msg);
-        j->warned_ns = now;
-      }
-      unsigned ms = j->tries < 5 ? 20u << j->tries : 500u;
-      j->tries++;
-      j->not_before_ns = now + cogpu__ms_to_ns(ms);
-      j->rc = 0;
-      j->msg[0] = 0;
-      enqueue(s, j);
-      continue;
-    } else if (j->op == LEDGER_OP_RESUME && j->rc && j->broken && same &&
-               sl->susp == SUSP_RESUMING &&
-               j->restore_tries + 1 < SUSP_RESTORE_TRIES) {
-      /* The driver refused a restore: it may be passing (an error that
-       * leaves the process checkpointed); tried again at 100 ms, 400 ms. */
-      cogpu__log(COGPU_LOG_WARN, "resuming the job of pid %d: %s; trying again",
-                 sl->pid, j->msg);
-      j->not_before_ns =
-          cogpu__now_ns() + cogpu__ms_to_ns(100u << (2 * j->restore_tries));
-      j->restore_tries++;
-      j->rc = 0;
-      j->broken = false;
-      j->msg[0] = 0;
-      enqueue(s, j);
-      continue;
-    } else if (j->op == LEDGER_OP_RESUME) {
-      uint64_t away = same ? (cogpu__now_ns() - sl->susp_since_ns) : 0;
-      if (j->rc == 0)
-        cogpu__log(COGPU_LOG_WARN,
-                   "resumed the job of pid %d (%s) in %.2f s, after %.1f s "
-                   "suspended",
-                   sl->pid, sz, secs, (double)away / 1e9);
-      else
-        cogpu__log(COGPU_LOG_ERROR, "resuming the job of pid %d: %s", sl->pid,
-                   j->msg);
-      cogpu__ledger_lock(h);
-      cogpu__ledger_resume_done(h, j->slot, j->gen, j->rc);
-      cogpu__ledger_unlock(h);
-      answer_manual(d, j->slot, j->gen, LEDGER_OP_RESUME, j->rc, j->msg,
-                    j->bytes, away / 1000000u, j->took_ns / 1000000u);
-      if (j->rc && j->broken && same)
-        end_stuck_job(d, j->slot, j->gen, j->msg);
-    } else {
-      cogpu__ledger_lock(h);
-      if (same && sl->susp == SUSP_SUSPENDING)
-        cogpu__ledger_suspend_done(h, j->slot, j->gen, -ECANCELED, j->broken);
-      cogpu__ledger_unlock(h);
-      if (j->broken)
-        cogpu__log(COGPU_LOG_ERROR,
-                   "putting back the processes of a "
-                   "suspension: %s",
-                   j->msg);
-    }
-    sjob_free(j);
-  }
-  cogpu__daemon_answer_waiters(d);
-}
-
-/* After a restart: jobs a previous daemon left half-way. A suspension
- * under way is undone (its footprint is still booked: restore, unlock); a
- * resume under way is done again (its footprint is booked). */
-void cogpu__susp_recover(cogpu__daemon_t *d) {
-  if (!d->susp || !d->dh)
-    return;
-  ledger_state_t *st = d->dh->st;
-  /* The recovery's first service pass may already have served a parked
-   * job's resume (SUSPENDED -> RESUMING, its operation queued in the
-   * ledger): that one is submitted now, once, and the scan below skips it.
-   * It used to submit it a second time: two restores of one job, the
-   * second of a job the ledger then booked as suspended (issue 23, 6). */
-  static uint8_t queued[LEDGER_MAX_SLOTS / 8];
-  memset(queued, 0, sizeof queued);
-  ledger_susp_op_t ops[64];
-  size_t n;
-  while ((n = cogpu__ledger_take_susp_ops(d->dh, ops, 64)) > 0)
-    for (size_t i = 0; i < n; i++) {
-      submit(d, ops[i].slot, ops[i].gen, ops[i].op);
-      if (ops[i].slot < LEDGER_MAX_SLOTS)
-        queued[ops[i].slot / 8] |= (uint8_t)(1u << (ops[i].slot % 8));
-    }
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
-    const ledger_slot_t *sl = &st->slots[s];
-    if (sl->state != SLOT_ACTIVE || (queued[s / 8] >> (s % 8)) & 1u)
-      continue;
-    if (sl->susp == SUSP_SUSPENDING)
-      submit(d, s, atomic_load(&sl->gen), OP_UNDO);
-    else if (sl->susp == SUSP_RESUMING)
-      submit(d, s, atomic_load(&sl->gen), LEDGER_OP_RESUME);
-  }
-}
-
-/* --- `cogpu suspend` and `cogpu resume` ------------------------------------
- */
-
-/* The job a request names: by a pid of any of its processes, or by job id;
- * the job's slot. */
-static int64_t find_job(cogpu__daemon_t *d, const cogpu__m_suspend_t *q) {
-  ledger_state_t *st = d->dh->st;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
-    const ledger_slot_t *sl = &st->slots[s];
-    if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
-      continue;
-    /* A PID names a registration only while it is the registered
-     * process's (its start time): once that process has ended, its PID
-     * may be another user's process. */
-    bool hit = q->pid ? sl->pid == q->pid &&
-                            cogpu__daemon_starttime(q->pid) == sl->starttime
-                      : strcmp(sl->job_id, q->job_id) == 0 &&
-                            (!sl->job || sl->job == (uint64_t)s + 1);
-    if (!hit)
-      continue;
-    if (sl->job && sl->job != (uint64_t)s + 1 && sl->job <= LEDGER_MAX_SLOTS) {
-      const ledger_slot_t *job = &st->slots[sl->job - 1];
-      if (job->state == SLOT_ACTIVE && atomic_load(&job->gen) == sl->job_gen)
-        return (int64_t)sl->job - 1;
-    }
-    return s;
-  }
-  return -1;
-}
-
-int cogpu__daemon_on_suspend(cogpu__daemon_t *d, dconn_t *c,
-                             const cogpu__msg_t *m) {
-  const cogpu__m_suspend_t *q = &m->u.suspend;
-  cogpu__msg_t r;
-  memset(&r, 0, sizeof r);
-  int64_t s = find_job(d, q);
-  int rc = 0;
-  if (s < 0) {
-    rc = -ESRCH;
-    if (q->pid)
-      snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
-               "no process %d attached to cogpu on this node", q->pid);
-    else
-      snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "no job '%s' on this node",
-               q->job_id);
-  } else if (d->dh->st->slots[s].uid != c->uid && c->uid != 0 && !c->admin) {
-    rc = -EPERM;
-    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
-             "the job of pid %d belongs to another user",
-             d->dh->st->slots[s].pid);
-  } else if (!d->susp) {
-    rc = -ENOTSUP;
-    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
-             "this daemon cannot suspend jobs");
-  }
-  if (rc) {
-    cogpu__daemon_reply(d, c, m, rc, &r);
-    return -1;
-  }
-  struct cogpu_s *h = d->dh;
-  ledger_slot_t *sl = &h->st->slots[s];
-  char why[256];
-  cogpu__ledger_lock(h);
-  if (q->resume)
-    rc = cogpu__ledger_resume_ask(h, (uint32_t)s, why, sizeof why);
-  else
-    rc = cogpu__ledger_suspend_begin(h, (uint32_t)s, true, why, sizeof why);
-  cogpu__ledger_unlock(h);
-  if (rc) {
-    snprintf(r.u.reply.msg, sizeof r.u.reply.msg,
-             "cannot %s the job of pid "
-             "%d: %s",
-             q->resume ? "resume" : "suspend", sl->pid, why);
-    cogpu__daemon_reply(d, c, m, rc, &r);
-    return -1;
-  }
-  /* Answered when done (cogpu__susp_completed). */
-  c->susp_pending = true;
-  c->susp_slot = (uint32_t)s;
-  c->susp_gen = atomic_load(&sl->gen);
-  c->susp_op = q->resume ? LEDGER_OP_RESUME : LEDGER_OP_SUSPEND;
-  cogpu__susp_pump(d);
-  cogpu__daemon_answer_waiters(d);
-  return 0;
 }
