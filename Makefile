@@ -105,7 +105,8 @@ TEST_OBJS := $(TEST_SRCS:%.c=$(B)/obj/%.o) $(B)/obj/src/preload/table.o \
              $(B)/obj/src/preload/glibc-sym.o
 # The daemon's message handling is tested as a function (the bounded
 # random-message test of tests/node): its objects, not tools/cogpud's main.
-TEST_OBJS += $(B)/obj/src/daemon/handle.o $(B)/obj/src/daemon/daemon.o \
+TEST_OBJS += $(B)/obj/src/daemon/conn.o $(B)/obj/src/daemon/state.o \
+             $(B)/obj/src/daemon/handle.o $(B)/obj/src/daemon/daemon.o \
              $(B)/obj/src/daemon/suspend.o $(B)/obj/src/daemon/record.o \
              $(HIST_OBJS) $(SIM_OBJS)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
@@ -315,8 +316,8 @@ $(B)/bench/libcogpu-preload-nousage.so: $(PRELOAD_NOUSAGE_OBJS) src/preload/prel
 # FUZZ_SECONDS and lists what afl-fuzz found under build/fuzz/out.
 AFL_CC ?= afl-clang-fast
 FUZZ_SECONDS ?= 60
-FUZZ_SRCS := $(LIB_SRCS) src/daemon/handle.c src/daemon/daemon.c src/daemon/suspend.c \
-             src/daemon/record.c $(HIST_SRCS) \
+FUZZ_SRCS := $(LIB_SRCS) src/daemon/conn.c src/daemon/state.c src/daemon/handle.c \
+             src/daemon/daemon.c src/daemon/suspend.c src/daemon/record.c $(HIST_SRCS) \
              tests/fuzz/fuzz-harness.c tests/fuzz/fuzz-daemon.c
 FUZZ_ENV := LD_LIBRARY_PATH=$(abspath $(B))/tests/fakes FAKE_NVML_GPUS=16G,16G
 .PHONY: fuzz fuzz-driver

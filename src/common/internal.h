@@ -252,6 +252,9 @@ void cogpu__self_cmdline(char *buf, size_t len);
 /* Does a thread of pid, other than the calling one, run or wait for a CPU
  * right now (state R)? False where /proc cannot tell (proc.c). */
 bool cogpu__proc_runnable(pid_t pid);
+/* A process's start time (clock ticks since boot; 0 if it is gone): with
+ * its PID, it names the process without ambiguity (proc.c). */
+uint64_t cogpu__proc_starttime(pid_t pid);
 /* The name of user uid, or the number when it has none. */
 void cogpu__user_name(uint32_t uid, char *buf, size_t len);
 

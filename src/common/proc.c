@@ -68,3 +68,23 @@ bool cogpu__proc_runnable(pid_t pid) {
   closedir(dir);
   return found;
 }
+
+/* The start time of a process (field 22 of /proc/PID/stat), 0 if gone. */
+uint64_t cogpu__proc_starttime(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  unsigned long long t = 0;
+  if (!p || sscanf(p + 1,
+                   " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d "
+                   "%*d %*d %*d %*d %*d %llu",
+                   &t) != 1)
+    return 0;
+  return t;
+}

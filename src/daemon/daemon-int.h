@@ -2,13 +2,29 @@
  * daemon-int.h: cogpud, the node daemon: the one writer of the node's
  * ledger (a root-only file under daemon_dir), serving clients over a Unix
  * socket (src/node/proto.h). One thread writes the ledger: an epoll loop
- * over the listening socket, client connections, a timer, the suspender's
- * eventfd and, after a restart, the pidfds of clients that have not
- * reconnected yet. The suspender (suspend.c) makes the driver's checkpoint
- * calls in a thread of its own and never touches the ledger. It never
- * blocks on a
- * client: sockets are non-blocking, and a client that does not read its
- * replies is disconnected.
+ * over the listening socket, client connections, a timer, the services'
+ * eventfds and, after a restart, the pidfds of clients that have not
+ * reconnected yet. It never blocks on a client: sockets are non-blocking,
+ * and a client that does not read its replies is disconnected.
+ *
+ * The daemon is in layers; each calls only those below it:
+ *
+ *   daemon.c   the loop: epoll, the timer, the node state's life, and the
+ *              queue of suspension operations (at most one per job)
+ *   handle.c   the dispatch: a message validated, authorised, acted on
+ *              with the ledger's functions; work handed to the services,
+ *              and their results turned into replies
+ *   suspend.c  the services: they take work and hand back results, and
+ *   record.c   answer no client (no dconn_t, no reply)
+ *   state.c    the node state's life: opened, opened late, reset
+ *   conn.c     the connections: accept, receive, send, end
+ *
+ * conn.c hands a received message and a connection's end up through the
+ * two calls the loop gives it (on_message, on_close): it knows no layer
+ * above it. The services call neither conn.c nor handle.c nor the loop
+ * (record.c tells the suspender the peaks of ended jobs, one service to
+ * another, on the loop's thread); the suspender's thread never touches
+ * the ledger.
  */
 #ifndef COGPU_DAEMON_INT_H
 #define COGPU_DAEMON_INT_H
@@ -165,10 +181,19 @@ typedef struct cogpu__daemon_s {
    * and the deadlock guard's hooks that ask about it (daemon.c). */
   const dconn_t *handling;
   ledger_guard_hooks_t guard_hooks;
+  /* What the connections hand up (conn.c knows nothing above it): a
+   * message received on c (0, or -1: c is to end), and c's end. Set by
+   * the loop: the dispatch's, then the operations the ledger decided. */
+  int (*on_message)(struct cogpu__daemon_s *d, dconn_t *c, const void *buf,
+                    size_t len);
+  void (*on_close)(struct cogpu__daemon_s *d, dconn_t *c);
   bool stop;
   bool failed; /* stopped because it cannot keep a ledger: exit 1 */
   bool fuzz;   /* no sockets: replies are dropped (fuzzing, tests) */
 } cogpu__daemon_t;
+
+/* --- conn.c: connections (the bottom layer) ------------------------------
+ * It calls nothing above it but d->on_message and d->on_close. */
 
 /* Puts c on the list that cogpu__daemon_reap goes through (once). */
 static inline void cogpu__daemon_reap_list(cogpu__daemon_t *d, dconn_t *c) {
@@ -185,41 +210,88 @@ static inline void cogpu__daemon_end_later(cogpu__daemon_t *d, dconn_t *c) {
   cogpu__daemon_reap_list(d, c);
 }
 
-/* Opens (or recovers) the node state and, unless fuzzing, the socket. */
-int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
-                       bool fuzz);
-/* Opens the node state if it is not open yet (the GPUs could not be
- * discovered before). */
+/* The listening socket's mark in the loop's epoll set. */
+extern dconn_t cogpu__conn_listen_mark;
+/* Accepts what connections wait (credentials, per-user cap), and polls
+ * the listening socket again after a pause (out of descriptors). */
+void cogpu__conn_accept(cogpu__daemon_t *d);
+void cogpu__conn_accept_resume(cogpu__daemon_t *d);
+/* Reads c's messages (and its pidfd's exit), each handed to on_message. */
+void cogpu__conn_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events);
+/* A PIDFD connection watching process pid of slot (generation gen), which
+ * owns pfd from here; NULL (pfd closed) if it cannot be made. */
+dconn_t *cogpu__conn_pidfd(cogpu__daemon_t *d, int pfd, pid_t pid, uid_t uid,
+                           uint32_t slot, uint32_t gen);
+/* Watches the process of MAIN connection c (its slot's PID and start
+ * time) through a pidfd: when it exits, c is ended (see dconn_t.watch).
+ * Without pidfds (kernel < 5.3), nothing: its connection alone holds it. */
+void cogpu__daemon_watch_process(cogpu__daemon_t *d, dconn_t *c);
+/* Ends c now: on_close frees what it held; its record goes at the reap. */
+void cogpu__conn_end(cogpu__daemon_t *d, dconn_t *c);
+/* Frees the records of connections that ended during a batch of events
+ * (a reset ends every client's), and ends those marked closing. */
+void cogpu__daemon_reap(cogpu__daemon_t *d);
+/* The deadlock guard's question (ledger_guard_hooks_t, ctx the daemon):
+ * is an answer to process slot s due, its request being handled now or
+ * unread in its connection? */
+bool cogpu__conn_answer_due(void *ctx, uint32_t s);
+/* Sends msg on c, in the layout of c's version, passing passfd (-1:
+ * none); a client that does not read its replies is ended. */
+int cogpu__daemon_send(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *msg,
+                       int passfd);
+/* A reply to req on c (rc's message when r has none). */
+int cogpu__daemon_reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
+                        int rc, cogpu__msg_t *r);
+/* A reply to sequence number seq on c, passing fd (-1: none). */
+int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
+                           cogpu__msg_t *r, int fd);
+
+/* --- state.c: the node state's life (above conn.c) ----------------------- */
+
+/* daemon_dir made if needed, and checked: the daemon's user's own, not a
+ * link, writable by nobody else. */
+int cogpu__daemon_check_dir(const char *dir);
+/* Opens the node state if it is not open yet (at start; later when the
+ * GPUs could not be discovered before). */
 int cogpu__daemon_ensure_state(cogpu__daemon_t *d);
-/* Runs until SIGTERM/SIGINT (or d->stop). */
-int cogpu__daemon_run(cogpu__daemon_t *d);
-void cogpu__daemon_fini(cogpu__daemon_t *d);
+/* `cogpu reset`: forgets the node state (force: though processes are
+ * attached; *live: how many were). */
+int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
+
+/* --- handle.c: the dispatch ------------------------------------------------
+ * It validates, authorises and acts on one message at a time with the
+ * ledger's functions, hands work to the services, and turns what they
+ * hand back into replies. It calls conn.c and the services, never the
+ * loop. */
 
 /* One received message on connection c (the core that the fuzzer drives):
  * validates it, acts, replies. Returns 0, or -1 when the connection must
  * be closed (a protocol violation or a finished exchange). */
 int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
                          size_t len);
-/* Frees the records of connections that ended during a batch of events
- * (a reset ends every client's), and ends those marked closing. */
-void cogpu__daemon_reap(cogpu__daemon_t *d);
 /* A connection ended: frees what it held (slot, queue entry, grant). */
 void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c);
-/* Sends a reply to req on c (handle.c). */
-int cogpu__daemon_reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
-                        int rc, cogpu__msg_t *r);
-/* A reply to req's sequence number on c, passing fd (-1: none). */
-int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
-                           cogpu__msg_t *r, int fd);
-/* Answers the wait connections whose requests were served or refused
- * (handle.c). */
+/* Answers the wait connections whose requests were served or refused. */
 void cogpu__daemon_answer_waiters(cogpu__daemon_t *d);
 /* An operation the suspender has done: applied to the ledger and told to
- * who waits for it; 1 when it is to be run again (handle.c). */
+ * who waits for it; 1 when it is to be run again (o says how), 0 when its
+ * result is final. */
 int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *o);
-/* Sends the history writer's answers to the connections that asked
- * (handle.c). */
+/* Sends the history writer's answers to the connections that asked. */
 void cogpu__daemon_history_answered(cogpu__daemon_t *d);
+/* Checks the ledger's invariants; returns 0 or a description's length. */
+int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len);
+
+/* --- daemon.c: the loop (the top) ------------------------------------------
+ * It owns the epoll set, the timer, the node state's life and the queue
+ * of suspension operations (one per job); it calls every layer below. */
+
+/* Opens (or recovers) the node state and, unless fuzzing, the socket. */
+int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
+                       bool fuzz);
+/* Runs until SIGTERM/SIGINT (or d->stop). */
+int cogpu__daemon_run(cogpu__daemon_t *d);
+void cogpu__daemon_fini(cogpu__daemon_t *d);
 
 /* --- suspend.c: the suspender (a service) ------------------------------
  * It runs the operations the loop hands it, in a thread of its own, and
@@ -325,19 +397,5 @@ typedef struct cogpu__rec_answer_s {
 int cogpu__daemon_rec_fd(cogpu__daemon_t *d);
 cogpu__rec_answer_t *cogpu__daemon_rec_take(cogpu__daemon_t *d);
 void cogpu__daemon_rec_answer_free(cogpu__rec_answer_t *a);
-
-/* A process's start time (clock ticks since boot; 0 if it is gone): with
- * its PID, it names the process without ambiguity. */
-uint64_t cogpu__daemon_starttime(pid_t pid);
-/* Watches the process of MAIN connection c (its slot's PID and start
- * time) through a pidfd: when it exits, c is ended (see dconn_t.watch).
- * Without pidfds (kernel < 5.3), nothing: its connection alone holds it. */
-void cogpu__daemon_watch_process(cogpu__daemon_t *d, dconn_t *c);
-/* `cogpu reset`: forgets the node state (force: though processes are
- * attached; *live: how many were). */
-int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live);
-
-/* Checks the ledger's invariants; returns 0 or a description's length. */
-int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len);
 
 #endif /* COGPU_DAEMON_INT_H */

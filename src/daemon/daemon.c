@@ -33,406 +33,12 @@
 #define SYS_pidfd_open 434
 #endif
 
-static dconn_t mark_listen, mark_timer, mark_signal, mark_susp, mark_hist;
+static dconn_t mark_timer, mark_signal, mark_susp, mark_hist;
 static int sigfd = -1;
 static uint64_t watchdog_us;
 
-static void ops_pump(cogpu__daemon_t *d);
-
 static uint64_t now_ms(void) {
   return cogpu__now_ns() / 1000000u;
-}
-
-/* --- connections ------------------------------------------------------------
- */
-
-/* Each connection costs the daemon a descriptor, so a user's are capped,
- * not only their slots and waits: each attached process has its main
- * connection, each waiting request one of its own, and the rest are for
- * queries (status, history, suspend) and connections not attached yet. */
-#define USER_CONN_SLACK 64
-
-static long user_max_conns(const cogpu__daemon_t *d) {
-  return d->cfg.v[COGPU_OPT_USER_MAX_CLIENTS].i +
-         d->cfg.v[COGPU_OPT_USER_MAX_WAITERS].i + USER_CONN_SLACK;
-}
-
-static uint32_t uid_hash(uid_t uid) {
-  uint32_t h = (uint32_t)uid;
-  h ^= h >> 16;
-  h *= 0x45d9f3bu;
-  h ^= h >> 16;
-  return h;
-}
-
-/* The entry of uid in the table (a free one, or NULL when !add). */
-static duser_t *user_slot(duser_t *t, uint32_t cap, uid_t uid, bool add) {
-  for (uint32_t i = uid_hash(uid) & (cap - 1);; i = (i + 1) & (cap - 1)) {
-    if (!t[i].used)
-      return add ? &t[i] : NULL;
-    if (t[i].uid == uid)
-      return &t[i];
-  }
-}
-
-/* uid's entry, made if needed; NULL when out of memory. */
-static duser_t *user_get(cogpu__daemon_t *d, uid_t uid) {
-  if ((d->users_used + 1) * 2 > d->users_cap) {
-    uint32_t cap = d->users_cap ? d->users_cap * 2 : 64;
-    duser_t *t = cap > d->users_cap ? calloc(cap, sizeof *t) : NULL;
-    if (t) {
-      for (uint32_t i = 0; i < d->users_cap; i++)
-        if (d->users[i].used)
-          *user_slot(t, cap, d->users[i].uid, true) = d->users[i];
-      free(d->users);
-      d->users = t;
-      d->users_cap = cap;
-    } else if (d->users_used + 1 >= d->users_cap) {
-      return NULL; /* no free entry left to probe for */
-    }
-  }
-  duser_t *u = user_slot(d->users, d->users_cap, uid, true);
-  if (!u->used) {
-    *u = (duser_t){.uid = uid, .used = true};
-    d->users_used++;
-  }
-  return u;
-}
-
-static void user_drop(cogpu__daemon_t *d, uid_t uid) {
-  duser_t *u =
-      d->users_cap ? user_slot(d->users, d->users_cap, uid, false) : NULL;
-  if (!u || !u->conns)
-    return;
-  u->conns--;
-  /* Well under the cap again: a new refusal is a new episode, said
-   * again. At the cap, a user who closes and opens in turn is told
-   * once. */
-  if (u->conns <= user_max_conns(d) / 2)
-    u->said = false;
-}
-
-static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
-  dconn_t *c = calloc(1, sizeof *c);
-  if (!c)
-    return NULL;
-  c->fd = fd;
-  c->kind = kind;
-  c->waiter = -1;
-  c->passed_fd = -1;
-  c->id = ++d->next_conn_id;
-  c->next = d->conns;
-  if (d->conns)
-    d->conns->prev = c;
-  d->conns = c;
-  d->nconns++;
-  return c;
-}
-
-/* Ends a connection: what it held is freed at once, but the record itself
- * only after the current batch of events (cogpu__daemon_reap), which may still
- * name it. */
-static void conn_free(cogpu__daemon_t *d, dconn_t *c) {
-  if (c->dead)
-    return;
-  c->dead = true;
-  cogpu__daemon_reap_list(d, c);
-  cogpu__daemon_close(d, c);
-  ops_pump(d);
-  if (c->fd >= 0) {
-    if (!d->fuzz)
-      epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-    close(c->fd);
-    c->fd = -1;
-    /* A descriptor is free: a paused listening socket is tried again
-     * after this batch. */
-    d->accept_retry_ms = 0;
-  }
-  if (c->counted) {
-    c->counted = false;
-    user_drop(d, c->uid);
-  }
-}
-
-/* Frees the records of ended connections (and ends those marked for it):
- * those on the reap list only, so that it costs nothing when no
- * connection ended, and not the node's number of clients when one did. */
-void cogpu__daemon_reap(cogpu__daemon_t *d) {
-  /* Ending one may list others (a process's waits end with it). */
-  while (d->reap_list) {
-    dconn_t *list = d->reap_list;
-    d->reap_list = NULL;
-    for (dconn_t *c = list, *next; c; c = next) {
-      next = c->reap_next;
-      if (c->closing && !c->dead)
-        conn_free(d, c);
-      c->reap_listed = false;
-      if (!c->dead)
-        continue;
-      if (c->prev)
-        c->prev->next = c->next;
-      else
-        d->conns = c->next;
-      if (c->next)
-        c->next->prev = c->prev;
-      d->nconns--;
-      free(c);
-    }
-  }
-}
-
-static bool in_group(pid_t pid, gid_t gid, gid_t want) {
-  if (gid == want)
-    return true;
-  char path[64], line[1024];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "re");
-  bool yes = false;
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "Groups:", 7) == 0) {
-      char *p = line + 7, *end;
-      for (;;) {
-        unsigned long g = strtoul(p, &end, 10);
-        if (end == p)
-          break;
-        yes |= (gid_t)g == want;
-        p = end;
-      }
-      break;
-    }
-  if (f)
-    fclose(f);
-  return yes;
-}
-
-/* The listening socket is not polled for a while: it stays readable
- * while connections wait, and returning at once to epoll_wait would
- * spin. Tried again when a connection ends (a descriptor is free) or
- * after ACCEPT_RETRY_MS. */
-#define ACCEPT_RETRY_MS 100u
-
-static void accept_pause(cogpu__daemon_t *d, int err) {
-  if (!d->accept_paused && epoll_ctl(d->epfd, EPOLL_CTL_DEL, d->lfd, NULL) == 0)
-    d->accept_paused = true;
-  d->accept_retry_ms = now_ms() + ACCEPT_RETRY_MS;
-  if (d->fd_short)
-    return;
-  d->fd_short = true;
-  struct rlimit rl = {0};
-  getrlimit(RLIMIT_NOFILE, &rl);
-  if (err == EMFILE || err == ENFILE)
-    cogpu__log(COGPU_LOG_WARN,
-               "out of descriptors (%s; %llu connections, RLIMIT_NOFILE "
-               "%llu): not accepting connections until some close",
-               strerror(err), (unsigned long long)d->nconns,
-               (unsigned long long)rl.rlim_cur);
-  else
-    cogpu__log(COGPU_LOG_WARN,
-               "accept: %s: not accepting connections for a while",
-               strerror(err));
-}
-
-static void accept_resume(cogpu__daemon_t *d) {
-  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &mark_listen};
-  if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->lfd, &ev) == 0)
-    d->accept_paused = false;
-  else
-    d->accept_retry_ms = now_ms() + ACCEPT_RETRY_MS;
-}
-
-static void on_accept(cogpu__daemon_t *d) {
-  for (;;) {
-    int fd = cogpu__fault_fails(COGPU_FP_ACCEPT)
-                 ? (errno = EMFILE, -1)
-                 : accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED)
-        continue;
-      /* Out of descriptors or memory: the connection stays queued. */
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        accept_pause(d, errno);
-      return;
-    }
-    if (d->fd_short) {
-      d->fd_short = false;
-      cogpu__log(COGPU_LOG_INFO, "accepting connections again");
-    }
-    struct ucred cr;
-    socklen_t len = sizeof cr;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 ||
-        cr.pid <= 0) {
-      /* A peer whose PID this namespace cannot see (pid 0) is refused:
-       * its process could not be told apart from another. */
-      close(fd);
-      continue;
-    }
-    bool admin = cr.uid == 0 || (d->have_admin_group &&
-                                 in_group(cr.pid, cr.gid, d->admin_gid));
-    duser_t *u = admin ? NULL : user_get(d, cr.uid);
-    long most = user_max_conns(d);
-    if (!admin && (!u || (long)u->conns >= most)) {
-      if (!u)
-        cogpu__log(COGPU_LOG_WARN,
-                   "out of memory: a connection of uid %u refused",
-                   (unsigned)cr.uid);
-      else if (!u->said)
-        cogpu__log(COGPU_LOG_WARN,
-                   "user %u has %ld connections to the daemon "
-                   "(user_max_clients + user_max_waiters + %d): refusing "
-                   "more until some close",
-                   (unsigned)cr.uid, most, USER_CONN_SLACK);
-      if (u)
-        u->said = true;
-      close(fd);
-      continue;
-    }
-    dconn_t *c = conn_new(d, fd, DC_NEW);
-    if (!c) {
-      /* Said, not silent: the client sees its connection closed at once. */
-      cogpu__log(COGPU_LOG_WARN,
-                 "out of memory: a connection of pid %d (uid %u) refused",
-                 (int)cr.pid, (unsigned)cr.uid);
-      close(fd);
-      continue;
-    }
-    c->pid = cr.pid;
-    c->uid = cr.uid;
-    c->gid = cr.gid;
-    c->admin = admin;
-    if (u) {
-      u->conns++;
-      c->counted = true;
-    }
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
-    if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
-      conn_free(d, c);
-  }
-}
-
-/* A PIDFD connection for process pid of slot/gen (pidfd pfd, which it
- * owns from here), watched by the loop; NULL (pfd closed) if it cannot be
- * made. pidfd_open's descriptors are close-on-exec. */
-static dconn_t *pidfd_conn(cogpu__daemon_t *d, int pfd, pid_t pid, uid_t uid,
-                           uint32_t slot, uint32_t gen) {
-  dconn_t *c = conn_new(d, pfd, DC_PIDFD);
-  if (!c) {
-    close(pfd);
-    return NULL;
-  }
-  c->pid = pid;
-  c->uid = uid;
-  c->slot = c->res_slot = slot;
-  c->gen = c->res_gen = gen;
-  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-  if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, pfd, &ev) != 0) {
-    conn_free(d, c);
-    return NULL;
-  }
-  return c;
-}
-
-void cogpu__daemon_watch_process(cogpu__daemon_t *d, dconn_t *c) {
-  if (d->fuzz || c->kind != DC_MAIN || c->watch || !d->dh)
-    return;
-  const ledger_slot_t *sl = &d->dh->st->slots[c->slot];
-  int pfd = (int)syscall(SYS_pidfd_open, c->pid, 0);
-  if (pfd < 0)
-    return;
-  /* The pidfd is of the process that attached, or that one has gone. */
-  if (cogpu__daemon_starttime(c->pid) != sl->starttime) {
-    close(pfd);
-    cogpu__daemon_end_later(d, c);
-    return;
-  }
-  dconn_t *w = pidfd_conn(d, pfd, c->pid, c->uid, c->slot, c->gen);
-  if (w) {
-    w->watch = c;
-    c->watch = w;
-  }
-}
-
-/* The deadlock guard's question (ledger-int.h): is an answer to process
- * slot s due, its request being handled now or unread in its connection?
- * Seen in a loaded .ci/run: a thread's reserve, being handled, ran the
- * guard while the threads holding that process's memory slept behind it,
- * waiting their turn on the connection to send their releases. */
-static bool guard_answer_due(void *ctx, uint32_t s) {
-  const cogpu__daemon_t *d = ctx;
-  const dconn_t *c = s < LEDGER_MAX_SLOTS ? d->slot_conn[s] : NULL;
-  if (!c)
-    return false;
-  if (c == d->handling)
-    return true;
-  struct pollfd p = {.fd = c->fd, .events = POLLIN};
-  return !d->fuzz && c->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
-}
-
-static void on_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
-  if (c->dead)
-    return; /* ended earlier in this batch */
-  if (c->kind == DC_PIDFD && c->watch) {
-    /* The process of a live registration exited: whoever holds its
-     * connection now does not hold its registration. */
-    dconn_t *m = c->watch;
-    cogpu__log(COGPU_LOG_INFO,
-               "client pid %d exited while another process held its "
-               "connection: its slot %u is freed",
-               (int)c->pid, c->slot);
-    m->watch = NULL;
-    c->watch = NULL;
-    cogpu__daemon_end_later(d, m);
-    conn_free(d, c);
-    return;
-  }
-  if (c->kind == DC_PIDFD) {
-    cogpu__log(COGPU_LOG_INFO,
-               "client pid %d ended while the daemon was away: its slot %u "
-               "is freed",
-               (int)c->pid, c->slot);
-    conn_free(d, c);
-    return;
-  }
-  for (int i = 0; i < 16; i++) {
-    cogpu__msg_t m;
-    struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
-    /* Room for one descriptor (a usage page). Whatever comes is installed
-     * by the kernel as far as it fits (two fit this buffer), with any
-     * message, even an empty one: each is handed over or closed. */
-    union {
-      char buf[CMSG_SPACE(sizeof(int))];
-      struct cmsghdr align;
-    } cbuf;
-    struct msghdr mh = {.msg_iov = &iov,
-                        .msg_iovlen = 1,
-                        .msg_control = cbuf.buf,
-                        .msg_controllen = sizeof cbuf.buf};
-    ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-      break;
-    c->passed_fd = -1;
-    /* More than one, or more than fitted (MSG_CTRUNC): a violation. */
-    int nfds = n >= 0 ? cogpu__msg_fds(&mh, &c->passed_fd) : 0;
-    if (nfds < 0 || nfds > 1)
-      cogpu__log(COGPU_LOG_INFO,
-                 "client pid %d (uid %u): more than one descriptor with a "
-                 "message: disconnected",
-                 (int)c->pid, (unsigned)c->uid);
-    d->handling = c;
-    bool bad = n <= 0 || nfds < 0 || nfds > 1 || (mh.msg_flags & MSG_TRUNC) ||
-               cogpu__daemon_handle(d, c, &m, (size_t)n) != 0;
-    d->handling = NULL;
-    ops_pump(d);
-    /* A descriptor is the handler's to keep (dup) or not: never leaked. */
-    if (c->passed_fd >= 0)
-      close(c->passed_fd);
-    c->passed_fd = -1;
-    if (bad) {
-      conn_free(d, c);
-      return;
-    }
-  }
-  if (events & (EPOLLHUP | EPOLLERR))
-    conn_free(d, c);
 }
 
 /* --- the operation queue ----------------------------------------------------
@@ -554,6 +160,21 @@ static void ops_recover(cogpu__daemon_t *d) {
   }
 }
 
+/* What the connections hand up: a message, handled by the dispatch, and a
+ * connection's end; after either, the operations the ledger decided are
+ * taken into the queue. */
+static int loop_message(cogpu__daemon_t *d, dconn_t *c, const void *buf,
+                        size_t len) {
+  int rc = cogpu__daemon_handle(d, c, buf, len);
+  ops_pump(d);
+  return rc;
+}
+
+static void loop_close(cogpu__daemon_t *d, dconn_t *c) {
+  cogpu__daemon_close(d, c);
+  ops_pump(d);
+}
+
 /* --- recovery after a restart ------------------------------------------------
  */
 
@@ -570,7 +191,7 @@ static void recover(cogpu__daemon_t *d) {
     ledger_slot_t *sl = &st->slots[s];
     if (sl->state != SLOT_ACTIVE || s == h->slot)
       continue;
-    uint64_t t = cogpu__daemon_starttime(sl->pid);
+    uint64_t t = cogpu__proc_starttime(sl->pid);
     if (t == 0 || t != sl->starttime) {
       cogpu__ledger_slot_free(h, s);
       freed++;
@@ -582,7 +203,7 @@ static void recover(cogpu__daemon_t *d) {
       continue; /* no pidfd (kernel < 5.3): the timer checks it */
     /* Not watched (no memory): the timer checks it. */
     d->slot_conn[s] =
-        pidfd_conn(d, pfd, sl->pid, sl->uid, s, atomic_load(&sl->gen));
+        cogpu__conn_pidfd(d, pfd, sl->pid, sl->uid, s, atomic_load(&sl->gen));
   }
   /* Queue entries, waiting or answered, wait for their clients to come
    * back and ask again (answered ones are answered then); those whose
@@ -618,7 +239,7 @@ static void on_tick(cogpu__daemon_t *d) {
     ledger_slot_t *sl = &st->slots[s];
     if (sl->state != SLOT_ACTIVE || s == h->slot || d->slot_conn[s])
       continue;
-    if (cogpu__daemon_starttime(sl->pid) != sl->starttime)
+    if (cogpu__proc_starttime(sl->pid) != sl->starttime)
       cogpu__ledger_slot_free(h, s);
   }
   if (d->rebind_deadline_ms && now_ms() >= d->rebind_deadline_ms) {
@@ -752,41 +373,6 @@ static int make_socket(cogpu__daemon_t *d) {
   return 0;
 }
 
-/* The daemon's directory is the daemon's user's own, writable by no one
- * else and not a symbolic link: a user who could write there could plant
- * state.tmp.<pid>, state.lock or a state of their own. It is created 0755,
- * so that a socket inside it (the default /run/cogpu/cogpu.sock) stays
- * reachable; every file in it is the daemon's, mode 0600. */
-static int check_dir(const char *dir) {
-  struct stat sb;
-  if (mkdir(dir, 0755) == 0)
-    chmod(dir, 0755); /* the umask narrowed it */
-  else if (errno != EEXIST)
-    return cogpu__seterr(-errno, "cannot create daemon_dir %s: %s", dir,
-                         strerror(errno));
-  if (lstat(dir, &sb) != 0)
-    return cogpu__seterr(-errno, "daemon_dir %s: %s", dir, strerror(errno));
-  if (S_ISLNK(sb.st_mode))
-    return cogpu__seterr(-EPERM, "daemon_dir %s is a symbolic link: refused",
-                         dir);
-  if (!S_ISDIR(sb.st_mode))
-    return cogpu__seterr(-ENOTDIR, "daemon_dir %s is not a directory", dir);
-  if (sb.st_uid != geteuid())
-    return cogpu__seterr(-EPERM,
-                         "daemon_dir %s belongs to uid %u, not to the "
-                         "daemon's uid %u: refused",
-                         dir, (unsigned)sb.st_uid, (unsigned)geteuid());
-  if (sb.st_mode & 0022)
-    return cogpu__seterr(-EPERM,
-                         "daemon_dir %s (mode %04o) is writable by other "
-                         "users: refused (they could plant files the daemon "
-                         "would use); make it 0755 or 0700",
-                         dir, (unsigned)(sb.st_mode & 07777));
-  return 0;
-}
-
-/* Puts a fresh lock file in the place of path: another's read lock stays
- * on the old one. */
 static int lock_replace(const char *path, mode_t mode) {
   char tmp[4300];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
@@ -913,7 +499,7 @@ static int claim(cogpu__daemon_t *d) {
   const char *dir = d->cfg.v[COGPU_OPT_DAEMON_DIR].s;
   const char *sock = d->cfg.v[COGPU_OPT_SOCKET].s;
   char path[4200], what[4200];
-  int rc = check_dir(dir);
+  int rc = cogpu__daemon_check_dir(dir);
   if (rc)
     return rc;
   if (cogpu__node_lock_path(&d->cfg, false, path, sizeof path) != 0)
@@ -962,31 +548,6 @@ static int claim(cogpu__daemon_t *d) {
   return socket_free(sock);
 }
 
-static int open_state(cogpu__daemon_t *d) {
-  int rc = check_dir(d->cfg.v[COGPU_OPT_DAEMON_DIR].s);
-  if (rc)
-    return rc;
-  cogpu__config_t cfg = d->cfg;
-  /* The daemon's state is its own: root's, readable by nobody else. */
-  rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_DIR,
-                         d->cfg.v[COGPU_OPT_DAEMON_DIR].s);
-  if (rc == 0)
-    rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_MODE, "0600");
-  if (rc == 0)
-    rc = cogpu__config_set(&cfg, COGPU_OPT_STATE_GROUP, "");
-  if (rc == 0)
-    rc = cogpu__ledger_open_trusted(&cfg, &d->host, &d->dh);
-  if (rc)
-    return rc;
-  d->proxy = *d->dh;
-  d->orphans_dirty = true; /* a state left by a previous daemon has slots */
-  return 0;
-}
-
-int cogpu__daemon_ensure_state(cogpu__daemon_t *d) {
-  return d->dh ? 0 : open_state(d);
-}
-
 int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
                        bool fuzz) {
   memset(d, 0, sizeof *d);
@@ -994,12 +555,14 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
   d->fuzz = fuzz;
   d->epfd = d->lfd = d->tfd = -1;
   d->dir_lock_fd = d->sock_lock_fd = -1;
+  d->on_message = loop_message;
+  d->on_close = loop_close;
   d->slot_conn = calloc(LEDGER_MAX_SLOTS, sizeof *d->slot_conn);
   d->waiter_conn = calloc(LEDGER_MAX_WAITERS, sizeof *d->waiter_conn);
   if (!d->slot_conn || !d->waiter_conn)
     return cogpu__seterr(-ENOMEM, "out of memory");
   d->guard_hooks =
-      (ledger_guard_hooks_t){.ctx = d, .answer_due = guard_answer_due};
+      (ledger_guard_hooks_t){.ctx = d, .answer_due = cogpu__conn_answer_due};
   d->host.guard = &d->guard_hooks;
   const char *grp = cfg->v[COGPU_OPT_ADMIN_GROUP].s;
   if (*grp) {
@@ -1013,7 +576,7 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
   int rc = claim(d);
   if (rc)
     return rc;
-  rc = open_state(d);
+  rc = cogpu__daemon_ensure_state(d);
   if (rc == COGPU_ENVML || rc == COGPU_ENOGPU) {
     /* The NVIDIA driver may load after the daemon starts (at boot): serve
      * anyway, and discover the GPUs at the first request. */
@@ -1042,7 +605,8 @@ int cogpu__daemon_init(cogpu__daemon_t *d, const cogpu__config_t *cfg,
   sigprocmask(SIG_BLOCK, &ss, NULL);
   signal(SIGPIPE, SIG_IGN);
   sigfd = signalfd(-1, &ss, SFD_NONBLOCK | SFD_CLOEXEC);
-  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &mark_listen};
+  struct epoll_event ev = {.events = EPOLLIN,
+                           .data.ptr = &cogpu__conn_listen_mark};
   epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->lfd, &ev);
   ev.data.ptr = &mark_timer;
   epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->tfd, &ev);
@@ -1074,8 +638,8 @@ static bool dispatch(cogpu__daemon_t *d, struct epoll_event *evs, int n) {
   bool timer = false;
   for (int i = 0; i < n; i++) {
     dconn_t *c = evs[i].data.ptr;
-    if (c == &mark_listen) {
-      on_accept(d);
+    if (c == &cogpu__conn_listen_mark) {
+      cogpu__conn_accept(d);
     } else if (c == &mark_timer) {
       uint64_t x;
       if (read(d->tfd, &x, sizeof x) < 0) {
@@ -1089,7 +653,7 @@ static bool dispatch(cogpu__daemon_t *d, struct epoll_event *evs, int n) {
     } else if (c == &mark_hist) {
       cogpu__daemon_history_answered(d);
     } else {
-      on_readable(d, c, evs[i].events);
+      cogpu__conn_readable(d, c, evs[i].events);
     }
   }
   return timer;
@@ -1127,80 +691,13 @@ int cogpu__daemon_run(cogpu__daemon_t *d) {
      * sent), now that no event of this batch can name them. */
     cogpu__daemon_reap(d);
     if (d->accept_paused && now_ms() >= d->accept_retry_ms)
-      accept_resume(d);
+      cogpu__conn_accept_resume(d);
   }
   sd_notify(0, "STOPPING=1");
   if (d->failed)
     return cogpu__seterr(COGPU_ESTATE, "stopped: a reset could not make a "
                                        "new node state (see above)");
   return 0;
-}
-
-int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
-  int n = 0, parked = 0, pid = 0;
-  for (uint32_t s = 0; d->dh && s < LEDGER_MAX_SLOTS; s++) {
-    const ledger_slot_t *sl = &d->dh->st->slots[s];
-    if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
-      continue;
-    n++;
-    if (sl->susp != SUSP_NONE && !parked++)
-      pid = sl->pid;
-  }
-  *live = n;
-  /* Not even with --force: the state is the only record that those jobs'
-   * processes are checkpointed (or being moved), and a new one would leave
-   * them wedged in the driver for good, or let an operation in flight act
-   * on an unrelated job that took its slot (issue 23, items 7 and 8). */
-  if (parked)
-    return cogpu__seterr(-EBUSY,
-                         "%d jobs are suspended or being moved (the job of "
-                         "pid %d among them): a reset would leave their "
-                         "processes checkpointed with nobody to restore "
-                         "them; `cogpu resume PID` them, or end them, first",
-                         parked, pid);
-  if (n && !force)
-    return cogpu__seterr(-EBUSY,
-                         "%d processes are attached; `cogpu reset --force` "
-                         "disconnects them (their memory is no longer "
-                         "accounted)",
-                         n);
-  for (dconn_t *c = d->conns, *next; c; c = next) {
-    next = c->next;
-    cogpu__daemon_end_later(d, c);
-    if (c->kind == DC_MAIN || c->kind == DC_WAIT || c->kind == DC_PIDFD)
-      conn_free(d, c);
-  }
-  if (d->dh) {
-    char path[600];
-    snprintf(path, sizeof path, "%s", d->dh->path);
-    cogpu__ledger_close_trusted(d->dh);
-    d->dh = NULL;
-    d->state_epoch++; /* operations under way are of the old state's jobs */
-    unlink(path);
-  }
-  cogpu__config_t cfg;
-  if (cogpu__config_load(&cfg) == 0) {
-    /* An edited configuration applies, but the daemon stays where it is
-     * (--socket and --state-dir are not in the file). */
-    cfg.v[COGPU_OPT_SOCKET] = d->cfg.v[COGPU_OPT_SOCKET];
-    cfg.v[COGPU_OPT_DAEMON_DIR] = d->cfg.v[COGPU_OPT_DAEMON_DIR];
-    d->cfg = cfg;
-  }
-  int rc = open_state(d);
-  if (rc == COGPU_ENVML || rc == COGPU_ENOGPU) {
-    /* Served again once the GPUs can be discovered. */
-    cogpu__log(COGPU_LOG_ERROR, "reset: no GPUs to make a new state: %s",
-               cogpu_last_error());
-  } else if (rc) {
-    /* Anything else (an unsafe daemon_dir, a planted file) will not pass
-     * by itself: stop, loudly, rather than serve without a ledger. */
-    cogpu__log(COGPU_LOG_ERROR,
-               "a reset could not make a new node state: %s; stopping",
-               cogpu_last_error());
-    d->stop = true;
-    d->failed = true;
-  }
-  return rc;
 }
 
 /* Stopping is not detaching: the state keeps every client's reservation,

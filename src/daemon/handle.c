@@ -3,6 +3,13 @@
  * passed cogpu__msg_check; identity comes from the connection (SO_PEERCRED),
  * never from the message. Authorisation: a client acts on its own slot and
  * on jobs of its own user; root and the admin group on all.
+ *
+ * The dispatch layer (daemon-int.h): it replies through conn.c, hands
+ * work to the services (a history query, a usage page; the ledger's own
+ * calls decide suspensions, which the loop hands to the suspender) and
+ * turns what they hand back into replies: an operation's result
+ * (cogpu__daemon_susp_result), a query's answer
+ * (cogpu__daemon_history_answered). It never calls the loop.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,74 +24,6 @@
 
 #include "daemon/daemon-int.h"
 
-/* --- replies ---------------------------------------------------------------
- */
-
-/* Every message to a client goes through here: in the layout of the
- * client's version (a refusal, sent before any version was taken, in the
- * daemon's own). */
-static int send_msg(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *msg,
-                    int passfd) {
-  cogpu__msg_t out = *msg;
-  cogpu__msg_t *m = &out;
-  if (m->type == COGPU_M_REPLY && m->rc != -EPROTONOSUPPORT)
-    snprintf(m->u.reply.release, sizeof m->u.reply.release, "%s",
-             COGPU_VERSION_STRING);
-  if (c->version)
-    cogpu__msg_to_version(m, c->version);
-  if (d->fuzz || c->fd < 0)
-    return 0;
-  struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof *m};
-  char cbuf[CMSG_SPACE(sizeof(int))];
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (passfd >= 0) {
-    memset(cbuf, 0, sizeof cbuf);
-    mh.msg_control = cbuf;
-    mh.msg_controllen = sizeof cbuf;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &passfd, sizeof passfd);
-  }
-  ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (n != (ssize_t)sizeof *m) {
-    /* A client that does not read its replies loses its connection; it
-     * never holds up the daemon. */
-    cogpu__daemon_end_later(d, c);
-    return -1;
-  }
-  return 0;
-}
-
-static int reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
-                 int rc, cogpu__msg_t *r) {
-  r->magic = COGPU_PROTO_MAGIC;
-  r->version = COGPU_PROTO_VERSION;
-  r->type = COGPU_M_REPLY;
-  r->seq = req->seq;
-  r->rc = rc;
-  if (rc && !r->u.reply.msg[0])
-    snprintf(r->u.reply.msg, sizeof r->u.reply.msg, "%s",
-             *cogpu_last_error() ? cogpu_last_error() : cogpu_strerror(rc));
-  return send_msg(d, c, r, -1);
-}
-
-int cogpu__daemon_reply(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req,
-                        int rc, cogpu__msg_t *r) {
-  return reply(d, c, req, rc, r);
-}
-
-int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
-                           cogpu__msg_t *r, int fd) {
-  r->magic = COGPU_PROTO_MAGIC;
-  r->version = COGPU_PROTO_VERSION;
-  r->type = COGPU_M_REPLY;
-  r->seq = seq;
-  r->rc = rc;
-  return send_msg(d, c, r, rc ? -1 : fd);
-}
-
 static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
                 const char *fmt, ...) COGPU_PRINTF(5, 6);
 static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
@@ -95,7 +34,7 @@ static int fail(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *req, int rc,
   va_start(ap, fmt);
   vsnprintf(r.u.reply.msg, sizeof r.u.reply.msg, fmt, ap);
   va_end(ap);
-  reply(d, c, req, rc, &r);
+  cogpu__daemon_reply(d, c, req, rc, &r);
   return 0;
 }
 
@@ -148,26 +87,6 @@ static size_t user_waiters(cogpu__daemon_t *d, uid_t uid) {
   return n;
 }
 
-/* The start time of a process (field 22 of /proc/PID/stat), 0 if gone. */
-uint64_t cogpu__daemon_starttime(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "re");
-  if (!f)
-    return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char *p = strrchr(buf, ')');
-  unsigned long long t = 0;
-  if (!p || sscanf(p + 1,
-                   " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d "
-                   "%*d %*d %*d %*d %*d %llu",
-                   &t) != 1)
-    return 0;
-  return t;
-}
-
 static uint32_t free_slot(cogpu__daemon_t *d) {
   ledger_state_t *st = d->dh->st;
   static uint32_t next;
@@ -208,7 +127,7 @@ static void send_gpus(cogpu__daemon_t *d, dconn_t *c) {
     m.u.gpu.margin = hd->gpus[g].margin;
     snprintf(m.u.gpu.uuid, sizeof m.u.gpu.uuid, "%s", hd->gpus[g].uuid);
     snprintf(m.u.gpu.name, sizeof m.u.gpu.name, "%s", hd->gpus[g].name);
-    send_msg(d, c, &m, -1);
+    cogpu__daemon_send(d, c, &m, -1);
   }
 }
 
@@ -290,7 +209,7 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     sl->secret[0] = cogpu__now_ns() ^ (uint64_t)c->pid << 32;
     sl->secret[1] = (uint64_t)random() << 31 ^ (uint64_t)random();
   }
-  sl->starttime = cogpu__daemon_starttime(c->pid);
+  sl->starttime = cogpu__proc_starttime(c->pid);
   sl->last_op = 0;
   if (a->flags & COGPU_ATTACH_FOR_UID)
     cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_BOOKED);
@@ -316,7 +235,7 @@ static int on_attach(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
              "higher)",
              a->priority, prio);
   }
-  reply(d, c, m, 0, &r);
+  cogpu__daemon_reply(d, c, m, 0, &r);
   send_gpus(d, c);
   return 0;
 }
@@ -363,7 +282,7 @@ static int on_resume(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
   identity_reply(d, c, &r);
-  reply(d, c, m, 0, &r);
+  cogpu__daemon_reply(d, c, m, 0, &r);
   return 0;
 }
 
@@ -377,7 +296,7 @@ static bool replay(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   memset(&r, 0, sizeof r);
   r.u.reply.gpu = (int32_t)sl->last_gpu;
   r.u.reply.a = sl->last_a;
-  reply(d, c, m, (int)sl->last_rc, &r);
+  cogpu__daemon_reply(d, c, m, (int)sl->last_rc, &r);
   return true;
 }
 
@@ -479,7 +398,7 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   rp.u.reply.gpu = g;
   if (capped)
     rp.u.reply.flags |= COGPU_REPLY_PRIORITY_CAPPED;
-  reply(d, c, m, rc, &rp);
+  cogpu__daemon_reply(d, c, m, rc, &rp);
   return 0;
 }
 
@@ -504,7 +423,7 @@ static int on_release(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   }
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
-  return reply(d, c, m, rc, &r) ? -1 : 0;
+  return cogpu__daemon_reply(d, c, m, rc, &r) ? -1 : 0;
 }
 
 static int on_claim(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
@@ -525,7 +444,7 @@ static int on_claim(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
   r.u.reply.a = got;
-  reply(d, c, m, rc, &r);
+  cogpu__daemon_reply(d, c, m, rc, &r);
   return 0;
 }
 
@@ -555,7 +474,7 @@ static int on_query_amount(cogpu__daemon_t *d, dconn_t *c,
     r.u.reply.a = h->st->slots[h->res_slot].held[gpu];
     r.u.reply.b = cogpu__ledger_job_spare(h, gpu);
   }
-  reply(d, c, m, rc, &r);
+  cogpu__daemon_reply(d, c, m, rc, &r);
   return 0;
 }
 
@@ -578,7 +497,7 @@ static int on_find_job(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     memset(&r, 0, sizeof r);
     r.u.reply.slot = s;
     r.u.reply.gen = atomic_load(&sl->gen);
-    reply(d, c, m, 0, &r);
+    cogpu__daemon_reply(d, c, m, 0, &r);
     return 0;
   }
   return fail(d, c, m, -ESRCH, "no live job '%s' of yours on this node",
@@ -599,7 +518,7 @@ static void grant_reply(cogpu__daemon_t *d, dconn_t *c, int rc, int gpu) {
     r.u.reply.flags = COGPU_REPLY_RESUMED;
     r.u.reply.a = (cogpu__now_ns() - job->susp_since_ns) / 1000000u;
   }
-  reply(d, c, &req, rc, &r);
+  cogpu__daemon_reply(d, c, &req, rc, &r);
 }
 
 /* Hands a grant to its wait connection, and records it in the slot under
@@ -666,7 +585,7 @@ static void rebind(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
   r.u.reply.flags = COGPU_REPLY_QUEUED;
   r.u.reply.waiter = w;
   r.u.reply.ticket = wt->ticket;
-  reply(d, c, m, 0, &r);
+  cogpu__daemon_reply(d, c, m, 0, &r);
 }
 
 static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
@@ -772,7 +691,7 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   rp.u.reply.waiter = (uint32_t)w;
   rp.u.reply.ticket = c->ticket;
   cogpu__fault(COGPU_FP_QUEUED); /* queued, the client not told */
-  reply(d, c, m, 0, &rp);
+  cogpu__daemon_reply(d, c, m, 0, &rp);
   return 0;
 }
 
@@ -890,7 +809,7 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     cogpu__log(COGPU_LOG_WARN, "status for pid %d: %s", (int)c->pid,
                r.u.reply.msg);
   }
-  send_msg(d, c, &r, mfd);
+  cogpu__daemon_send(d, c, &r, mfd);
   if (mfd >= 0)
     close(mfd);
   return c->kind == DC_MAIN ? 0 : -1;
@@ -908,7 +827,7 @@ static int on_reset(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
   r.u.reply.a = (uint64_t)live;
-  reply(d, c, m, rc, &r);
+  cogpu__daemon_reply(d, c, m, rc, &r);
   return -1;
 }
 
@@ -924,7 +843,7 @@ static int on_mark(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   cogpu__ledger_lock(h);
   int rc = cogpu__ledger_mark_locked(h, m->u.mark.flags);
   cogpu__ledger_unlock(h);
-  reply(d, c, m, rc, &r);
+  cogpu__daemon_reply(d, c, m, rc, &r);
   return 0;
 }
 
@@ -935,7 +854,7 @@ static int on_usage(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   int rc =
       cogpu__daemon_rec_usage(d, c->slot, c->gen, c->passed_fd, m->u.usage.size,
                               r.u.reply.msg, sizeof r.u.reply.msg);
-  reply(d, c, m, rc, &r);
+  cogpu__daemon_reply(d, c, m, rc, &r);
   return 0;
 }
 
@@ -967,7 +886,7 @@ static int on_job_end(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   r.u.reply.n1 = rep.suspensions;
   r.u.reply.n2 = rep.guard_failures;
   r.u.reply.ticket = rep.escaped;
-  reply(d, c, m, 0, &r);
+  cogpu__daemon_reply(d, c, m, 0, &r);
   return 0;
 }
 
@@ -983,7 +902,7 @@ static int on_history(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     c->hist_seq = m->seq;
     return 0;
   }
-  reply(d, c, m, rc, &r);
+  cogpu__daemon_reply(d, c, m, rc, &r);
   return -1;
 }
 
@@ -1005,7 +924,7 @@ static void note_waiters(cogpu__daemon_t *d, uint32_t slot) {
     r.u.reply.flags = COGPU_REPLY_SUSPENDED;
     r.u.reply.gpu = (int32_t)sl->susp_gpu;
     r.u.reply.a = sl->parked;
-    reply(d, c, &req, 0, &r);
+    cogpu__daemon_reply(d, c, &req, 0, &r);
   }
 }
 
@@ -1026,7 +945,7 @@ static void answer_manual(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
     if (rc)
       snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", msg);
     c->susp_pending = false;
-    reply(d, c, &req, rc, &r);
+    cogpu__daemon_reply(d, c, &req, rc, &r);
     cogpu__daemon_end_later(d, c);
   }
 }
@@ -1143,7 +1062,7 @@ static int64_t find_job(cogpu__daemon_t *d, const cogpu__m_suspend_t *q) {
      * process's (its start time): once that process has ended, its PID
      * may be another user's process. */
     bool hit = q->pid ? sl->pid == q->pid &&
-                            cogpu__daemon_starttime(q->pid) == sl->starttime
+                            cogpu__proc_starttime(q->pid) == sl->starttime
                       : strcmp(sl->job_id, q->job_id) == 0 &&
                             (!sl->job || sl->job == (uint64_t)s + 1);
     if (!hit)
@@ -1183,7 +1102,7 @@ static int on_suspend(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
              "this daemon cannot suspend jobs");
   }
   if (rc) {
-    reply(d, c, m, rc, &r);
+    cogpu__daemon_reply(d, c, m, rc, &r);
     return -1;
   }
   struct cogpu_s *h = d->dh;
@@ -1200,7 +1119,7 @@ static int on_suspend(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
              "cannot %s the job of pid "
              "%d: %s",
              q->resume ? "resume" : "suspend", sl->pid, why);
-    reply(d, c, m, rc, &r);
+    cogpu__daemon_reply(d, c, m, rc, &r);
     return -1;
   }
   /* Answered when its operation is done (cogpu__daemon_susp_result); the
@@ -1254,7 +1173,7 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
                COGPU_PROTO_VERSION);
     cogpu__msg_t r;
     cogpu__msg_refusal(&r, &m);
-    send_msg(d, c, &r, -1);
+    cogpu__daemon_send(d, c, &r, -1);
     return -1;
   }
   if (crc == 0 && c->version && m.version != c->version) {
@@ -1276,7 +1195,7 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
     memset(&r, 0, sizeof r);
     int err = rc;
     snprintf(r.u.reply.msg, sizeof r.u.reply.msg, "%s", cogpu_last_error());
-    reply(d, c, &m, err, &r);
+    cogpu__daemon_reply(d, c, &m, err, &r);
     return -1;
   }
   switch (c->kind) {

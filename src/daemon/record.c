@@ -14,6 +14,10 @@
  * its end). When a job's slot is freed, the ledger's `ended` hook builds
  * its record, which a writer thread puts in the database: the loop never
  * waits for SQLite or for a user-name lookup.
+ *
+ * A service: it takes a page, a sample's tick or a query (with its
+ * asker's tag) and hands back results; it knows nothing of connections,
+ * and the dispatch (handle.c) replies to the asker.
  */
 #include <errno.h>
 #include <fcntl.h>

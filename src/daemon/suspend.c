@@ -1,13 +1,16 @@
 /*
- * suspend.c: cogpud's suspender: it performs the suspensions and resumes
- * the ledger decides (ledger/suspend.c) through the CUDA driver's process
- * checkpoint API, and answers `cogpu suspend` and `cogpu resume`.
+ * suspend.c: cogpud's suspender, a service: it performs the suspensions
+ * and resumes the ledger decides (ledger/suspend.c) through the CUDA
+ * driver's process checkpoint API. The loop (daemon.c) hands it each
+ * operation and takes it back done; the dispatch (handle.c) applies the
+ * result to the ledger and answers who waits. It answers no client itself
+ * and knows nothing of connections.
  *
  * The driver calls run in a thread of their own: cuInit takes seconds in a
  * fresh process, and a lock waits for the target's running kernels, a
  * checkpoint or a restore copies the footprint (seconds per tens of GiB).
  * The loop never waits for them: it hands the thread a job (the pids to
- * act on, read from the ledger under the lock) and applies the result
+ * act on, read from the ledger under the lock) and takes the result
  * when the thread reports on an eventfd. Nothing is held across a driver
  * call: a locked process blocks inside the driver, and anything it held
  * would stall every client.
@@ -195,7 +198,7 @@ static bool same_process(const sjob_t *j, int i) {
     struct pollfd p = {.fd = j->pidfds[i], .events = POLLIN};
     return poll(&p, 1, 0) == 0;
   }
-  return cogpu__daemon_starttime(j->pids[i]) == j->starts[i];
+  return cogpu__proc_starttime(j->pids[i]) == j->starts[i];
 }
 
 static void sjob_free(sjob_t *j) {
@@ -216,7 +219,7 @@ static void sjob_take_pids(struct cogpu_s *h, sjob_t *j) {
     j->pidfds[i] = (int)syscall(SYS_pidfd_open, j->pids[i], 0);
     if (j->pidfds[i] >= 0)
       fcntl(j->pidfds[i], F_SETFD, FD_CLOEXEC);
-    if (cogpu__daemon_starttime(j->pids[i]) != j->starts[i]) {
+    if (cogpu__proc_starttime(j->pids[i]) != j->starts[i]) {
       if (j->pidfds[i] >= 0)
         close(j->pidfds[i]);
       j->pidfds[i] = -1;
@@ -901,13 +904,13 @@ static void kill_slot_process(const ledger_slot_t *sl) {
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
   int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
   if (pfd >= 0) {
-    if (cogpu__daemon_starttime(pid) == sl->starttime)
+    if (cogpu__proc_starttime(pid) == sl->starttime)
       syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
     close(pfd);
     return;
   }
 #endif
-  if (cogpu__daemon_starttime(pid) == sl->starttime)
+  if (cogpu__proc_starttime(pid) == sl->starttime)
     kill(pid, SIGKILL);
 }
 
