@@ -33,7 +33,6 @@ static uint64_t conn_now_ms(void) {
   return cogpu__now_ns() / 1000000u;
 }
 
-
 /* Each connection costs the daemon a descriptor, so a user's are capped,
  * not only their slots and waits: each attached process has its main
  * connection, each waiting request one of its own, and the rest are for
@@ -100,7 +99,7 @@ static void user_drop(cogpu__daemon_t *d, uid_t uid) {
     u->said = false;
 }
 
-static dconn_t *conn_new(cogpu__daemon_t *d, int fd, int kind) {
+dconn_t *cogpu__conn_new(cogpu__daemon_t *d, int fd, int kind) {
   dconn_t *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
@@ -220,7 +219,8 @@ static void accept_pause(cogpu__daemon_t *d, int err) {
 }
 
 void cogpu__conn_accept_resume(cogpu__daemon_t *d) {
-  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &cogpu__conn_listen_mark};
+  struct epoll_event ev = {.events = EPOLLIN,
+                           .data.ptr = &cogpu__conn_listen_mark};
   if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->lfd, &ev) == 0)
     d->accept_paused = false;
   else
@@ -273,7 +273,7 @@ void cogpu__conn_accept(cogpu__daemon_t *d) {
       close(fd);
       continue;
     }
-    dconn_t *c = conn_new(d, fd, DC_NEW);
+    dconn_t *c = cogpu__conn_new(d, fd, DC_NEW);
     if (!c) {
       /* Said, not silent: the client sees its connection closed at once. */
       cogpu__log(COGPU_LOG_WARN,
@@ -300,8 +300,8 @@ void cogpu__conn_accept(cogpu__daemon_t *d) {
  * owns from here), watched by the loop; NULL (pfd closed) if it cannot be
  * made. pidfd_open's descriptors are close-on-exec. */
 dconn_t *cogpu__conn_pidfd(cogpu__daemon_t *d, int pfd, pid_t pid, uid_t uid,
-                          uint32_t slot, uint32_t gen) {
-  dconn_t *c = conn_new(d, pfd, DC_PIDFD);
+                           uint32_t slot, uint32_t gen) {
+  dconn_t *c = cogpu__conn_new(d, pfd, DC_PIDFD);
   if (!c) {
     close(pfd);
     return NULL;
@@ -421,7 +421,6 @@ void cogpu__conn_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
     cogpu__conn_end(d, c);
 }
 
-
 /* --- replies ---------------------------------------------------------------
  */
 
@@ -429,7 +428,7 @@ void cogpu__conn_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
  * client's version (a refusal, sent before any version was taken, in the
  * daemon's own). */
 int cogpu__daemon_send(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *msg,
-                      int passfd) {
+                       int passfd) {
   cogpu__msg_t out = *msg;
   cogpu__msg_t *m = &out;
   if (m->type == COGPU_M_REPLY && m->rc != -EPROTONOSUPPORT)
@@ -484,4 +483,3 @@ int cogpu__daemon_reply_fd(cogpu__daemon_t *d, dconn_t *c, uint32_t seq, int rc,
   r->rc = rc;
   return cogpu__daemon_send(d, c, r, rc ? -1 : fd);
 }
-

@@ -226,6 +226,8 @@ dconn_t *cogpu__conn_pidfd(cogpu__daemon_t *d, int pfd, pid_t pid, uid_t uid,
  * time) through a pidfd: when it exits, c is ended (see dconn_t.watch).
  * Without pidfds (kernel < 5.3), nothing: its connection alone holds it. */
 void cogpu__daemon_watch_process(cogpu__daemon_t *d, dconn_t *c);
+/* A connection of kind on fd (-1: none), listed; NULL when out of memory. */
+dconn_t *cogpu__conn_new(cogpu__daemon_t *d, int fd, int kind);
 /* Ends c now: on_close frees what it held; its record goes at the reap. */
 void cogpu__conn_end(cogpu__daemon_t *d, dconn_t *c);
 /* Frees the records of connections that ended during a batch of events

@@ -106,10 +106,12 @@ static void ops_pump(cogpu__daemon_t *d) {
   size_t n;
   while ((n = cogpu__ledger_take_susp_ops(d->dh, ops, 64)) > 0)
     for (size_t i = 0; i < n; i++) {
-      if (op_add(d, ops[i].slot, ops[i].gen, ops[i].op) != -EALREADY)
+      int rc = op_add(d, ops[i].slot, ops[i].gen, ops[i].op);
+      cogpu__assert_why(rc != -EALREADY,
+                        "the ledger decided a second operation for a job");
+      if (rc != -EALREADY)
         continue;
       const dop_t *o = op_find(d, ops[i].slot, ops[i].gen);
-      cogpu__assert_why(false, "a second operation for a job that has one");
       cogpu__log(COGPU_LOG_ERROR,
                  "the ledger asked for operation %d on slot %u while its "
                  "operation %d is under way: %s",

@@ -140,4 +140,3 @@ int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
   }
   return rc;
 }
-

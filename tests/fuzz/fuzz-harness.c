@@ -27,27 +27,16 @@ static const uid_t fz_uid[FZ_CONNS] = {0, 1000, 1000, 1001, 1001, 1002};
 #define FZ_MAX_WAITERS 2
 
 static dconn_t *fz_new_conn(int i) {
-  cogpu__daemon_t *d = &fz_d;
-  dconn_t *c = calloc(1, sizeof *c);
+  dconn_t *c = cogpu__conn_new(&fz_d, -1, DC_NEW);
   if (!c)
     abort();
-  c->fd = -1;
-  c->kind = DC_NEW;
-  c->waiter = -1;
   c->pid = getpid();
   c->uid = fz_uid[i];
   c->gid = fz_uid[i];
   c->admin = fz_uid[i] == 0;
-  c->next = d->conns;
-  if (d->conns)
-    d->conns->prev = c;
-  d->conns = c;
-  d->nconns++;
   return c;
 }
 
-/* As the daemon's conn_free: the daemon releases what the connection held,
- * then it leaves the list. */
 /* Ends a connection as the daemon's loop does: what it held goes at
  * once, its record at the reap. */
 static void fz_free_conn(dconn_t *c) {
