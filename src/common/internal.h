@@ -255,6 +255,9 @@ bool cogpu__proc_runnable(pid_t pid);
 /* A process's start time (clock ticks since boot; 0 if it is gone): with
  * its PID, it names the process without ambiguity (proc.c). */
 uint64_t cogpu__proc_starttime(pid_t pid);
+/* /proc/PID/stat read into buf: its fields from the state (field 3) on, or
+ * NULL when the process is gone. */
+const char *cogpu__proc_stat(pid_t pid, char *buf, size_t len);
 /* The name of user uid, or the number when it has none. */
 void cogpu__user_name(uint32_t uid, char *buf, size_t len);
 

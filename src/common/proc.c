@@ -69,20 +69,31 @@ bool cogpu__proc_runnable(pid_t pid) {
   return found;
 }
 
-/* The start time of a process (field 22 of /proc/PID/stat), 0 if gone. */
-uint64_t cogpu__proc_starttime(pid_t pid) {
-  char path[64], buf[1024];
+const char *cogpu__proc_stat(pid_t pid, char *buf, size_t len) {
+  char path[64];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   FILE *f = fopen(path, "re");
-  if (!f)
-    return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  if (!f || len < 2) {
+    if (f)
+      fclose(f);
+    return NULL;
+  }
+  size_t n = fread(buf, 1, len - 1, f);
   fclose(f);
   buf[n] = 0;
-  char *p = strrchr(buf, ')');
+  /* The command name may hold spaces and parentheses: the last ')' ends
+   * it. */
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' ? p + 2 : NULL;
+}
+
+/* The start time of a process (field 22 of /proc/PID/stat), 0 if gone. */
+uint64_t cogpu__proc_starttime(pid_t pid) {
+  char buf[1024];
+  const char *p = cogpu__proc_stat(pid, buf, sizeof buf);
   unsigned long long t = 0;
-  if (!p || sscanf(p + 1,
-                   " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d "
+  if (!p || sscanf(p,
+                   "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d "
                    "%*d %*d %*d %*d %*d %llu",
                    &t) != 1)
     return 0;

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "ledger-helpers.h"
 
 cogpu_t *lt_attach(int priority) {
@@ -208,35 +209,21 @@ char *lt_slurp(const char *tag) {
 }
 
 uint64_t lt_cpu_ticks(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "re");
-  ASSERT(f);
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char *s = strrchr(buf, ')');
+  char buf[1024];
+  const char *s = cogpu__proc_stat(pid, buf, sizeof buf);
   ASSERT(s);
   unsigned long long ut = 0, st = 0;
   /* Fields 14 and 15, counted from the state (field 3). */
-  ASSERT_EQ(sscanf(s + 2,
-                   "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-                   &st),
+  ASSERT_EQ(sscanf(s, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+                   &ut, &st),
             2);
   return ut + st;
 }
 
 char lt_proc_state(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "re");
-  if (!f)
-    return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char *s = strrchr(buf, ')');
-  return s && s[1] == ' ' ? s[2] : 0;
+  char buf[1024];
+  const char *s = cogpu__proc_stat(pid, buf, sizeof buf);
+  return s ? s[0] : 0;
 }
 
 bool lt_in_sleep_call(pid_t pid) {
