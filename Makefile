@@ -156,16 +156,19 @@ $(B)/obj/tools/cogpu/main.o $(B)/obj/tools/cogpud/main.o: ALLCFLAGS += -I$(B)/ge
 MAN_PAGES := $(B)/man/cogpu.1 $(B)/man/cogpud.8 $(B)/man/spank_cogpu.8 $(B)/man/cogpu.conf.5
 man: $(MAN_PAGES) $(B)/cogpu.conf.example
 $(B)/cogpu.conf.example: $(B)/man/gen-conf
-	$(B)/man/gen-conf --example > $@.tmp && mv $@.tmp $@
+	$(B)/man/gen-conf --example > $@.tmp.$$$$ && mv -f $@.tmp.$$$$ $@
 MAN_SED := sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
                -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@DATADIR@|$(DATADIR)|g' \
                -e 's|@PKGLIBDIR@|$(PKGLIBDIR)|g' \
                -e 's|@UNITDIR@|$(UNITDIR)|g'
 # The paths in the pages are install's: rewritten whenever they change.
+# Temporary files are named by the shell's PID, as for version.h above: a
+# shared name made the plain pass fail in CI (mv: cannot stat paths.tmp).
 $(B)/man/paths: FORCE
 	@mkdir -p $(dir $@)
-	@printf '%s\n' '$(VERSION)' '$(DOCDIR)' '$(LIBDIR)' '$(DATADIR)' '$(UNITDIR)' '$(PKGLIBDIR)' > $@.tmp; \
-	if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+	@t=$@.tmp.$$$$; \
+	printf '%s\n' '$(VERSION)' '$(DOCDIR)' '$(LIBDIR)' '$(DATADIR)' '$(UNITDIR)' '$(PKGLIBDIR)' > $$t; \
+	if cmp -s $$t $@; then rm -f $$t; else mv -f $$t $@; fi
 $(B)/man/%: man/%.in $(B)/man/paths include/cogpu.h
 	@echo "MAN $@"
 	@$(MAN_SED) $< > $@
@@ -173,7 +176,7 @@ $(B)/man/gen-conf: man/gen-conf.c src/common/options.def
 	$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $<
 $(B)/man/cogpu.conf.5: man/cogpu.conf.5.in $(B)/man/gen-conf $(B)/man/paths include/cogpu.h
 	@echo "MAN $@ (options.def)"
-	@$(B)/man/gen-conf $< | $(MAN_SED) > $@.tmp && mv $@.tmp $@
+	@$(B)/man/gen-conf $< | $(MAN_SED) > $@.tmp.$$$$ && mv -f $@.tmp.$$$$ $@
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
