@@ -150,7 +150,7 @@ static void ops_recover(cogpu__daemon_t *d) {
     return;
   ops_pump(d);
   ledger_state_t *st = d->dh->st;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     const ledger_slot_t *sl = &st->slots[s];
     uint32_t gen = atomic_load(&sl->gen);
     if (sl->state != SLOT_ACTIVE || op_find(d, s, gen))
@@ -189,7 +189,7 @@ static void recover(cogpu__daemon_t *d) {
   struct cogpu_s *h = d->dh;
   unsigned kept = 0, freed = 0;
   cogpu__ledger_lock(h);
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     ledger_slot_t *sl = &st->slots[s];
     if (sl->state != SLOT_ACTIVE || s == h->slot)
       continue;
@@ -237,7 +237,7 @@ static void on_tick(cogpu__daemon_t *d) {
   ledger_state_t *st = h->st;
   cogpu__ledger_foreign_refresh(h, false);
   cogpu__ledger_lock(h);
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     ledger_slot_t *sl = &st->slots[s];
     if (sl->state != SLOT_ACTIVE || s == h->slot || d->slot_conn[s])
       continue;
@@ -266,10 +266,9 @@ static bool orphans_unwatched(cogpu__daemon_t *d) {
   if (!d->dh)
     return false;
   ledger_state_t *st = d->dh->st;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
-    if (st->slots[s].state == SLOT_ACTIVE && s != d->dh->slot &&
-        !d->slot_conn[s])
-      return true;
+  LEDGER_FOR_SLOTS(st, s)
+  if (st->slots[s].state == SLOT_ACTIVE && s != d->dh->slot && !d->slot_conn[s])
+    return true;
   return false;
 }
 

@@ -71,8 +71,8 @@ static int cap_priority(cogpu__daemon_t *d, dconn_t *c, int prio,
 static size_t user_slots(cogpu__daemon_t *d, uid_t uid) {
   size_t n = 0;
   ledger_state_t *st = d->dh->st;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
-    n += st->slots[s].state == SLOT_ACTIVE && st->slots[s].uid == uid;
+  LEDGER_FOR_SLOTS(st, s)
+  n += st->slots[s].state == SLOT_ACTIVE && st->slots[s].uid == uid;
   return n;
 }
 
@@ -485,7 +485,7 @@ static int on_find_job(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   const ledger_slot_t *me =
       c->slot < LEDGER_MAX_SLOTS ? &st->slots[c->slot] : NULL;
   bool booked = me && (me->flags & COGPU_MARK_BOOKED);
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     ledger_slot_t *sl = &st->slots[s];
     if (s == c->slot || sl->state != SLOT_ACTIVE || sl->job ||
         strncmp(sl->job_id, m->u.find_job.job_id, sizeof sl->job_id) != 0 ||
@@ -1054,7 +1054,7 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
  * the job's slot. */
 static int64_t find_job(cogpu__daemon_t *d, const cogpu__m_suspend_t *q) {
   ledger_state_t *st = d->dh->st;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     const ledger_slot_t *sl = &st->slots[s];
     if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
       continue;
@@ -1358,7 +1358,7 @@ int cogpu__daemon_check(cogpu__daemon_t *d, char *why, size_t len) {
   if (rc)
     return rc;
   ledger_state_t *st = d->dh->st;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     const dconn_t *c = d->slot_conn[s];
     if (c && c->kind == DC_MAIN &&
         (st->slots[s].state != SLOT_ACTIVE ||

@@ -196,7 +196,7 @@ void cogpu__daemon_rec_sample(cogpu__daemon_t *d) {
   uint64_t rt = (uint64_t)realtime_ms() * 1000000u;
   cogpu__ledger_lock(h);
   /* What each job's live processes use: the sum of their pages. */
-  for (uint32_t s = 0; r->npages && s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS_WHILE(st, s, r->npages) {
     const cogpu__usage_t *p = r->page[s];
     const ledger_slot_t *sl = &st->slots[s];
     if (!p || sl->state != SLOT_ACTIVE ||

@@ -76,14 +76,15 @@ int cogpu__daemon_ensure_state(cogpu__daemon_t *d) {
 
 int cogpu__daemon_reset(cogpu__daemon_t *d, bool force, int *live) {
   int n = 0, parked = 0, pid = 0;
-  for (uint32_t s = 0; d->dh && s < LEDGER_MAX_SLOTS; s++) {
-    const ledger_slot_t *sl = &d->dh->st->slots[s];
-    if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
-      continue;
-    n++;
-    if (sl->susp != SUSP_NONE && !parked++)
-      pid = sl->pid;
-  }
+  if (d->dh)
+    LEDGER_FOR_SLOTS(d->dh->st, s) {
+      const ledger_slot_t *sl = &d->dh->st->slots[s];
+      if (sl->state != SLOT_ACTIVE || s == d->dh->slot)
+        continue;
+      n++;
+      if (sl->susp != SUSP_NONE && !parked++)
+        pid = sl->pid;
+    }
   *live = n;
   /* Not even with --force: the state is the only record that those jobs'
    * processes are checkpointed (or being moved), and a new one would leave

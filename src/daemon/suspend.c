@@ -497,7 +497,7 @@ static uint64_t meminfo(const char *key) {
 static uint64_t suspended_total_of(cogpu__daemon_t *d, uint64_t *in_flight) {
   uint64_t sum = 0, flying = 0;
   ledger_state_t *st = d->dh->st;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     const ledger_slot_t *sl = &st->slots[s];
     if (sl->state != SLOT_ACTIVE)
       continue;
@@ -699,7 +699,7 @@ void cogpu__susp_sample(cogpu__daemon_t *d) {
   /* The registrations of the busy PIDs did GPU work now. */
   qsort(busy, nbusy, sizeof *busy, cmp_unsigned);
   ledger_state_t *st = d->dh->st;
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS && nbusy; m++) {
+  LEDGER_FOR_SLOTS_WHILE(st, m, nbusy) {
     unsigned pid = (unsigned)st->slots[m].pid;
     if (st->slots[m].state == SLOT_ACTIVE &&
         bsearch(&pid, busy, nbusy, sizeof *busy, cmp_unsigned))
@@ -930,7 +930,7 @@ void cogpu__susp_end_stuck(cogpu__daemon_t *d, uint32_t slot, uint32_t gen,
              "the driver could not give the job of pid %d its memory back "
              "(%s): its processes would wait for good; ending them",
              job->pid, why);
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     const ledger_slot_t *sl = &st->slots[s];
     bool mine = s == slot ||
                 (sl->job == (uint64_t)slot + 1 && sl->job_gen == (uint64_t)gen);

@@ -73,7 +73,7 @@ static long pid_class(const int *pids, size_t n, int pid) {
  * stale entry only misjudges a process for one refresh). */
 static size_t client_pids(struct cogpu_s *h, int *pids, uint32_t *slots) {
   size_t n = 0;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(h->st, s) {
     const ledger_slot_t *sl = &h->st->slots[s];
     if (__atomic_load_n(&sl->state, __ATOMIC_RELAXED) != SLOT_ACTIVE)
       continue;
@@ -147,7 +147,7 @@ static void escaped_count(struct cogpu_s *h, const escapee_t *e, size_t n,
   }
   free(used);
   free(sum);
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(h->st, s) {
     ledger_slot_t *sl = &h->st->slots[s];
     if (sl->state != SLOT_ACTIVE && !sl->escaped)
       continue;
@@ -177,6 +177,8 @@ static void escaped_count(struct cogpu_s *h, const escapee_t *e, size_t n,
     sl->escaped_gpu = tot ? gpu : 0;
     if (tot > sl->escaped_max)
       sl->escaped_max = tot;
+    if (!tot)
+      cogpu__ledger_slot_unmark(h, s); /* a freed slot's last escaped bytes */
   }
 }
 

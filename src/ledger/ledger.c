@@ -59,6 +59,7 @@ void cogpu__ledger_slot_fill(struct cogpu_s *h, uint32_t slot, int pid,
                              uint32_t uid, int priority, const char *command,
                              const char *job_id) {
   ledger_slot_t *s = &h->st->slots[slot];
+  cogpu__ledger_slot_mark(h, slot); /* before it becomes active */
   s->pid = pid;
   s->uid = uid;
   s->priority = priority;
@@ -471,7 +472,7 @@ int cogpu__ledger_find_job(struct cogpu_s *h, const char *job_id, char *tok,
   if (cogpu__ledger_lock_bounded(h))
     return -EBUSY;
   rc = -ESRCH;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS && rc; s++) {
+  LEDGER_FOR_SLOTS_WHILE(h->st, s, rc) {
     ledger_slot_t *sl = &h->st->slots[s];
     uint32_t gen = atomic_load(&sl->gen);
     if (s == h->slot || sl->state != SLOT_ACTIVE || sl->job ||

@@ -279,7 +279,7 @@ int cogpu__ledger_invariants(struct cogpu_s *h, char *why, size_t len) {
   uint32_t ng = hd->ngpus < LEDGER_MAX_GPUS ? hd->ngpus : LEDGER_MAX_GPUS;
   uint64_t reserved[LEDGER_MAX_GPUS] = {0}, nclients[LEDGER_MAX_GPUS] = {0};
   bool lends = false;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     const ledger_slot_t *sl = &st->slots[s];
     for (uint32_t g = 0; g < ng; g++) {
       if (sl->state != SLOT_ACTIVE) {
@@ -313,7 +313,7 @@ int cogpu__ledger_invariants(struct cogpu_s *h, char *why, size_t len) {
     return 0;
   /* Jobs' lent against their members' claims: summed per job in a pass
    * over the members, then compared (only when anybody lends or claims). */
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(st, s) {
     const ledger_slot_t *job = &st->slots[s];
     if (job->state != SLOT_ACTIVE)
       continue;
@@ -323,7 +323,7 @@ int cogpu__ledger_invariants(struct cogpu_s *h, char *why, size_t len) {
     if (!any)
       continue;
     uint64_t sum[LEDGER_MAX_GPUS] = {0};
-    for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+    LEDGER_FOR_SLOTS(st, m) {
       const ledger_slot_t *ms = &st->slots[m];
       if (m == s || ms->state != SLOT_ACTIVE || ms->job != (uint64_t)s + 1 ||
           ms->job_gen != atomic_load(&job->gen))
@@ -382,8 +382,16 @@ static void recount_lent(struct cogpu_s *h) {
 static void repair_recount(struct cogpu_s *h) {
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t reserved[LEDGER_MAX_GPUS] = {0}, nclients[LEDGER_MAX_GPUS] = {0};
+  /* Every slot, not the map's: the map is rebuilt here too. */
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
+    uint64_t bit = 1ull << (s % 64);
+    if (sl->state == SLOT_ACTIVE || sl->escaped)
+      atomic_fetch_or_explicit(&hd->slot_map[s / 64], bit,
+                               memory_order_relaxed);
+    else
+      atomic_fetch_and_explicit(&hd->slot_map[s / 64], ~bit,
+                                memory_order_relaxed);
     if (sl->state != SLOT_ACTIVE)
       continue;
     for (uint32_t g = 0; g < hd->ngpus; g++) {
@@ -503,7 +511,7 @@ static void slot_orphan_members(struct cogpu_s *h, uint32_t s) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *job = &h->st->slots[s];
   uint32_t gen = atomic_load(&job->gen);
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+  LEDGER_FOR_SLOTS(h->st, m) {
     ledger_slot_t *ms = &h->st->slots[m];
     if (m == s || ms->state != SLOT_ACTIVE || ms->job != (uint64_t)s + 1 ||
         ms->job_gen != gen)
@@ -591,6 +599,21 @@ void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
   }
   cogpu__ledger_tx_set(h, &sl->state, SLOT_FREE);
   cogpu__ledger_tx_commit(h);
+  cogpu__ledger_slot_unmark(h, s);
+}
+
+void cogpu__ledger_slot_mark(struct cogpu_s *h, uint32_t s) {
+  cogpu__assert(s < LEDGER_MAX_SLOTS);
+  atomic_fetch_or_explicit(&h->st->hdr.slot_map[s / 64], 1ull << (s % 64),
+                           memory_order_relaxed);
+}
+
+void cogpu__ledger_slot_unmark(struct cogpu_s *h, uint32_t s) {
+  if (s >= LEDGER_MAX_SLOTS || h->st->slots[s].state == SLOT_ACTIVE ||
+      h->st->slots[s].escaped)
+    return;
+  atomic_fetch_and_explicit(&h->st->hdr.slot_map[s / 64], ~(1ull << (s % 64)),
+                            memory_order_relaxed);
 }
 
 /* Liveness probes (F_OFD_GETLK) made while this process held the ledger
@@ -699,11 +722,11 @@ void cogpu__ledger_sweep_probe(struct cogpu_s *h, ledger_sweep_t *sw) {
   if (cogpu__ledger_trusted(h))
     return; /* the daemon frees a client when its connection closes */
   uint32_t active = 0;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS && active < PROBE_BULK_MIN; s++)
-    active += __atomic_load_n(&h->st->slots[s].state, __ATOMIC_RELAXED) ==
-              SLOT_ACTIVE;
+  LEDGER_FOR_SLOTS_WHILE(h->st, s, active < PROBE_BULK_MIN)
+  active +=
+      __atomic_load_n(&h->st->slots[s].state, __ATOMIC_RELAXED) == SLOT_ACTIVE;
   uint64_t *held = active >= PROBE_BULK_MIN ? locks_listed(h) : NULL;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(h->st, s) {
     ledger_slot_t *sl = &h->st->slots[s];
     if (s == h->slot ||
         __atomic_load_n(&sl->state, __ATOMIC_RELAXED) != SLOT_ACTIVE)

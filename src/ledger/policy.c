@@ -285,12 +285,12 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
   }
   if (!any)
     return -1;
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+  LEDGER_FOR_SLOTS(h->st, m) {
     int64_t job = member_of(h, m);
     if (job >= 0 && !BIT_GET(owner_w, m))
       BIT_SET(running, (uint32_t)job);
   }
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(h->st, s) {
     const ledger_slot_t *sl = &h->st->slots[s];
     bool holds = sl->state == SLOT_ACTIVE &&
                  (sl->held[g] > 0 || h->st->hdr.gpus[g].excl_slot == s + 1);

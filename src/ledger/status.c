@@ -24,8 +24,8 @@ static bool listed(struct cogpu_s *h, uint32_t g, uint32_t s) {
 
 static size_t count_listed(struct cogpu_s *h, uint32_t g) {
   size_t n = 0;
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++)
-    n += listed(h, g, s);
+  LEDGER_FOR_SLOTS(h->st, s)
+  n += listed(h, g, s);
   return n;
 }
 
@@ -37,7 +37,7 @@ static void status_clients(struct cogpu_s *h, uint32_t g, size_t max,
   memset(peak, 0, LEDGER_MAX_SLOTS * sizeof *peak);
   cogpu__ledger_usage_by_job(h, g, used, peak);
   uint64_t now = cogpu__now_ns();
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(h->st, s) {
     ledger_slot_t *sl = &h->st->slots[s];
     bool excl = gp->excl_slot == s + 1;
     bool parked = sl->susp == SUSP_SUSPENDED && sl->susp_gpu == g;

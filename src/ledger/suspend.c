@@ -73,21 +73,21 @@ static bool of_job(const ledger_state_t *st, uint32_t s, uint32_t m) {
 size_t cogpu__ledger_job_pids(struct cogpu_s *h, uint32_t s, int32_t *pids,
                               uint64_t *starts, size_t max) {
   size_t n = 0;
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS && n < max; m++)
-    if (of_job(h->st, s, m) && (h->st->slots[m].flags & COGPU_MARK_CUDA)) {
-      if (starts)
-        starts[n] = h->st->slots[m].starttime;
-      pids[n++] = h->st->slots[m].pid;
-    }
+  LEDGER_FOR_SLOTS_WHILE(h->st, m, n < max)
+  if (of_job(h->st, s, m) && (h->st->slots[m].flags & COGPU_MARK_CUDA)) {
+    if (starts)
+      starts[n] = h->st->slots[m].starttime;
+    pids[n++] = h->st->slots[m].pid;
+  }
   return n;
 }
 
 size_t cogpu__ledger_job_members(struct cogpu_s *h, uint32_t s, uint32_t *slots,
                                  size_t max) {
   size_t n = 0;
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS && n < max; m++)
-    if (of_job(h->st, s, m) && (h->st->slots[m].flags & COGPU_MARK_CUDA))
-      slots[n++] = m;
+  LEDGER_FOR_SLOTS_WHILE(h->st, m, n < max)
+  if (of_job(h->st, s, m) && (h->st->slots[m].flags & COGPU_MARK_CUDA))
+    slots[n++] = m;
   return n;
 }
 
@@ -134,7 +134,7 @@ int cogpu__ledger_suspendable(struct cogpu_s *h, uint32_t s, int *gpu,
   if (on < 0)
     return snprintf(why, len, "it holds no GPU memory"), -EPERM;
   size_t ncuda = 0;
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+  LEDGER_FOR_SLOTS(st, m) {
     if (!of_job(st, s, m))
       continue;
     const ledger_slot_t *ms = &st->slots[m];
@@ -342,7 +342,7 @@ static uint64_t others_growth(struct cogpu_s *h, uint32_t s, uint32_t g,
                               bool *any) {
   uint64_t sum = 0;
   *any = false;
-  for (uint32_t t = 0; t < LEDGER_MAX_SLOTS; t++) {
+  LEDGER_FOR_SLOTS(h->st, t) {
     const ledger_slot_t *o = &h->st->slots[t];
     if (t == s || o->state != SLOT_ACTIVE || o->held[g] == 0 ||
         !is_job(h->st, t))
@@ -480,7 +480,7 @@ void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w) {
 }
 
 bool cogpu__ledger_susp_busy(struct cogpu_s *h, uint32_t g) {
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(h->st, s) {
     const ledger_slot_t *sl = &h->st->slots[s];
     if (sl->state == SLOT_ACTIVE && sl->susp == SUSP_SUSPENDING &&
         sl->susp_gpu == g)
@@ -510,7 +510,7 @@ static bool worse_victim(const ledger_slot_t *a, const ledger_slot_t *b,
 static bool running_over(struct cogpu_s *h, uint32_t g) {
   uint64_t sum = 0;
   unsigned n = 0;
-  for (uint32_t t = 0; t < LEDGER_MAX_SLOTS; t++) {
+  LEDGER_FOR_SLOTS(h->st, t) {
     const ledger_slot_t *o = &h->st->slots[t];
     if (o->state != SLOT_ACTIVE || o->held[g] == 0 || !is_job(h->st, t) ||
         o->susp == SUSP_SUSPENDING || o->susp == SUSP_SUSPENDED)
@@ -536,7 +536,7 @@ static bool suspend_some(struct cogpu_s *h, uint32_t g, victim_ok_fn ok,
   /* A few candidates at most: each try scans the slots. */
   for (int tries = 0; tries < 16; tries++) {
     int64_t best = -1;
-    for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+    LEDGER_FOR_SLOTS(h->st, s) {
       const ledger_slot_t *sl = &h->st->slots[s];
       if (sl->state != SLOT_ACTIVE || sl->held[g] == 0 ||
           sl->susp != SUSP_NONE || (tried[s / 8] >> (s % 8)) & 1u)
@@ -650,7 +650,7 @@ void cogpu__ledger_preempt(struct cogpu_s *h) {
 /* The daemon's tick: a suspended job without its resume entry (the queue
  * was full, or a restart dropped it) gets one. */
 void cogpu__ledger_susp_check(struct cogpu_s *h) {
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(h->st, s) {
     const ledger_slot_t *sl = &h->st->slots[s];
     if (sl->state == SLOT_ACTIVE && sl->susp == SUSP_SUSPENDED &&
         !sl->susp_manual && !has_resume_entry(h, s))

@@ -130,7 +130,7 @@ static void set_usage(struct cogpu_s *h, uint32_t s, uint32_t g, bool step,
     p = folded;
     at = step ? js->group_peak_ns : js->job_peak_ns;
   }
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+  LEDGER_FOR_SLOTS(h->st, m) {
     if (m == s || h->st->slots[m].state != SLOT_ACTIVE ||
         !counts_in(h, m, s, step))
       continue;
@@ -159,7 +159,7 @@ void cogpu__ledger_job_usage(struct cogpu_s *h, uint32_t s, uint32_t g,
 
 void cogpu__ledger_usage_by_job(struct cogpu_s *h, uint32_t g, uint64_t *used,
                                 uint64_t *peak) {
-  for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
+  LEDGER_FOR_SLOTS(h->st, s) {
     const ledger_slot_t *sl = &h->st->slots[s];
     if (sl->state != SLOT_ACTIVE)
       continue;
@@ -239,7 +239,7 @@ void cogpu__ledger_usage_free(struct cogpu_s *h, uint32_t s) {
     return;
   /* The job ends: its live processes' peaks first (they are orphaned
    * after this, or die with it). */
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+  LEDGER_FOR_SLOTS(h->st, m) {
     if (m == s || h->st->slots[m].state != SLOT_ACTIVE || job_of(h, m) != s)
       continue;
     sync_slot(h, m);
@@ -282,7 +282,7 @@ int cogpu__ledger_job_sample(struct cogpu_s *h, uint64_t *used, unsigned *ngpus,
   uint32_t s = h->res_slot, ng = h->st->hdr.ngpus;
   memset(used, 0, COGPU_USAGE_GPUS * sizeof *used);
   /* One pass for every GPU: the lock is the user's other processes' too. */
-  for (uint32_t m = 0; m < LEDGER_MAX_SLOTS; m++) {
+  LEDGER_FOR_SLOTS(h->st, m) {
     const ledger_slot_t *ms = &h->st->slots[m];
     if (ms->state != SLOT_ACTIVE || job_of(h, m) != s)
       continue;
