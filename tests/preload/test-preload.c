@@ -898,7 +898,9 @@ static int eight_jobs(bool with_cogpu, const char *mem, int kill_one) {
     char path[64], buf[64] = "";
     snprintf(path, sizeof path, "/proc/%d/task/%d/children", p[kill_one],
              p[kill_one]);
-    for (int t = 0; t < 200 && !atoi(buf); t++) {
+    /* Its start takes long in a loaded sanitizer pass: bounded by the
+     * pass's scaled timeout, not a fixed 2 s (it ran out once in CI). */
+    for (int t = 0; t < th_ms(30000) / 10 && !atoi(buf); t++) {
       th_sleep_ms(10);
       int fd = open(path, O_RDONLY);
       ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : 0;
