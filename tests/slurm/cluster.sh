@@ -73,10 +73,14 @@ stop_pid() { # stop_pid NAME: TERM, then KILL after 5 s
 # Processes started by this cluster's daemons: anything whose environment
 # names this cluster's SLURM_CONF (job steps, tasks, holders).
 leftovers() {
-  local conf="SLURM_CONF=$dir/slurm.conf" p
-  for p in /proc/[0-9]*; do
-    { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qxF "$conf" &&
-      alive "${p#/proc/}" && echo "${p#/proc/}"
+  # One grep over every process's environment (NUL-separated entries):
+  # two processes per process on the machine took over 10 s while CI's
+  # other passes ran beside this one.
+  local conf="SLURM_CONF=$dir/slurm.conf" f p
+  for f in $(grep -lzxF "$conf" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}
+    p=${p%/environ}
+    alive "$p" && echo "$p"
   done
   return 0
 }

@@ -669,8 +669,9 @@ TEST_IMPL_ONCE_T(slurm_whole_gpu_job_waits_for_gpu_mem_jobs, 240) {
   char log[PATH_MAX + 64];
   snprintf(log, sizeof log,
            "grep -c 'waiting for --gpu-mem jobs' %s/slurmd.log", cluster);
-  wait_output(log, "2\n", 20000); /* the bounded step's line, and this one */
-  th_sleep_ms(1500);
+  /* The bounded step's line, and this one: it waits (the line is printed
+   * where it starts waiting), so it has not started. */
+  wait_output(log, "2\n", 20000);
   ASSERT(!strstr(file("whole.out"), "started2"));
   ASSERT_EQ(sh("scancel 1", out, sizeof out, th_ms(60000)), 0);
   for (int i = 0;
@@ -1395,8 +1396,12 @@ TEST_IMPL_ONCE_T(slurm_dcgm_job_map, 240) {
             other, map_file(dir, other), id[1], id[2]);
   snprintf(want, sizeof want, "%s\n", id[0]);
   wait_map(dir, g0, want, 1000);
-  /* The srun steps end after 4 s; their batch steps still run: kept. */
-  th_sleep_ms(6000);
+  /* The srun steps end after 4 s (waited for in squeue, not for a time);
+   * their batch steps still run: kept. */
+  snprintf(cmd, sizeof cmd,
+           "echo steps=$(squeue -h -s -o %%i | grep -c -E '^(%s|%s|%s)\\.0$')",
+           id[0], id[1], id[2]);
+  wait_output(cmd, "steps=0\n", 60000);
   wait_map(dir, g0, want, 1000);
   snprintf(cmd, sizeof cmd, "scancel %s", id[1]);
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
