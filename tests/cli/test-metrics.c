@@ -55,6 +55,18 @@ static bool have(const char *prog) {
   return th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(5000)) == 0;
 }
 
+/* Skips a test that needs python3 (the checker), saying why: where no
+ * shell runs (TSan's runtime, which the test preloads into children,
+ * crashes it), python3 may well be installed; the plain pass runs it. */
+#define NEED_PYTHON3(what)                                                     \
+  do {                                                                         \
+    if (!have("sh"))                                                           \
+      SKIP("no shell runs here (a sanitizer runtime preloaded into it): "      \
+           "the plain pass runs it");                                          \
+    if (!have("python3"))                                                      \
+      SKIP("python3 is not installed" what);                                   \
+  } while (0)
+
 /* tests/prom-check.py in the source tree. */
 static const char *checker(void) {
   static char path[PATH_MAX];
@@ -65,8 +77,7 @@ static const char *checker(void) {
 /* The text is valid Prometheus exposition with cogpu's conventions (and
  * promtool agrees, where it is installed). */
 static void check_prom_(const char *file, int line, const char *text) {
-  if (!have("python3"))
-    SKIP("python3 is not installed (the checker needs it)");
+  NEED_PYTHON3(" (the checker needs it)");
   const char *path = th_path("check.prom");
   save(path, text);
   char out[4096], err[8192];
@@ -115,8 +126,7 @@ static const char *metrics(void) {
 }
 
 TEST_IMPL(metrics_checker_self_test) {
-  if (!have("python3"))
-    SKIP("python3 is not installed");
+  NEED_PYTHON3("");
   char out[1024], err[8192];
   const char *argv[] = {"python3", checker(), "--self-test", NULL};
   int rc = th_run(argv, NULL, out, sizeof out, err, sizeof err, th_ms(15000));

@@ -5,6 +5,7 @@
  * daemon records). The peak must equal the fake driver's own peak for
  * every allocation route.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -514,23 +515,31 @@ TEST_IMPL(history_query_does_not_block_the_daemon) {
   history_json("--last", "1"); /* the database exists, with a record */
   char db[600];
   snprintf(db, sizeof db, "%s/history.db", getenv("COGPU_HISTORY_DIR"));
-  int pfd[2];
+  /* The locker holds the database until the test lets it go (closes
+   * rel[1], or ends): a fixed 6 s ran out before the queries below came,
+   * under load. */
+  int pfd[2], rel[2];
   ASSERT_EQ(pipe(pfd), 0);
+  ASSERT_EQ(pipe(rel), 0);
   pid_t locker = fork();
   if (locker == 0) {
     close(pfd[0]);
+    close(rel[1]);
     sqlite3 *s = NULL;
     if (sqlite3_open(db, &s) != SQLITE_OK ||
         sqlite3_exec(s, "BEGIN EXCLUSIVE", NULL, NULL, NULL) != SQLITE_OK)
       _exit(2);
     if (write(pfd[1], "L", 1) != 1)
       _exit(3);
-    sleep(6);
+    char c;
+    while (read(rel[0], &c, 1) < 0 && errno == EINTR)
+      ;
     sqlite3_exec(s, "ROLLBACK", NULL, NULL, NULL);
     sqlite3_close(s);
     _exit(0);
   }
   close(pfd[1]);
+  close(rel[0]);
   char ch;
   ASSERT_EQ(read(pfd[0], &ch, 1), 1);
   close(pfd[0]);
@@ -565,6 +574,7 @@ TEST_IMPL(history_query_does_not_block_the_daemon) {
     busy += strstr(lt_slurp(tag[i]), "too many history requests") != NULL;
   }
   ASSERT_GE(busy, 1);
+  close(rel[1]); /* the lock goes */
   /* The first is answered once the thread is free (readers are not
    * blocked in WAL mode). */
   ASSERT_EQ(th_exit_code(th_wait(hp, th_ms(30000))), 0);

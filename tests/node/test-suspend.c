@@ -970,7 +970,11 @@ TEST_IMPL_T(susp_chaos_kills, 180) {
     snprintf(parent, sizeof parent, "%d", (int)p[i]);
     /* Not through a shell: a sanitizer runtime preloaded into dash faults. */
     static const char *const noenv[] = {"LD_PRELOAD=", NULL};
-    const char *argv[] = {"pkill", "-KILL", "-P", parent, NULL};
+    /* The program by name: cogpu run's other child, once the program has
+     * ended, can be LeakSanitizer's tracer at its exit, and killing that
+     * left cogpu run waiting for it for good (ASan, under load). */
+    const char *argv[] = {"pkill", "-KILL",    "-P", parent,
+                          "-x",    "cudaprog", NULL};
     th_run(argv, noenv, o, sizeof o, e, sizeof e, th_ms(10000));
   }
   for (int i = 0; i < N; i++) {
