@@ -385,13 +385,10 @@ static void repair_recount(struct cogpu_s *h) {
   /* Every slot, not the map's: the map is rebuilt here too. */
   for (uint32_t s = 0; s < LEDGER_MAX_SLOTS; s++) {
     ledger_slot_t *sl = &h->st->slots[s];
-    uint64_t bit = 1ull << (s % 64);
     if (sl->state == SLOT_ACTIVE || sl->escaped)
-      atomic_fetch_or_explicit(&hd->slot_map[s / 64], bit,
-                               memory_order_relaxed);
+      cogpu__ledger_slot_mark(h, s);
     else
-      atomic_fetch_and_explicit(&hd->slot_map[s / 64], ~bit,
-                                memory_order_relaxed);
+      cogpu__ledger_slot_unmark(h, s);
     if (sl->state != SLOT_ACTIVE)
       continue;
     for (uint32_t g = 0; g < hd->ngpus; g++) {
