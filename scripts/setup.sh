@@ -47,8 +47,10 @@ existing_parent() {
 # dashboard of contrib/prometheus (tests/node/test-prometheus.c). On a host
 # with systemd the package also enables prometheus.service, which the suite
 # does not use: `systemctl disable --now prometheus` if it is not wanted.
+# rpm: rpmbuild, with which CI builds the RPM packages of contrib/rpm and
+# checks their file lists (scripts/rpm-test.sh).
 deps="gcc make libc6-dev pkg-config python3 libsystemd-dev libsqlite3-dev libslurm-dev slurmctld slurmd
-      slurm-client munge gnuplot-nox groff-base dpkg-dev debhelper lintian prometheus python3-yaml"
+      slurm-client munge gnuplot-nox groff-base dpkg-dev debhelper lintian prometheus python3-yaml rpm"
 missing=""
 for p in $deps; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
