@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "cogpu.h"
 #include "internal.h"
@@ -385,6 +386,9 @@ bool cogpu__ledger_lock_contended(struct cogpu_s *h);
  * another process. Unbounded in the daemon. */
 int cogpu__ledger_lock_bounded(struct cogpu_s *h);
 void cogpu__ledger_unlock(struct cogpu_s *h);
+/* The fast paths' lock and unlock, inline at the end of this header. */
+static inline int cogpu__ledger_lock_fast(struct cogpu_s *h);
+static inline void cogpu__ledger_unlock_fast(struct cogpu_s *h);
 /* Wake this waiter when the lock is next released by this thread. */
 void cogpu__ledger_wake_later(struct cogpu_s *h, uint32_t waiter);
 bool cogpu__ledger_slot_alive(struct cogpu_s *h, uint32_t slot, uint32_t gen);
@@ -430,7 +434,9 @@ int cogpu__ledger_sweep_apply(struct cogpu_s *h, const ledger_sweep_t *sw);
 extern _Atomic uint64_t cogpu__ledger_probes_locked;
 
 /* --- policy.c: who is served ---------------------------------------------- */
-uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g);
+static inline uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g) {
+  return cogpu__core_capacity(g->total, g->margin, g->foreign);
+}
 /* A GPU and the node's rules as the decisions (core.h) see them. Inline:
  * the fast path's fit and booking read the GPU through it. */
 static inline cogpu__core_gpu_t cogpu__ledger_core_gpu(const ledger_gpu_t *g) {
@@ -442,8 +448,15 @@ static inline cogpu__core_gpu_t cogpu__ledger_core_gpu(const ledger_gpu_t *g) {
 }
 cogpu__core_rules_t cogpu__ledger_core_rules(struct cogpu_s *h);
 /* Can `bytes` (or exclusive use) be granted on GPU gi to slot now? */
-bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
-                        uint64_t bytes, bool exclusive);
+static inline bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi,
+                                      uint32_t slot, uint64_t bytes,
+                                      bool exclusive) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  cogpu__core_gpu_t g = cogpu__ledger_core_gpu(&hd->gpus[gi]);
+  cogpu__core_rules_t r = {.max_clients = hd->max_clients};
+  return cogpu__core_fits(&r, &g, (uint64_t)slot + 1,
+                          h->st->slots[slot].held[gi], bytes, exclusive);
+}
 /* Grant to `slot` on GPU gi (transactional; no commit), for the process
  * of slot `member` (the job's own slot, or one of its processes). Refuses
  * (false, nothing written) a slot that is not active. */
@@ -794,6 +807,80 @@ static inline void cogpu__ledger_count(struct cogpu_s *h, uint64_t *counter) {
 static inline void cogpu__ledger_count_admit(struct cogpu_s *h, int result) {
   if (result >= 0 && result < COGPU_ADMIT_NRESULTS)
     cogpu__ledger_count(h, &h->st->hdr.counters.admit[result]);
+}
+
+/* The uncontended halves of the bounded lock and of the unlock, and the
+ * handle's checks under the lock, inline for the reserve and release fast
+ * paths (issue 24: the calls around an uncontended reserve and release
+ * cost more than the work in them). A lock held by another, or waiters to
+ * wake, take lock.c's whole path. */
+static inline int cogpu__ledger_lock_fast(struct cogpu_s *h) {
+  uint32_t cur = 0;
+  uint32_t me = (h->slot + 1) | ((h->gen & LOCKW_GEN_MASK) << LOCKW_GEN_SHIFT);
+  if (__builtin_expect(!atomic_compare_exchange_strong_explicit(
+                           &h->st->hdr.lock, &cur, me, memory_order_acquire,
+                           memory_order_relaxed),
+                       0))
+    return cogpu__ledger_lock_bounded(h);
+  cogpu__fault(COGPU_FP_LOCK_HELD);
+  if (config_debug)
+    cogpu__ledger_verify(h);
+  return 0;
+}
+
+static inline void cogpu__ledger_unlock_fast(struct cogpu_s *h) {
+  if (__builtin_expect(h->wake_n != 0, 0)) {
+    cogpu__ledger_unlock(h);
+    return;
+  }
+  cogpu__fault(COGPU_FP_BEFORE_UNLOCK);
+  uint32_t old =
+      atomic_exchange_explicit(&h->st->hdr.lock, 0, memory_order_release);
+  if (__builtin_expect(old & LOCKW_CONTENDED, 0))
+    cogpu__ledger_futex_wake(&h->st->hdr.lock, 1);
+}
+
+/* cogpu__ledger_lock_live and its checks, inline. */
+static inline int cogpu__ledger_lock_live_fast(struct cogpu_s *h) {
+  int rc = cogpu__ledger_lock_fast(h);
+  if (rc)
+    return rc;
+  const ledger_slot_t *me = &h->st->slots[h->slot];
+  const ledger_slot_t *job = &h->st->slots[h->res_slot];
+  if (__builtin_expect(
+          atomic_load_explicit(&h->done, memory_order_relaxed) ||
+              me->state != SLOT_ACTIVE ||
+              atomic_load_explicit(&me->gen, memory_order_relaxed) != h->gen ||
+              (h->res_slot != h->slot &&
+               (job->state != SLOT_ACTIVE ||
+                atomic_load_explicit(&job->gen, memory_order_relaxed) !=
+                    h->res_gen)),
+          0)) {
+    cogpu__ledger_unlock_fast(h);
+    return cogpu__ledger_lock_live(h); /* says why, or falls back */
+  }
+  return 0;
+}
+
+/* Is the foreign figure younger than foreign_refresh? foreign.c's test,
+ * inline, because every reserve asks it (no grant on a stale figure): the
+ * coarse clock, a few ns. It runs at most a kernel tick (4 ms) behind,
+ * nothing against a second; a figure never read, and intervals under
+ * 20 ms (tests), go to cogpu__ledger_foreign_refresh, which reads the
+ * precise clock. */
+static inline bool cogpu__ledger_foreign_fresh(struct cogpu_s *h) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  uint64_t last =
+      atomic_load_explicit(&hd->foreign_at_ns, memory_order_relaxed);
+  uint64_t ms = hd->foreign_refresh_ms;
+  if (!last || ms < 20 || ms > UINT64_MAX / 1000000u)
+    return false;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  /* A clock behind the figure: it was read a moment ago, with the precise
+   * clock (as foreign.c takes it). */
+  return now < last || now - last < ms * 1000000u;
 }
 
 #endif /* COGPU_LEDGER_INT_H */

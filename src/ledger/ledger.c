@@ -393,7 +393,7 @@ static int gpu_call_lock(struct cogpu_s *h, int gpu) {
   int rc = check_handle(h);
   if (rc == 0)
     rc = check_gpu(h, gpu);
-  return rc ? rc : cogpu__ledger_lock_live(h);
+  return rc ? rc : cogpu__ledger_lock_live_fast(h);
 }
 
 /* Moves n bytes on gpu between the job's unclaimed part and this
@@ -576,7 +576,7 @@ int cogpu__ledger_release(struct cogpu_s *h, int gpu, uint64_t bytes) {
   if (rc)
     return rc;
   rc = cogpu__ledger_release_locked(h, gpu, bytes);
-  cogpu__ledger_unlock(h);
+  cogpu__ledger_unlock_fast(h);
   return rc;
 }
 

@@ -17,10 +17,6 @@
 _Static_assert(LEDGER_MAX_GPUS <= COGPU_CORE_MAX_GPUS,
                "a service pass covers every GPU of a node");
 
-uint64_t cogpu__ledger_capacity(const ledger_gpu_t *g) {
-  return cogpu__core_capacity(g->total, g->margin, g->foreign);
-}
-
 cogpu__core_rules_t cogpu__ledger_core_rules(struct cogpu_s *h) {
   const ledger_hdr_t *hd = &h->st->hdr;
   return (cogpu__core_rules_t){.policy = hd->policy,
@@ -32,15 +28,6 @@ cogpu__core_rules_t cogpu__ledger_core_rules(struct cogpu_s *h) {
 static uint64_t gpu_free(const ledger_gpu_t *g) {
   cogpu__core_gpu_t c = cogpu__ledger_core_gpu(g);
   return cogpu__core_free(&c);
-}
-
-bool cogpu__ledger_fits(struct cogpu_s *h, uint32_t gi, uint32_t slot,
-                        uint64_t bytes, bool exclusive) {
-  ledger_hdr_t *hd = &h->st->hdr;
-  cogpu__core_gpu_t g = cogpu__ledger_core_gpu(&hd->gpus[gi]);
-  cogpu__core_rules_t r = {.max_clients = hd->max_clients};
-  return cogpu__core_fits(&r, &g, (uint64_t)slot + 1,
-                          h->st->slots[slot].held[gi], bytes, exclusive);
 }
 
 bool cogpu__ledger_grant(struct cogpu_s *h, uint32_t gi, uint32_t slot,

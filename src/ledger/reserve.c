@@ -12,8 +12,11 @@
 
 #include "ledger-int.h"
 
-int cogpu__ledger_reserve_check(struct cogpu_s *h, const cogpu_request_t *req,
-                                reserve_req_t *r) {
+/* The checks and the fast path are inline in cogpu__ledger_reserve (the
+ * calls cost a tenth of an uncontended reserve, issue 24) and out of line
+ * for the daemon. */
+static inline __attribute__((always_inline)) int
+reserve_check(struct cogpu_s *h, const cogpu_request_t *req, reserve_req_t *r) {
   if (!h || !h->st || !req)
     return cogpu__seterr(-EINVAL, "cogpu_reserve: NULL handle or request");
   if (h->forked)
@@ -55,8 +58,14 @@ int cogpu__ledger_reserve_check(struct cogpu_s *h, const cogpu_request_t *req,
   return 0;
 }
 
+int cogpu__ledger_reserve_check(struct cogpu_s *h, const cogpu_request_t *req,
+                                reserve_req_t *r) {
+  return reserve_check(h, req, r);
+}
+
 /* With nobody waiting, grant at once where it fits (auto: most free). */
-int cogpu__ledger_reserve_fast(struct cogpu_s *h, const reserve_req_t *r) {
+static inline __attribute__((always_inline)) int
+reserve_fast(struct cogpu_s *h, const reserve_req_t *r) {
   ledger_hdr_t *hd = &h->st->hdr;
   /* A suspended job's requests wait for its resume. */
   if (hd->nwaiting || h->st->slots[h->res_slot].susp != SUSP_NONE)
@@ -96,6 +105,10 @@ int cogpu__ledger_reserve_fast(struct cogpu_s *h, const reserve_req_t *r) {
     cogpu__ledger_count_admit(h, COGPU_ADMIT_IMMEDIATE);
   cogpu__ledger_tx_commit(h);
   return best;
+}
+
+int cogpu__ledger_reserve_fast(struct cogpu_s *h, const reserve_req_t *r) {
+  return reserve_fast(h, r);
 }
 
 int64_t cogpu__ledger_enqueue(struct cogpu_s *h, const reserve_req_t *r) {
@@ -342,26 +355,28 @@ static int reserve_slow(struct cogpu_s *h, const reserve_req_t *r, uint32_t w,
 int cogpu__ledger_reserve(struct cogpu_s *h, const cogpu_request_t *req,
                           int *gpu_out) {
   reserve_req_t r = {0};
-  int rc = cogpu__ledger_reserve_check(h, req, &r);
+  int rc = reserve_check(h, req, &r);
   if (rc)
     return rc;
   /* No grant on a foreign figure older than foreign_refresh: a process
    * outside cogpu that appeared since would make the driver refuse what
    * the ledger grants. A clock read when fresh; NVML when stale. */
-  rc = cogpu__ledger_foreign_refresh(h, false);
-  if (rc)
-    return rc;
+  if (!cogpu__ledger_foreign_fresh(h)) {
+    rc = cogpu__ledger_foreign_refresh(h, false);
+    if (rc)
+      return rc;
+  }
   int64_t w = -1;
   uint64_t ticket = 0;
-  rc = cogpu__ledger_lock_live(h);
+  rc = cogpu__ledger_lock_live_fast(h);
   if (rc)
     return rc;
-  int g = cogpu__ledger_reserve_fast(h, &r);
+  int g = reserve_fast(h, &r);
   if (g < 0)
     g = cogpu__ledger_reserve_queue(h, &r, &w);
   if (g == -1)
     ticket = h->st->waiters[w].ticket;
-  cogpu__ledger_unlock(h);
+  cogpu__ledger_unlock_fast(h);
   if (g < -1)
     return g;
   if (g == -1) {
