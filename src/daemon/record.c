@@ -85,8 +85,9 @@ struct cogpu__drec_s {
   uint64_t queued, handled;  /* records given to the writer, and done by it */
   uint64_t written, dropped; /* for tests and the log */
   hq_t *hq, **hq_tail;       /* queries for the writer */
+  hq_t *hq_run;              /* the writer's, until answered */
   hq_t *hq_done;             /* answered, for the loop */
-  unsigned nhq;              /* both */
+  unsigned nhq;              /* all three */
   int efd;                   /* the loop's: queries answered */
   bool off_said;
   bool history_on;
@@ -368,6 +369,7 @@ static void *writer(void *arg) {
     /* The queries asked so far, taken with the records queued before
      * them: answered once those are written. */
     hq_t *qs = r->hq;
+    r->hq_run = qs;
     r->hq = NULL;
     r->hq_tail = &r->hq;
     pthread_mutex_unlock(&r->mu);
@@ -391,6 +393,7 @@ static void *writer(void *arg) {
     for (hq_t *q = qs; q; q = q->next)
       run_query(r, q);
     pthread_mutex_lock(&r->mu);
+    r->hq_run = NULL;
     r->handled += n;
     pthread_cond_broadcast(&r->done_cv);
     if (qs) {
@@ -592,11 +595,15 @@ int cogpu__daemon_rec_query(cogpu__daemon_t *d, uint64_t tag, uid_t uid,
     return -ENOENT;
   }
   pthread_mutex_lock(&x->mu);
+  /* A user's queries wherever they are: queued, being run by the writer
+   * (taken off the queue with the records before them: uncounted, a user
+   * could have had twice the bound under way), or answered and not yet
+   * sent. */
   unsigned mine = 0;
-  for (hq_t *o = x->hq; o; o = o->next)
-    mine += o->uid == uid;
-  for (hq_t *o = x->hq_done; o; o = o->next)
-    mine += o->uid == uid;
+  hq_t *lists[] = {x->hq, x->hq_run, x->hq_done};
+  for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++)
+    for (hq_t *o = lists[k]; o; o = o->next)
+      mine += o->uid == uid;
   bool full = x->nhq >= HQ_MAX || mine >= HQ_USER_MAX;
   hq_t *n = full ? NULL : calloc(1, sizeof *n);
   if (n) {
