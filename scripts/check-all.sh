@@ -7,7 +7,7 @@
 # connection (TSAN_NODE_TESTS, from the Makefile). Each pass runs its tests
 # in parallel (run-tests -j, COGPU_TEST_JOBS). The three builds come first.
 # Then the plain daemonless pass, which holds the Slurm tests (one cluster
-# at a time: a chain of about seven minutes that no parallelism shortens),
+# at a time: a chain of about four minutes that no parallelism shortens),
 # runs in the background while the other passes run one after another
 # beside it. Each pass's output goes to a log, printed whole when the pass
 # ends, so passes never interleave; the summary lists every pass with its
