@@ -681,6 +681,18 @@ TEST_IMPL_T(susp_no_priority_preemption_by_default, 90) {
   pid_t low = su_job("low", "-5", "alloc:12G", "hold:1500");
   int lpid = su_holder(12 * GiB);
   pid_t high = su_job("high", "10", "alloc:8G", "hold:100");
+  /* Once the high request waits (an event, bounded), a window in which
+   * nothing may happen: the low job is never suspended for it. */
+  for (int t = 0;; t += 20) {
+    cogpu_status_t *w = lt_status();
+    size_t n = w->ngpus ? w->gpus[0].nwaiting : 0;
+    cogpu_status_free(w);
+    if (n > 0)
+      break;
+    if (t > th_ms(10000))
+      th_fail(__FILE__, __LINE__, "the high-priority request never waited");
+    th_sleep_ms(20);
+  }
   th_sleep_ms(800);
   cogpu_status_t *st;
   const cogpu_client_info_t *c = su_client(&st, lpid);
@@ -1136,15 +1148,16 @@ TEST_IMPL_T(susp_waiter_killed, 60) {
 TEST_IMPL_T(susp_resume_waits_for_the_driver, 60) {
   th_setenv("COGPU_FOREIGN_REFRESH", "1h");
   su_begin();
-  const char *argv[] = {"cogpu",     "run",    "--",      lt_cudaprog(),
-                        "direct",    "init",   "ctx",     "alloc:8G",
-                        "hold:2500", "verify", "freeall", NULL};
-  pid_t job = lt_spawn_logged("job", argv);
+  /* Both hold their memory until the test lets them go (a fixed 2.5 s
+   * and 1.5 s ran out under load before the commands came). */
+  pid_t job = su_job("job", "0", "alloc:8G", SU_HELD);
   int cpid = su_holder(8 * GiB); /* its status read NVML: the last time */
   char out[4096];
   ASSERT_EQ(su_cmd("suspend", cpid, out, sizeof out), 0);
-  const char *hold[] = {lt_cudaprog(), "direct",    "init", "ctx",
-                        "alloc:10G",   "hold:1500", NULL};
+  char hw[4200];
+  snprintf(hw, sizeof hw, "waitfile:%s", su_go("holder"));
+  const char *hold[] = {lt_cudaprog(), "direct", "init", "ctx",
+                        "alloc:10G",   hw,       NULL};
   pid_t holder = lt_spawn_logged("holder", hold);
   for (int i = 0; i < 500 && lt_fake_cuda_used() < 10 * GiB; i++)
     th_sleep_ms(10);
@@ -1153,12 +1166,15 @@ TEST_IMPL_T(susp_resume_waits_for_the_driver, 60) {
   snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
   const char *res[] = {"cogpu", "resume", pidtxt, NULL};
   pid_t r = lt_spawn_logged("resume", res);
-  th_sleep_ms(400);
+  /* The resume is under way (an event, not a fixed 400 ms), and stays so
+   * while the holder has the memory: the daemon waits for the driver. */
+  su_wait_state(cpid, COGPU_JOB_RESUMING, 10000);
+  th_sleep_ms(300);
   cogpu_status_t *st;
   const cogpu_client_info_t *c = su_client(&st, cpid);
   ASSERT(c && c->state == COGPU_JOB_RESUMING);
   cogpu_status_free(st);
-  ASSERT_EQ(th_exit_code(th_wait(holder, th_ms(10000))), 0);
+  ASSERT_EQ(su_finish(holder, "holder", 10000), 0);
   ASSERT_EQ(su_finish(r, "resume", 15000), 0);
   ASSERT_EQ(su_finish(job, "job", 20000), 0);
   ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
