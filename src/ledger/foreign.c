@@ -89,15 +89,15 @@ static bool foreign_claim(struct cogpu_s *h, bool force) {
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t last =
       atomic_load_explicit(&hd->foreign_at_ns, memory_order_relaxed);
-  /* Every reserve asks (no grant on a stale figure): the coarse clock
-   * answers "fresh" for a few ns; it runs at most a kernel tick (4 ms)
-   * behind, which makes a figure look younger by that much: nothing
-   * against a second, but an interval of a few ms (tests) reads the
-   * precise clock. */
+  /* The coarse clock's test first (ledger-int.h, cogpu__ledger_foreign_fresh:
+   * the reserve paths ask it inline before they come here). */
   if (!force && last) {
+    if (cogpu__ledger_foreign_fresh(h))
+      return false;
+    /* What the inline test leaves to the precise clock: intervals under
+     * 20 ms, and a figure the coarse clock calls stale. */
     uint64_t every = cogpu__ms_to_ns(hd->foreign_refresh_ms);
-    uint64_t now =
-        hd->foreign_refresh_ms < 20 ? cogpu__now_ns() : cogpu__coarse_ns();
+    uint64_t now = cogpu__now_ns();
     if (now < last || now - last < every)
       return false;
   }

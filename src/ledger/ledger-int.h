@@ -520,7 +520,21 @@ int cogpu__ledger_job_sample(struct cogpu_s *h, uint64_t *used, unsigned *ngpus,
                              uint64_t *at_ms);
 
 /* With the lock held: is h still attached (not done, its slot active with
- * its generation)? Otherwise sets the error and returns it. */
+ * its generation)? And the job it joined (if any) still there? Inline: the
+ * fast paths ask both under every lock (cogpu__ledger_lock_live_fast). */
+static inline bool cogpu__ledger_me_live(struct cogpu_s *h) {
+  const ledger_slot_t *me = &h->st->slots[h->slot];
+  return !atomic_load_explicit(&h->done, memory_order_relaxed) &&
+         me->state == SLOT_ACTIVE &&
+         atomic_load_explicit(&me->gen, memory_order_relaxed) == h->gen;
+}
+static inline bool cogpu__ledger_job_live(struct cogpu_s *h) {
+  const ledger_slot_t *job = &h->st->slots[h->res_slot];
+  return h->res_slot == h->slot ||
+         (job->state == SLOT_ACTIVE &&
+          atomic_load_explicit(&job->gen, memory_order_relaxed) == h->res_gen);
+}
+/* cogpu__ledger_me_live, or sets the error and returns it. */
 int cogpu__ledger_handle_live(struct cogpu_s *h);
 /* Takes the lock (bounded), checks the handle is live and its job; on
  * failure the lock is not held. */
@@ -845,17 +859,8 @@ static inline int cogpu__ledger_lock_live_fast(struct cogpu_s *h) {
   int rc = cogpu__ledger_lock_fast(h);
   if (rc)
     return rc;
-  const ledger_slot_t *me = &h->st->slots[h->slot];
-  const ledger_slot_t *job = &h->st->slots[h->res_slot];
-  if (__builtin_expect(
-          atomic_load_explicit(&h->done, memory_order_relaxed) ||
-              me->state != SLOT_ACTIVE ||
-              atomic_load_explicit(&me->gen, memory_order_relaxed) != h->gen ||
-              (h->res_slot != h->slot &&
-               (job->state != SLOT_ACTIVE ||
-                atomic_load_explicit(&job->gen, memory_order_relaxed) !=
-                    h->res_gen)),
-          0)) {
+  if (__builtin_expect(!cogpu__ledger_me_live(h) || !cogpu__ledger_job_live(h),
+                       0)) {
     cogpu__ledger_unlock_fast(h);
     return cogpu__ledger_lock_live(h); /* says why, or falls back */
   }

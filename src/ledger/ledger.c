@@ -216,19 +216,14 @@ int cogpu__ledger_lock_live(struct cogpu_s *h) {
 }
 
 int cogpu__ledger_handle_live(struct cogpu_s *h) {
-  const ledger_slot_t *me = &h->st->slots[h->slot];
-  if (!atomic_load(&h->done) && me->state == SLOT_ACTIVE &&
-      atomic_load(&me->gen) == h->gen)
+  if (cogpu__ledger_me_live(h))
     return 0;
   return cogpu__seterr(-EINVAL, "this handle is detached (the process is "
                                 "exiting, or its slot was reclaimed)");
 }
 
 void cogpu__ledger_check_job(struct cogpu_s *h) {
-  if (h->res_slot == h->slot)
-    return;
-  ledger_slot_t *s = &h->st->slots[h->res_slot];
-  if (s->state == SLOT_ACTIVE && atomic_load(&s->gen) == h->res_gen)
+  if (cogpu__ledger_job_live(h))
     return;
   cogpu__log(COGPU_LOG_WARN, "the job this process joined has ended; "
                              "reserving on its own from now on");
