@@ -36,6 +36,11 @@
  * step of the same job joins only such a slot of the job's user, so a
  * registration a user made under a job's id is never taken for the job. */
 #define COGPU_MARK_BOOKED 0x200u
+/* Set by the daemon, never by a client: the job asked for more memory on a
+ * GPU where it held some (it grows). Only such jobs take part in a
+ * deadlock, so only their memory is what one may have to park (a hint,
+ * outside the undo log; docs/suspension.md, "Host memory"). */
+#define COGPU_MARK_GREW 0x400u
 
 /* --- Usage: what a process's allocations hold (docs/history.md) -----------
  * The preload library counts every allocation exactly; it publishes the

@@ -128,6 +128,9 @@ struct cogpu__susp_s {
   uint64_t sampled_us; /* NVML samples read up to here (epoch µs) */
   bool idle_warned;
   bool ever_ok; /* a suspension has succeeded: the driver supports them */
+  /* hook_room's figure and when it was read (monotonic; 0: read again).
+   * Loop thread only. */
+  uint64_t room, room_ns;
 };
 
 static const char *cu_err(CUresult r) {
@@ -554,6 +557,33 @@ static int hook_can(void *ctx, uint64_t bytes, char *why, size_t len) {
   return 0;
 }
 
+/* hook_can's two bounds as one figure: how much more host memory can take
+ * of suspended footprint. Admission asks on each request while the host
+ * cannot park the node's GPUs' memory, so MemAvailable and the suspended
+ * total are read at most every 100 ms, and again after each suspension or
+ * resume is decided or done (cogpu__susp_submit, cogpu__susp_take). */
+static uint64_t hook_room(void *ctx) {
+  cogpu__susp_t *s = ctx;
+  cogpu__daemon_t *d = s->d;
+  pthread_mutex_lock(&s->mu);
+  int cap = s->cap;
+  pthread_mutex_unlock(&s->mu);
+  if (cap != CAP_OK)
+    return UINT64_MAX; /* nothing can be parked: nothing to keep parkable */
+  uint64_t now = cogpu__now_ns();
+  if (s->room_ns && now - s->room_ns < cogpu__ms_to_ns(100))
+    return s->room;
+  uint64_t flying, avail = meminfo("MemAvailable");
+  uint64_t total = suspended_total_of(d, &flying), most = suspend_max(d);
+  uint64_t margin = d->cfg.v[COGPU_OPT_SUSPEND_HOST_MARGIN].u;
+  avail = avail > flying ? avail - flying : 0;
+  uint64_t by_max = most > total ? most - total : 0;
+  uint64_t by_host = avail > margin ? avail - margin : 0;
+  s->room = by_max < by_host ? by_max : by_host;
+  s->room_ns = now;
+  return s->room;
+}
+
 void cogpu__susp_status(cogpu__daemon_t *d, cogpu_status_t *st) {
   cogpu__susp_t *s = d->susp;
   if (!d->dh)
@@ -733,7 +763,8 @@ int cogpu__susp_start(cogpu__daemon_t *d) {
       .max_idle_ms = d->cfg.v[COGPU_OPT_MAX_IDLE].i,
       .can = hook_can,
       .idle_ms = hook_idle_ms,
-      .expect = hook_expect};
+      .expect = hook_expect,
+      .room = hook_room};
   if (!s->idle || !s->learnt || s->efd < 0 ||
       pthread_create(&s->thr, NULL, worker, s) != 0) {
     int e = errno;
@@ -822,6 +853,7 @@ int cogpu__susp_submit(cogpu__daemon_t *d, uint64_t id, uint32_t slot,
     j->need = s->parked_gen[slot] == gen ? s->parked[slot] : j->o.bytes;
   }
   enqueue(s, j);
+  s->room_ns = 0; /* a footprint on its way in or out of host memory */
   return 0;
 }
 
@@ -846,6 +878,7 @@ cogpu__susp_op_t *cogpu__susp_take(cogpu__daemon_t *d) {
     return NULL;
   s->taken = j->next;
   j->next = NULL;
+  s->room_ns = 0;
   if (j->o.op == LEDGER_OP_SUSPEND && j->o.rc == 0) {
     /* What its resume will put back (loop thread only). */
     s->parked[j->o.slot] = j->o.bytes;

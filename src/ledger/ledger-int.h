@@ -483,6 +483,9 @@ void cogpu__ledger_serve(struct cogpu_s *h);
  * the guard off (policy.c): a thread that spins for ever must not keep a
  * real deadlock standing. */
 #define LEDGER_GUARD_RUNNABLE_MS 5000u
+/* How long after the ledger last parked a job of a GPU its growth goes in
+ * order, the jobs ahead first (suspend.c, in_order). */
+#define LEDGER_LEAD_HOLD_MS 5000u
 uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h);
 /* Service order of the waiting waiters (indices), per policy; returns n. */
 size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
@@ -627,18 +630,25 @@ typedef struct ledger_suspender_s {
    * earlier runs of its command (its user's, on that GPU model); 0 when
    * unknown. A resume waits until the job can grow to it (issue 25). */
   uint64_t (*expect)(void *ctx, struct cogpu_s *h, uint32_t s, uint32_t g);
+  /* How much more suspended footprint host memory can take now (what
+   * `can` would accept); UINT64_MAX when the daemon cannot suspend at all
+   * (nothing to keep parkable). Admission keeps what a deadlock may have
+   * to park within it (docs/suspension.md, "Host memory"). */
+  uint64_t (*room)(void *ctx);
 } ledger_suspender_t;
-/* Admission on a GPU where jobs are parked or peaks are learnt (issue 25):
- * true if the request of wt, a job's first memory on g, is to wait
- * although it fits (docs/suspension.md, "Admission"). Lock held. */
+/* Admission on a GPU where jobs are parked or peaks are learnt, or where
+ * host memory could not park what a deadlock would need (issue 25): true
+ * if the request of wt, a job's first memory on g or its growth there, is
+ * to wait although it fits (docs/suspension.md, "Admission"). Lock held. */
 bool cogpu__ledger_admit_held(struct cogpu_s *h, const ledger_waiter_t *wt,
                               uint32_t g);
-/* The same for a request of slot s waiting since `since` (monotonic ns;
- * UINT64_MAX: not queued, the fast path). */
 /* What the jobs running on g, other than slot s, are expected to grow by
  * (each learnt peak less what it holds; 0 without the daemon's learnt
  * peaks). Lock held; a scan of the slots. */
 uint64_t cogpu__ledger_growth_beside(struct cogpu_s *h, uint32_t s, uint32_t g);
+/* The same as cogpu__ledger_admit_held for a request of slot s (its first
+ * memory on g, or growth there) waiting since `since` (monotonic ns;
+ * UINT64_MAX: not queued, the fast path). */
 bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
                                bool exclusive, uint32_t g, uint64_t since);
 

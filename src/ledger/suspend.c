@@ -329,6 +329,60 @@ static bool is_job(const ledger_state_t *st, uint32_t t) {
   return sl->state == SLOT_ACTIVE && (!sl->job || sl->job == (uint64_t)t + 1);
 }
 
+/* Is slot t a job running on g: holding memory there, neither parked nor
+ * being parked? */
+static bool running_on(const ledger_state_t *st, uint32_t t, uint32_t g) {
+  const ledger_slot_t *o = &st->slots[t];
+  return o->state == SLOT_ACTIVE && o->held[g] != 0 && is_job(st, t) &&
+         o->susp != SUSP_SUSPENDING && o->susp != SUSP_SUSPENDED;
+}
+
+/* Does job a go before job b ? Higher priority, then older. */
+static bool goes_before(const ledger_state_t *st, uint32_t a, uint32_t b) {
+  const ledger_slot_t *x = &st->slots[a], *y = &st->slots[b];
+  if (x->priority != y->priority)
+    return x->priority > y->priority;
+  if (x->attached_ns != y->attached_ns)
+    return x->attached_ns < y->attached_ns;
+  return a < b;
+}
+
+/* The leader of g (issue 25): of the jobs running there, the one of
+ * highest priority, then the oldest; -1 if none. It is what a deadlock is
+ * broken for: never the victim while another job can be parked, its
+ * growth never held back, and when memory is scarce, memory goes to it
+ * first, so that it ends and gives everything back (a deadlock broken
+ * for everybody at once hands each waiter one chunk and forms again). */
+static int64_t leader_of(struct cogpu_s *h, uint32_t g) {
+  int64_t best = -1;
+  LEDGER_FOR_SLOTS(h->st, t) {
+    if (running_on(h->st, t, g) &&
+        (best < 0 || goes_before(h->st, t, (uint32_t)best)))
+      best = t;
+  }
+  return best;
+}
+
+/* Has the ledger parked a job of g (suspended, or being suspended, for a
+ * deadlock or a preemption: not by hand)? When the last of them was
+ * parked (monotonic ns; now while one is being parked), 0 if none. Nobody
+ * waiting: none (a parked job has its resume entry). */
+static uint64_t parked_at(struct cogpu_s *h, uint32_t g) {
+  uint64_t last = 0;
+  if (h->st->hdr.nwaiting == 0)
+    return 0;
+  LEDGER_FOR_SLOTS(h->st, t) {
+    const ledger_slot_t *o = &h->st->slots[t];
+    if (o->state != SLOT_ACTIVE || o->susp_gpu != g || o->susp_manual)
+      continue;
+    if (o->susp == SUSP_SUSPENDING)
+      return cogpu__now_ns();
+    if (o->susp == SUSP_SUSPENDED && o->susp_since_ns > last)
+      last = o->susp_since_ns;
+  }
+  return last;
+}
+
 static uint64_t expect_of(struct cogpu_s *h, uint32_t s, uint32_t g) {
   const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
   return sp && sp->expect ? sp->expect(sp->ctx, h, s, g) : 0;
@@ -410,13 +464,108 @@ bool cogpu__ledger_admit_held(struct cogpu_s *h, const ledger_waiter_t *wt,
                                    wt->exclusive, g, wt->since_ns);
 }
 
+/* Host memory (issue 25): only jobs that grow take part in a deadlock
+ * (each of its holders waits for more), so what the deadlocks of the node
+ * could have to park is the memory of the jobs that grow, but each GPU's
+ * leader (parked one after another, the leader gets all of its GPU). While
+ * host memory could not take that, the growth of a job that is not its
+ * GPU's leader waits. Otherwise a deadlock would find nobody it can park,
+ * and fail a request: the out-of-memory that suspension is there to
+ * replace. A job's first memory is never held here (most jobs never grow,
+ * and one that does is held at its first growth), and a node whose host
+ * can park all of its GPUs' memory holds nothing back (one comparison). */
+static bool host_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
+                       uint32_t g) {
+  const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
+  if (!sp->on_deadlock || !sp->room || h->st->slots[s].held[g] == 0)
+    return false;
+  uint64_t room = sp->room(sp->ctx), cap = 0;
+  const ledger_hdr_t *hd = &h->st->hdr;
+  for (uint32_t x = 0; x < hd->ngpus; x++)
+    cap += cogpu__ledger_capacity(&hd->gpus[x]);
+  if (room >= cap)
+    return false;
+  int64_t lead = leader_of(h, g);
+  if (lead < 0 || lead == (int64_t)s)
+    return false; /* the leader, or the first job on g: what ends */
+  /* Per GPU, what its deadlocks may park: the memory of its other jobs
+   * that grow (s among them), but never more than what its leader could
+   * grow into. */
+  uint64_t stake = 0;
+  for (uint32_t x = 0; x < hd->ngpus; x++) {
+    int64_t lx = x == g ? lead : leader_of(h, x);
+    uint64_t others = x == g ? bytes : 0;
+    LEDGER_FOR_SLOTS(h->st, t) {
+      const ledger_slot_t *o = &h->st->slots[t];
+      if ((int64_t)t != lx && running_on(h->st, t, x) &&
+          ((o->flags & COGPU_MARK_GREW) || t == s))
+        others += o->held[x];
+    }
+    uint64_t c = cogpu__ledger_capacity(&hd->gpus[x]);
+    uint64_t lh = lx < 0 ? 0 : h->st->slots[lx].held[x];
+    uint64_t most = c > lh ? c - lh : 0;
+    stake += others < most ? others : most;
+  }
+  return stake > room;
+}
+
+/* The window in which growth on g goes in order (issue 25): from the
+ * ledger's parking of a job of g (for a deadlock or a preemption) until
+ * LEDGER_LEAD_HOLD_MS after the last one. Bounded so that a job ahead
+ * that has stopped growing (a service) keeps nobody waiting for its end;
+ * counted from the end of the parking, because while the copy runs
+ * (seconds over a slow link) the jobs ahead wait for it. */
+static bool in_order(struct cogpu_s *h, uint32_t g) {
+  uint64_t at = parked_at(h, g);
+  return at && !cogpu__core_guard_due(at, cogpu__now_ns(),
+                                      cogpu__ms_to_ns(LEDGER_LEAD_HOLD_MS));
+}
+
+/* What the jobs running on g ahead of slot s (every one but s, with all)
+ * are expected to grow by: each one's learnt peak less what it holds, and
+ * (guess) for one of unknown peak as much again as it holds: after a
+ * deadlock, a job of unknown peak is one that grows. */
+static uint64_t ahead_need(struct cogpu_s *h, uint32_t s, uint32_t g, bool all,
+                           bool guess) {
+  uint64_t sum = 0;
+  LEDGER_FOR_SLOTS(h->st, t) {
+    if (t == s || !running_on(h->st, t, g) ||
+        (!all && !goes_before(h->st, t, s)))
+      continue;
+    const ledger_slot_t *o = &h->st->slots[t];
+    uint64_t e = expect_of(h, t, g);
+    uint64_t n =
+        e ? (e > o->held[g] ? e - o->held[g] : 0) : (guess ? o->held[g] : 0);
+    sum = n > UINT64_MAX - sum ? UINT64_MAX : sum + n;
+  }
+  return sum;
+}
+
+/* Growth on g in the order window: a job grows only into what the jobs
+ * ahead of it (higher priority, then older) leave after their expected
+ * growth. Without this, the memory a parked job gave up went one chunk
+ * to each waiter, and the next deadlock parked another job: eight jobs
+ * growing together parked four or five (28 GiB moved for a 16 GiB GPU).
+ * In order, the leader gets what it needs, ends and gives everything
+ * back, and the next one leads. */
+static bool order_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
+                        uint32_t g) {
+  if (!in_order(h, g))
+    return false;
+  uint64_t need = ahead_need(h, s, g, false, true);
+  return need > UINT64_MAX - bytes ||
+         !cogpu__ledger_fits(h, g, s, bytes + need, false);
+}
+
 bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
                                bool exclusive, uint32_t g, uint64_t since) {
   if (!cogpu__ledger_suspender(h) || exclusive || s >= LEDGER_MAX_SLOTS ||
       g >= h->st->hdr.ngpus)
     return false;
+  if (host_holds(h, s, bytes, g))
+    return true;
   if (h->st->slots[s].held[g] != 0)
-    return false; /* growth of a job that runs here: what lets it finish */
+    return order_holds(h, s, bytes, g);
   uint64_t parked = parked_need(h, g, since);
   uint64_t e = expect_of(h, s, g);
   if (!parked && !e)
@@ -453,11 +602,15 @@ bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
   if (wt->resume == LEDGER_RESUME_BY_HAND)
     return true; /* a person asked (cogpu resume): back when it fits */
   bool any;
-  uint64_t growth = others_growth(h, s, g, &any);
+  others_growth(h, s, g, &any);
   if (!any)
     return true;
+  /* Behind the growth of every job running there (in the order window,
+   * of those of unknown peak too): a job resumed into the room they were
+   * parked for is parked again at their next deadlock. */
   uint64_t e = expect_of(h, s, g);
-  return fits_grown(h, g, s, need, e ? e : need + need / 4, growth);
+  return fits_grown(h, g, s, need, e ? e : need + need / 4,
+                    ahead_need(h, s, g, true, in_order(h, g)));
 }
 
 void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w) {
@@ -495,9 +648,11 @@ bool cogpu__ledger_susp_busy(struct cogpu_s *h, uint32_t g) {
  * resumed job from being parked for its next chunk, over and over); then
  * the fewest bytes on g (the least to move out and back); then the newest. */
 static bool worse_victim(const ledger_slot_t *a, const ledger_slot_t *b,
-                         uint32_t g) {
+                         uint32_t g, const ledger_slot_t *lead) {
   if (a->priority != b->priority)
     return a->priority < b->priority;
+  if ((a == lead) != (b == lead))
+    return b == lead; /* the leader last: the deadlock is broken for it */
   if (a->susp_count != b->susp_count)
     return a->susp_count < b->susp_count;
   if (a->held[g] != b->held[g])
@@ -511,10 +666,9 @@ static bool running_over(struct cogpu_s *h, uint32_t g) {
   uint64_t sum = 0;
   unsigned n = 0;
   LEDGER_FOR_SLOTS(h->st, t) {
-    const ledger_slot_t *o = &h->st->slots[t];
-    if (o->state != SLOT_ACTIVE || o->held[g] == 0 || !is_job(h->st, t) ||
-        o->susp == SUSP_SUSPENDING || o->susp == SUSP_SUSPENDED)
+    if (!running_on(h->st, t, g))
       continue;
+    const ledger_slot_t *o = &h->st->slots[t];
     uint64_t e = expect_of(h, t, g);
     sum += e > o->held[g] ? e : o->held[g];
     n++;
@@ -533,6 +687,14 @@ static bool suspend_some(struct cogpu_s *h, uint32_t g, victim_ok_fn ok,
   uint8_t tried[LEDGER_MAX_SLOTS / 8] = {0};
   char reason[192];
   why[0] = 0;
+  int64_t li = leader_of(h, g);
+  const ledger_slot_t *lead = li < 0 ? NULL : &h->st->slots[li];
+  /* What host memory can take: a job that would not fit there is not
+   * tried, so that the tries go to those that can be parked (the smaller
+   * ones), not to a refusal each. */
+  const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
+  uint64_t room = sp && sp->room ? sp->room(sp->ctx) : UINT64_MAX;
+  bool too_big = false;
   /* A few candidates at most: each try scans the slots. */
   for (int tries = 0; tries < 16; tries++) {
     int64_t best = -1;
@@ -541,11 +703,23 @@ static bool suspend_some(struct cogpu_s *h, uint32_t g, victim_ok_fn ok,
       if (sl->state != SLOT_ACTIVE || sl->held[g] == 0 ||
           sl->susp != SUSP_NONE || (tried[s / 8] >> (s % 8)) & 1u)
         continue;
-      if (best < 0 || worse_victim(sl, &h->st->slots[best], g))
+      if (sl->held[g] > room) {
+        too_big = true;
+        continue;
+      }
+      if (best < 0 || worse_victim(sl, &h->st->slots[best], g, lead))
         best = s;
     }
-    if (best < 0)
+    if (best < 0) {
+      if (too_big && !why[0]) {
+        char a[32];
+        snprintf(why, len,
+                 "host memory can take %s more suspended, less than any "
+                 "job here holds",
+                 cogpu__fmt_size(room, a, sizeof a));
+      }
       return false;
+    }
     uint32_t s = (uint32_t)best;
     tried[s / 8] |= (uint8_t)(1u << (s % 8));
     const ledger_slot_t *sl = &h->st->slots[s];
