@@ -961,9 +961,13 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
     return 0;
   ledger_slot_t *sl = &h->st->slots[j->slot];
   bool same = sl->state == SLOT_ACTIVE && atomic_load(&sl->gen) == j->gen;
-  char sz[32];
+  char sz[32], rate[48] = "";
   cogpu__fmt_size(j->bytes, sz, sizeof sz);
   double secs = (double)j->took_ns / 1e9;
+  /* The copy's speed as it happened (the link, the driver, the host's
+   * memory): what a parking costs on this node (docs/suspension.md). */
+  if (secs >= 0.01 && j->bytes)
+    snprintf(rate, sizeof rate, " (%.1f GB/s)", (double)j->bytes / secs / 1e9);
   if (j->op == LEDGER_OP_SUSPEND) {
     if (!same && j->rc == 0) {
       /* The job ended meanwhile and its processes outlived it (their
@@ -974,8 +978,8 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
     if (j->rc == 0)
       cogpu__log(COGPU_LOG_WARN,
                  "suspended the job of pid %d (%s, %d processes) in "
-                 "%.2f s",
-                 sl->pid, sz, j->npids, secs);
+                 "%.2f s%s",
+                 sl->pid, sz, j->npids, secs, rate);
     else
       cogpu__log(COGPU_LOG_WARN, "could not suspend the job of pid %d: %s",
                  sl->pid, j->msg);
@@ -1023,9 +1027,9 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
     uint64_t away = same ? (cogpu__now_ns() - sl->susp_since_ns) : 0;
     if (j->rc == 0)
       cogpu__log(COGPU_LOG_WARN,
-                 "resumed the job of pid %d (%s) in %.2f s, after %.1f s "
+                 "resumed the job of pid %d (%s) in %.2f s%s, after %.1f s "
                  "suspended",
-                 sl->pid, sz, secs, (double)away / 1e9);
+                 sl->pid, sz, secs, rate, (double)away / 1e9);
     else
       cogpu__log(COGPU_LOG_ERROR, "resuming the job of pid %d: %s", sl->pid,
                  j->msg);

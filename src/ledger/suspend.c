@@ -363,21 +363,24 @@ static int64_t leader_of(struct cogpu_s *h, uint32_t g) {
   return best;
 }
 
-/* Has the ledger parked a job of g (suspended, or being suspended, for a
- * deadlock or a preemption: not by hand)? When the last of them was
- * parked (monotonic ns; now while one is being parked), 0 if none. Nobody
- * waiting: none (a parked job has its resume entry). */
+/* When the ledger last parked a job of g (for a deadlock or a preemption,
+ * not by hand: it has its automatic resume entry) that is still parked
+ * (monotonic ns, when its copy ended), 0 if none. Read from the resume
+ * entries, as parked_need does: the service pass asks for each waiter, and
+ * the queue is what it walks anyway; nobody waiting costs nothing. */
 static uint64_t parked_at(struct cogpu_s *h, uint32_t g) {
-  uint64_t last = 0;
-  if (h->st->hdr.nwaiting == 0)
-    return 0;
-  LEDGER_FOR_SLOTS(h->st, t) {
-    const ledger_slot_t *o = &h->st->slots[t];
-    if (o->state != SLOT_ACTIVE || o->susp_gpu != g || o->susp_manual)
+  uint64_t last = 0, left = h->st->hdr.nwaiting;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && left; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state != W_WAITING)
       continue;
-    if (o->susp == SUSP_SUSPENDING)
-      return cogpu__now_ns();
-    if (o->susp == SUSP_SUSPENDED && o->susp_since_ns > last)
+    left--;
+    if (wt->resume != LEDGER_RESUME_AUTO || wt->gpu != (int64_t)g ||
+        wt->slot >= LEDGER_MAX_SLOTS)
+      continue;
+    const ledger_slot_t *o = &h->st->slots[wt->slot];
+    if (o->state == SLOT_ACTIVE && atomic_load(&o->gen) == wt->gen &&
+        o->susp == SUSP_SUSPENDED && o->susp_since_ns > last)
       last = o->susp_since_ns;
   }
   return last;
@@ -509,12 +512,12 @@ static bool host_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
   return stake > room;
 }
 
-/* The window in which growth on g goes in order (issue 25): from the
- * ledger's parking of a job of g (for a deadlock or a preemption) until
- * LEDGER_LEAD_HOLD_MS after the last one. Bounded so that a job ahead
+/* The window in which growth on g goes in order (issue 25): while the
+ * ledger has a job of g parked (for a deadlock or a preemption), until
+ * LEDGER_LEAD_HOLD_MS after the last parking. Bounded so that a job ahead
  * that has stopped growing (a service) keeps nobody waiting for its end;
- * counted from the end of the parking, because while the copy runs
- * (seconds over a slow link) the jobs ahead wait for it. */
+ * counted from the end of the parking's copy, which the jobs ahead wait
+ * for (seconds over a slow link), not from its start. */
 static bool in_order(struct cogpu_s *h, uint32_t g) {
   uint64_t at = parked_at(h, g);
   return at && !cogpu__core_guard_due(at, cogpu__now_ns(),

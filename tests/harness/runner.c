@@ -5,6 +5,7 @@
  * tests whose name contains any FILTER; `run-tests --list` lists them;
  * `run-tests --helper NAME ARGS` runs a helper (used by multi-process tests).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -160,6 +161,48 @@ int th_exit_code(int st) {
   return -1;
 }
 
+/* A /proc file of pid's thread tid, its first line, into buf ("" if it
+ * cannot be read). */
+static void proc_line(pid_t pid, const char *tid, const char *name, char *buf,
+                      size_t len) {
+  char path[128];
+  snprintf(path, sizeof path, "/proc/%d/task/%s/%s", (int)pid, tid, name);
+  buf[0] = 0;
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return;
+  if (!fgets(buf, (int)len, f))
+    buf[0] = 0;
+  fclose(f);
+  buf[strcspn(buf, "\n")] = 0;
+}
+
+/* Where each thread of a process that does not end is: its state, the
+ * kernel function it sleeps in and its system call, so that a hang seen
+ * once under load says where it was (the process is killed next). */
+static void dump_threads(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *dir = opendir(path);
+  if (!dir)
+    return;
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    if (e->d_name[0] == '.')
+      continue;
+    char stat[512], wchan[128], sys[256], comm[64];
+    proc_line(pid, e->d_name, "stat", stat, sizeof stat);
+    proc_line(pid, e->d_name, "wchan", wchan, sizeof wchan);
+    proc_line(pid, e->d_name, "syscall", sys, sizeof sys);
+    proc_line(pid, e->d_name, "comm", comm, sizeof comm);
+    const char *st = strrchr(stat, ')');
+    fprintf(stderr, "# thread %s (%s): state %c, wchan %s, syscall %s\n",
+            e->d_name, comm, st && st[1] ? st[2] : '?', wchan[0] ? wchan : "-",
+            sys[0] ? sys : "-");
+  }
+  closedir(dir);
+}
+
 int th_wait(pid_t pid, int timeout_ms) {
   int64_t deadline = now_ms() + timeout_ms;
   int st;
@@ -170,6 +213,7 @@ int th_wait(pid_t pid, int timeout_ms) {
     if (r < 0 && errno != EINTR)
       th_fail(__FILE__, __LINE__, "waitpid %d: %s", (int)pid, strerror(errno));
     if (now_ms() > deadline) {
+      dump_threads(pid);
       kill(pid, SIGKILL);
       waitpid(pid, &st, 0);
       th_fail(__FILE__, __LINE__, "process %d still running after %d ms",
@@ -243,6 +287,7 @@ int th_run(const char *const argv[], const char *const env[], char *out,
     if (!done && waitpid(pid, &st, WNOHANG) == pid)
       done = true;
     if (now_ms() > deadline) {
+      dump_threads(pid);
       kill(pid, SIGKILL);
       if (!done)
         waitpid(pid, &st, 0);

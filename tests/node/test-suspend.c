@@ -408,6 +408,30 @@ TEST_IMPL_T(susp_order_after_deadlock_is_bounded, 90) {
   lt_check_invariants();
 }
 
+/* The host rule holds back growth, never a first allocation: most jobs
+ * never grow and take no part in a deadlock. With suspend_max at 1 GiB, a
+ * job declaring --mem 8G takes it at once beside one holding 4 GiB
+ * (counting every job's memory, the rule had held it back), and runs
+ * within it. */
+TEST_IMPL_T(susp_host_tight_first_memory_not_held, 60) {
+  th_setenv("COGPU_SUSPEND_MAX", "1G");
+  su_begin();
+  pid_t a = su_job("a", "0", "alloc:4G", SU_HELD);
+  su_holder(4 * GiB);
+  char w[4200];
+  snprintf(w, sizeof w, "waitfile:%s", su_go("b"));
+  const char *argv[] = {
+      "cogpu", "run", "--mem",    "8G", "--",     lt_cudaprog(), "direct",
+      "init",  "ctx", "alloc:7G", w,    "verify", "freeall",     NULL};
+  const char *as[24];
+  pid_t b = lt_spawn_logged("b", lt_as_user(1, argv, as, 24));
+  su_holder(8 * GiB);
+  ASSERT_EQ(su_finish(b, "b", 30000), 0);
+  ASSERT_EQ(su_finish(a, "a", 30000), 0);
+  ASSERT(!strstr(lt_slurp("b"), "waiting for"));
+  ASSERT_CONTAINS(lt_slurp("b"), "verify ok");
+}
+
 /* Sixteen of them on two 16 GiB GPUs (2.4 times their memory), half at a
  * higher priority, placed on demand where most is free (issue 25's wider
  * shapes): all complete with their data, none is told out-of-memory, and
