@@ -15,20 +15,24 @@
 #
 # Usage: B=build [B_BASE=/path/to/other/build] bench/suspend-mix.sh
 #        [--shapes "fake-growing fake-underdeclared"] [--gbps "10 2"]
-#        [--out DIR]
+#        [--suspend-max "1T"] [--out DIR]
+# --suspend-max: the daemon's suspend_max for each row (a host that can
+# park little, e.g. 3G; 1T: no bound, the default).
 # About 15 s per shape and bandwidth at 10 GB/s on a 2-core VM; at
 # 0.5 GB/s each first run moves gigabytes at that speed (minutes).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 shapes="fake-growing fake-underdeclared"
 gbps_list="10 2"
+caps="1T"
 out=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--shapes) shapes=$2; shift 2 ;;
 	--gbps) gbps_list=$2; shift 2 ;;
+	--suspend-max) caps=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
-	*) echo "usage: $0 [--shapes LIST] [--gbps LIST] [--out DIR]" >&2; exit 2 ;;
+	*) echo "usage: $0 [--shapes LIST] [--gbps LIST] [--suspend-max LIST] [--out DIR]" >&2; exit 2 ;;
 	esac
 done
 B=${B:-build}
@@ -43,10 +47,10 @@ scenario_of() { # shape -> the daemon-backed scenario that runs it
 }
 
 # One JSON line from a run folder's results.json and daemon log.
-report() { # build shape gbps run dir scenario
+report() { # build shape gbps run dir scenario suspend_max
 	python3 - "$@" <<'EOF'
 import json, re, sys
-build, shape, gbps, run, d, scen = sys.argv[1:7]
+build, shape, gbps, run, d, scen, cap = sys.argv[1:8]
 res = json.load(open(d + "/results.json"))
 by = {s["name"]: s for s in res["scenarios"]}
 s, one = by[scen], by.get("one-at-a-time")
@@ -64,7 +68,7 @@ for j in s.get("job_results", []):
     most = max(most, int(j.get("suspended") or 0))
 row = {
     "bench": "suspend-mix", "build": build, "shape": shape,
-    "gbps": float(gbps), "run": run, "jobs": s["jobs"],
+    "gbps": float(gbps), "suspend_max": cap, "run": run, "jobs": s["jobs"],
     "completed": s["jobs_completed"], "failed": s["jobs_failed"],
     "oom": s["jobs_oom"], "suspensions": s["suspensions"],
     "jobs_suspended": s["jobs_suspended"], "most_per_job": most,
@@ -83,17 +87,21 @@ run_build() { # label build-dir
 	for shape in $shapes; do
 		local scen
 		scen=$(scenario_of "$shape")
-		for g in $gbps_list; do
-			local d=$out/$label-$shape-$g
-			rm -rf "$d"
-			# One at a time once per folder, then the mix twice: the
-			# second run's daemon learns from the first one's history.
-			B=$bdir FAKE_CUDA_CKPT_GBPS=$g "$here/experiment/run.sh" --mix "$shape" \
-				--out "$d" --scenarios "one-at-a-time,$scen" >"$d.log" 2>&1
-			report "$label" "$shape" "$g" first "$d" "$scen"
-			B=$bdir FAKE_CUDA_CKPT_GBPS=$g "$here/experiment/run.sh" --mix "$shape" \
-				--out "$d" --scenarios "$scen" >>"$d.log" 2>&1
-			report "$label" "$shape" "$g" learnt "$d" "$scen"
+		for cap in $caps; do
+			for g in $gbps_list; do
+				local d=$out/$label-$shape-$g-$cap
+				rm -rf "$d"
+				# One at a time once per folder, then the mix twice: the
+				# second run's daemon learns from the first one's history.
+				COGPU_EXP_SUSPEND_MAX=$cap B=$bdir FAKE_CUDA_CKPT_GBPS=$g \
+					"$here/experiment/run.sh" --mix "$shape" --out "$d" \
+					--scenarios "one-at-a-time,$scen" >"$d.log" 2>&1
+				report "$label" "$shape" "$g" first "$d" "$scen" "$cap"
+				COGPU_EXP_SUSPEND_MAX=$cap B=$bdir FAKE_CUDA_CKPT_GBPS=$g \
+					"$here/experiment/run.sh" --mix "$shape" --out "$d" \
+					--scenarios "$scen" >>"$d.log" 2>&1
+				report "$label" "$shape" "$g" learnt "$d" "$scen" "$cap"
+			done
 		done
 	done
 }

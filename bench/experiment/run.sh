@@ -24,7 +24,8 @@
 #   fake*: synthetic jobs (tests/preload/cudaprog) on the fake driver and
 #         the fake 16 GiB NVML GPU, from build directory $B (default
 #         build); no GPU needed. The daemon's checkpoints copy at
-#         FAKE_CUDA_CKPT_GBPS (default 10 GB/s).
+#         FAKE_CUDA_CKPT_GBPS (default 10 GB/s); its suspend_max is
+#         COGPU_EXP_SUSPEND_MAX (default 1T: no bound).
 # Environment: B (build directory), COGPU (the cogpu binary), COGPUD (the
 #   cogpud binary: next to cogpu, else on PATH, else $B/cogpud), PYTHON (a
 #   python3 with torch, real mixes), WL_DIR (built CUDA workloads, default
@@ -117,9 +118,11 @@ if $fake; then
 	export COGPU_CONTEXT_BYTES=300M COGPU_MARGIN=0 COGPU_CONFIG= COGPU_LOG=error
 	# The fake's checkpoint copies take bytes / bandwidth in the caller
 	# (the daemon); its suspended footprints cost the host nothing, so
-	# the daemon's host-memory bounds must not refuse them.
+	# the daemon's host-memory bounds must not refuse them, unless
+	# COGPU_EXP_SUSPEND_MAX sets suspend_max (a host that can park
+	# little: bench/suspend-mix.sh --suspend-max).
 	export FAKE_CUDA_CKPT_GBPS=${FAKE_CUDA_CKPT_GBPS:-10}
-	daemon_env=(COGPU_SUSPEND_HOST_MARGIN=0 COGPU_SUSPEND_MAX=1T)
+	daemon_env=(COGPU_SUSPEND_HOST_MARGIN=0 COGPU_SUSPEND_MAX=${COGPU_EXP_SUSPEND_MAX:-1T})
 	sampler_mode=fake
 	: "${out:=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-experiment-fake.XXXXXX")}"
 	# The fake jobs' records stay with the results (never in the user's

@@ -493,18 +493,28 @@ static bool host_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
     return false; /* the leader, or the first job on g: what ends */
   /* Per GPU, what its deadlocks may park: the memory of its other jobs
    * that grow (s among them), but never more than what its leader could
-   * grow into. */
+   * grow into; nothing where every job that grows has a learnt peak and
+   * all of them fit at their peaks together (no deadlock can form). */
   uint64_t stake = 0;
   for (uint32_t x = 0; x < hd->ngpus; x++) {
     int64_t lx = x == g ? lead : leader_of(h, x);
-    uint64_t others = x == g ? bytes : 0;
+    uint64_t others = x == g ? bytes : 0, peaks = 0;
+    bool known = true;
     LEDGER_FOR_SLOTS(h->st, t) {
       const ledger_slot_t *o = &h->st->slots[t];
-      if ((int64_t)t != lx && running_on(h->st, t, x) &&
-          ((o->flags & COGPU_MARK_GREW) || t == s))
+      if (!running_on(h->st, t, x))
+        continue;
+      bool grows = (o->flags & COGPU_MARK_GREW) || t == s;
+      uint64_t te = expect_of(h, t, x);
+      uint64_t at = o->held[x] + (t == s && x == g ? bytes : 0);
+      known = known && (!grows || te);
+      peaks += te > at ? te : at;
+      if ((int64_t)t != lx && grows)
         others += o->held[x];
     }
     uint64_t c = cogpu__ledger_capacity(&hd->gpus[x]);
+    if (known && peaks <= c)
+      continue;
     uint64_t lh = lx < 0 ? 0 : h->st->slots[lx].held[x];
     uint64_t most = c > lh ? c - lh : 0;
     stake += others < most ? others : most;
