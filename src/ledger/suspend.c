@@ -655,7 +655,8 @@ bool cogpu__ledger_susp_busy(struct cogpu_s *h, uint32_t g) {
   return false;
 }
 
-/* Candidate order (issue 25): lowest priority first; then the job
+/* Candidate order (issue 25): lowest priority first; the leader of g last
+ * (lead: the deadlock is broken for it); then the job
  * suspended fewest times, so a job just resumed is not picked again while
  * a job that was never parked holds memory (the hysteresis that stops a
  * resumed job from being parked for its next chunk, over and over); then

@@ -682,12 +682,21 @@ TEST_IMPL_ONCE_T(slurm_whole_gpu_job_waits_for_gpu_mem_jobs, 240) {
   ASSERT(!strstr(file("whole.out"), "without exclusive use"));
   wait_jobs_done(60000);
   /* A --gpu-mem step whose memory is held outside Slurm (here by cogpu
-   * jobs started on the node) waits for it, and says so. */
-  ASSERT_EQ(sh("cogpu run --mem 70G --gpu 0 -- sleep 3 & "
-               "cogpu run --mem 70G --gpu 1 -- sleep 3 & sleep 0.5; "
-               "srun --gpu-mem=30G sh -c 'echo ran3'; wait",
-               out, sizeof out, th_ms(60000)),
-            0);
+   * jobs started on the node) waits for it, and says so. The two hold
+   * until a request waits on the node (the step's): a fixed 3 s ran out
+   * before a loaded machine started the step, which then never waited. */
+  const char *t = th_tmpdir();
+  /* The first to see the waiter tells the other (once one has gone, the
+   * step may no longer wait). */
+  snprintf(cmd, sizeof cmd,
+           "for g in 0 1; do cogpu run --mem 70G --gpu $g -- sh -c "
+           "'touch %s/held3.'$g'; until [ -e %s/seen3 ] || cogpu status | "
+           "grep -q \"^  waiting:\"; do sleep 0.1; done; touch %s/seen3' & "
+           "done; "
+           "until [ -e %s/held3.0 ] && [ -e %s/held3.1 ]; do sleep 0.1; done; "
+           "srun --gpu-mem=30G sh -c 'echo ran3'; wait",
+           t, t, t, t, t);
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "for 30720 MiB of GPU memory\n");
   ASSERT_CONTAINS(out, "ran3");
   stop_cluster(); /* tests end with _exit: no atexit */
