@@ -427,7 +427,9 @@ TEST_IMPL(exporter_http_scrapes) {
   kill(h, SIGTERM);
   th_wait(h, th_ms(5000));
   kill(e, SIGTERM);
-  ASSERT_EQ(th_exit_code(th_wait(e, th_ms(5000))), 0);
+  /* A bound, not a measure: under load the exporter was seen 5 s in the
+   * kernel's exit (unmapping the node state), state D. */
+  ASSERT_EQ(th_exit_code(th_wait(e, th_ms(20000))), 0);
 }
 
 /* Connections that never finish asking (slow-loris: half a request line)
@@ -458,7 +460,9 @@ TEST_IMPL(exporter_survives_connection_floods) {
     close(idle[i]);
   }
   kill(e, SIGTERM);
-  ASSERT_EQ(th_exit_code(th_wait(e, th_ms(5000))), 0);
+  /* A bound, not a measure: under load the exporter was seen 5 s in the
+   * kernel's exit (unmapping the node state), state D. */
+  ASSERT_EQ(th_exit_code(th_wait(e, th_ms(20000))), 0);
 }
 
 static char *read_file(const char *path, ino_t *ino) {
@@ -528,7 +532,7 @@ TEST_IMPL(exporter_textfile_atomic) {
   th_wait(h, th_ms(5000));
   /* A clean stop removes it (no stale figures), and leaves nothing. */
   kill(e, SIGTERM);
-  ASSERT_EQ(th_exit_code(th_wait(e, th_ms(5000))), 0);
+  ASSERT_EQ(th_exit_code(th_wait(e, th_ms(20000))), 0);
   ASSERT(stat(path, &sb) != 0);
   char out[1024], err[1024];
   const char *ls[] = {"sh", "-c", "ls -A \"$0\" | wc -l", dir, NULL};
