@@ -363,11 +363,24 @@ static int64_t leader_of(struct cogpu_s *h, uint32_t g) {
   return best;
 }
 
+/* The job whose resume entry wt is, on g, while it is still parked; NULL
+ * for any other entry. parked_at and parked_need walk the queue with it:
+ * the service pass asks for each waiter, and nobody waiting costs
+ * nothing. */
+static const ledger_slot_t *
+parked_entry(struct cogpu_s *h, const ledger_waiter_t *wt, uint32_t g) {
+  if (!wt->resume || wt->gpu != (int64_t)g || wt->slot >= LEDGER_MAX_SLOTS)
+    return NULL;
+  const ledger_slot_t *o = &h->st->slots[wt->slot];
+  return o->state == SLOT_ACTIVE && atomic_load(&o->gen) == wt->gen &&
+                 o->susp == SUSP_SUSPENDED
+             ? o
+             : NULL;
+}
+
 /* When the ledger last parked a job of g (for a deadlock or a preemption,
  * not by hand: it has its automatic resume entry) that is still parked
- * (monotonic ns, when its copy ended), 0 if none. Read from the resume
- * entries, as parked_need does: the service pass asks for each waiter, and
- * the queue is what it walks anyway; nobody waiting costs nothing. */
+ * (monotonic ns, when its copy ended), 0 if none. */
 static uint64_t parked_at(struct cogpu_s *h, uint32_t g) {
   uint64_t last = 0, left = h->st->hdr.nwaiting;
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && left; w++) {
@@ -375,12 +388,8 @@ static uint64_t parked_at(struct cogpu_s *h, uint32_t g) {
     if (wt->state != W_WAITING)
       continue;
     left--;
-    if (wt->resume != LEDGER_RESUME_AUTO || wt->gpu != (int64_t)g ||
-        wt->slot >= LEDGER_MAX_SLOTS)
-      continue;
-    const ledger_slot_t *o = &h->st->slots[wt->slot];
-    if (o->state == SLOT_ACTIVE && atomic_load(&o->gen) == wt->gen &&
-        o->susp == SUSP_SUSPENDED && o->susp_since_ns > last)
+    const ledger_slot_t *o = parked_entry(h, wt, g);
+    if (o && wt->resume == LEDGER_RESUME_AUTO && o->susp_since_ns > last)
       last = o->susp_since_ns;
   }
   return last;
@@ -433,15 +442,10 @@ static uint64_t parked_need(struct cogpu_s *h, uint32_t g, uint64_t since) {
     if (wt->state != W_WAITING)
       continue;
     left--;
-    if (!wt->resume || wt->gpu != (int64_t)g || wt->since_ns >= since ||
-        wt->slot >= LEDGER_MAX_SLOTS)
+    const ledger_slot_t *o = parked_entry(h, wt, g);
+    if (!o || wt->since_ns >= since)
       continue;
-    uint32_t t = (uint32_t)wt->slot;
-    const ledger_slot_t *o = &h->st->slots[t];
-    if (o->state != SLOT_ACTIVE || atomic_load(&o->gen) != wt->gen ||
-        o->susp != SUSP_SUSPENDED)
-      continue;
-    uint64_t e = expect_of(h, t, g);
+    uint64_t e = expect_of(h, (uint32_t)wt->slot, g);
     sum += e > o->parked ? e : o->parked;
   }
   return sum;

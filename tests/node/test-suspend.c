@@ -237,6 +237,18 @@ static pid_t su_growing(const char *tag, const char *mem, int steps,
  * more than its size, and each suspended job finds its data intact. */
 enum { GROW_N = 8 };
 
+/* What every mix on the fake 16 GiB GPU must end with: nobody told
+ * out-of-memory by the driver, the device never over its size, no process
+ * left wedged, the node state consistent. */
+static void su_clean_end(void) {
+  unsigned long long peak = 0, ooms = 0;
+  lt_fake_cuda_stats(&peak, &ooms);
+  ASSERT_EQ(ooms, 0);
+  ASSERT_ULE(peak, 16 * GiB);
+  ASSERT_EQ(lt_fake_wedged(), 0);
+  lt_check_invariants();
+}
+
 /* How many times `needle` occurs in `hay`. */
 static int su_count(const char *hay, const char *needle) {
   int n = 0;
@@ -277,12 +289,7 @@ static int run_growing(const char *mem, bool one_by_one, int *most,
     *most = n > *most ? n : *most;
   }
   ASSERT_EQ(failed, 0);
-  unsigned long long peak = 0, ooms = 0;
-  lt_fake_cuda_stats(&peak, &ooms);
-  ASSERT_EQ(ooms, 0);
-  ASSERT_ULE(peak, 16 * GiB);
-  ASSERT_EQ(lt_fake_wedged(), 0);
-  lt_check_invariants();
+  su_clean_end();
   ASSERT_UEQ(lt_fake_cuda_used(), 0);
   return suspensions;
 }
@@ -400,12 +407,7 @@ TEST_IMPL_T(susp_order_after_deadlock_is_bounded, 90) {
                              : i == 1 ? "park"
                                       : "next"),
                     "verify ok");
-  unsigned long long peak = 0, ooms = 0;
-  lt_fake_cuda_stats(&peak, &ooms);
-  ASSERT_EQ(ooms, 0);
-  ASSERT_ULE(peak, 16 * GiB);
-  ASSERT_EQ(lt_fake_wedged(), 0);
-  lt_check_invariants();
+  su_clean_end();
 }
 
 /* The host rule holds back growth, never a first allocation: most jobs
