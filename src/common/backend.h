@@ -41,6 +41,11 @@
  * deadlock, so only their memory is what one may have to park (a hint,
  * outside the undo log; docs/suspension.md, "Host memory"). */
 #define COGPU_MARK_GREW 0x400u
+/* Set by the daemon, never by a client: the process cannot be restored
+ * onto another GPU (it sees only some of the node's GPUs, or a restore
+ * onto another GPU was refused for it), so its job resumes only where it
+ * was (docs/suspension.md, "Migration"). */
+#define COGPU_MARK_NOMOVE 0x800u
 
 /* --- Usage: what a process's allocations hold (docs/history.md) -----------
  * The preload library counts every allocation exactly; it publishes the

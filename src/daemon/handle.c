@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -286,6 +287,22 @@ static int on_resume(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   return 0;
 }
 
+/* A GPU index as the client's process names it (where the GPU was when
+ * it started) into the ledger's, and back: a process restored onto other
+ * GPUs (migration) goes on naming them as before (docs/suspension.md,
+ * "Migration"). */
+static int gpu_in(cogpu__daemon_t *d, const dconn_t *c, int gpu) {
+  return c->slot < LEDGER_MAX_SLOTS
+             ? cogpu__ledger_gpu_phys(&d->dh->st->slots[c->slot], gpu)
+             : gpu;
+}
+
+static int gpu_out(cogpu__daemon_t *d, const dconn_t *c, int gpu) {
+  return c->slot < LEDGER_MAX_SLOTS
+             ? cogpu__ledger_gpu_view(&d->dh->st->slots[c->slot], gpu)
+             : gpu;
+}
+
 /* A request resent after a restart that was already done is answered from
  * the slot's record. */
 static bool replay(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
@@ -294,7 +311,7 @@ static bool replay(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     return false;
   cogpu__msg_t r;
   memset(&r, 0, sizeof r);
-  r.u.reply.gpu = (int32_t)sl->last_gpu;
+  r.u.reply.gpu = (int32_t)gpu_out(d, c, (int)sl->last_gpu);
   r.u.reply.a = sl->last_a;
   cogpu__daemon_reply(d, c, m, (int)sl->last_rc, &r);
   return true;
@@ -332,7 +349,7 @@ static void record(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
 static int to_request(cogpu__daemon_t *d, dconn_t *c,
                       const cogpu__m_reserve_t *q, cogpu_request_t *req,
                       bool *capped) {
-  req->gpu = q->gpu;
+  req->gpu = q->gpu == COGPU_GPU_AUTO ? q->gpu : gpu_in(d, c, q->gpu);
   req->bytes = q->bytes;
   req->flags = q->flags;
   req->timeout_ms = q->timeout_ms;
@@ -395,7 +412,7 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     cogpu__ledger_foreign_refresh(d->dh, false); /* for the next try */
   cogpu__msg_t rp;
   memset(&rp, 0, sizeof rp);
-  rp.u.reply.gpu = g;
+  rp.u.reply.gpu = g >= 0 ? gpu_out(d, c, g) : g;
   if (capped)
     rp.u.reply.flags |= COGPU_REPLY_PRIORITY_CAPPED;
   cogpu__daemon_reply(d, c, m, rc, &rp);
@@ -511,7 +528,7 @@ static void grant_reply(cogpu__daemon_t *d, dconn_t *c, int rc, int gpu) {
   cogpu__msg_t r, req;
   memset(&r, 0, sizeof r);
   cogpu__msg_init(&req, COGPU_M_WAIT, 1);
-  r.u.reply.gpu = gpu;
+  r.u.reply.gpu = gpu >= 0 ? gpu_out(d, c, gpu) : gpu;
   /* Granted with its job's resume: say how long the job was away. */
   const ledger_slot_t *job = &d->dh->st->slots[c->res_slot];
   if (rc == 0 && job->susp == SUSP_RESUMING) {
@@ -639,7 +656,10 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
       ledger_waiter_t *wt = &st->waiters[w];
       if (wt->state == W_FREE || wt->resume || d->waiter_conn[w] ||
-          wt->owner != c->slot || wt->gpu != wm->req.gpu ||
+          wt->owner != c->slot ||
+          wt->gpu != (wm->req.gpu == COGPU_GPU_AUTO
+                          ? wm->req.gpu
+                          : gpu_in(d, c, wm->req.gpu)) ||
           wt->exclusive != ((wm->req.flags & COGPU_REQ_EXCLUSIVE) != 0) ||
           (!wt->exclusive && wt->bytes != wm->req.bytes))
         continue;
@@ -831,6 +851,59 @@ static int on_reset(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   return -1;
 }
 
+/* Does process pid see every GPU of the node? As the driver reads
+ * CUDA_VISIBLE_DEVICES: unset, every GPU; else the list up to its first
+ * entry that names none (an index or a UUID prefix naming one GPU), of
+ * which each GPU must be named. One whose environment cannot be read
+ * (gone, or not the daemon's to read) is taken as seeing only some. */
+static bool sees_all_gpus(pid_t pid, const ledger_hdr_t *hd) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return false;
+  char *var = NULL, *val = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  bool read_any = false;
+  while ((n = getdelim(&var, &cap, '\0', f)) > 0) {
+    read_any = true;
+    if (strncmp(var, "CUDA_VISIBLE_DEVICES=", 21) == 0) {
+      free(val);
+      val = strdup(var + 21);
+    }
+  }
+  fclose(f);
+  free(var);
+  if (!read_any || !val) {
+    free(val);
+    return read_any; /* unset: it sees them all */
+  }
+  bool seen[LEDGER_MAX_GPUS] = {false};
+  uint32_t count = 0;
+  for (char *save = NULL, *tok = strtok_r(val, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    tok += strspn(tok, " \t");
+    size_t len = strcspn(tok, " \t");
+    tok[len] = 0;
+    int g = -1;
+    if (len && strspn(tok, "0123456789") == len) {
+      unsigned long v = strtoul(tok, NULL, 10);
+      g = len < 6 && v < hd->ngpus ? (int)v : -1;
+    } else if (len) {
+      for (uint32_t k = 0; k < hd->ngpus; k++)
+        if (strncasecmp(hd->gpus[k].uuid, tok, len) == 0)
+          g = g < 0 ? (int)k : -2; /* a prefix of two names neither */
+    }
+    if (g < 0 || seen[g])
+      break; /* the driver's list ends here */
+    seen[g] = true;
+    count++;
+  }
+  free(val);
+  return count == hd->ngpus;
+}
+
 /* What a process reports about itself (the preload library: it uses CUDA;
  * it used something that cannot be checkpointed). Only the bits a client
  * may set. */
@@ -840,8 +913,19 @@ static int on_mark(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
   if (m->u.mark.flags & ~COGPU_MARK_ALL)
     return fail(d, c, m, -EINVAL, "unknown mark 0x%x", m->u.mark.flags) - 1;
   struct cogpu_s *h = as(d, c);
+  uint32_t flags = m->u.mark.flags;
+  /* A process that runs CUDA and sees only some of the node's GPUs cannot
+   * be restored onto another (the driver refuses any GPU mapping for it):
+   * its job is never moved (docs/suspension.md, "Migration"). */
+  bool nomove =
+      (flags & COGPU_MARK_CUDA) && !sees_all_gpus(c->pid, &h->st->hdr);
   cogpu__ledger_lock(h);
-  int rc = cogpu__ledger_mark_locked(h, m->u.mark.flags);
+  int rc = cogpu__ledger_mark_locked(h, flags);
+  if (rc == 0 && nomove && !(h->st->slots[h->slot].flags & COGPU_MARK_NOMOVE)) {
+    ledger_slot_t *me = &h->st->slots[h->slot];
+    cogpu__ledger_tx_set(h, &me->flags, me->flags | COGPU_MARK_NOMOVE);
+    cogpu__ledger_tx_commit(h);
+  }
   cogpu__ledger_unlock(h);
   cogpu__daemon_reply(d, c, m, rc, &r);
   return 0;
@@ -1023,13 +1107,30 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
         cogpu__now_ns() + cogpu__ms_to_ns(100u << (2 * j->restore_tries));
     j->restore_tries++;
     return 1;
+  } else if (j->op == LEDGER_OP_RESUME && j->rc == -EXDEV) {
+    /* The move to another GPU was refused before anything moved: the job
+     * waits again where it was parked, and is never moved again; a
+     * `cogpu resume` waiting for it is answered when it is back. */
+    if (same)
+      cogpu__log(COGPU_LOG_WARN,
+                 "the job of pid %d cannot move to GPU %u: %s; it waits to "
+                 "resume on GPU %u",
+                 sl->pid, (unsigned)sl->susp_gpu, j->msg,
+                 (unsigned)sl->susp_from - 1);
+    cogpu__ledger_lock(h);
+    cogpu__ledger_resume_done(h, j->slot, j->gen, j->rc);
+    cogpu__ledger_unlock(h);
   } else if (j->op == LEDGER_OP_RESUME) {
     uint64_t away = same ? (cogpu__now_ns() - sl->susp_since_ns) : 0;
+    char moved[64] = "";
+    if (same && sl->susp_from)
+      snprintf(moved, sizeof moved, " on GPU %u (moved from GPU %u)",
+               (unsigned)sl->susp_gpu, (unsigned)sl->susp_from - 1);
     if (j->rc == 0)
       cogpu__log(COGPU_LOG_WARN,
-                 "resumed the job of pid %d (%s) in %.2f s%s, after %.1f s "
+                 "resumed the job of pid %d (%s)%s in %.2f s%s, after %.1f s "
                  "suspended",
-                 sl->pid, sz, secs, rate, (double)away / 1e9);
+                 sl->pid, sz, moved, secs, rate, (double)away / 1e9);
     else
       cogpu__log(COGPU_LOG_ERROR, "resuming the job of pid %d: %s", sl->pid,
                  j->msg);
@@ -1235,6 +1336,10 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
     }
     break;
   case DC_MAIN:
+    if (m.type == COGPU_M_RELEASE || m.type == COGPU_M_CLAIM ||
+        m.type == COGPU_M_UNCLAIM || m.type == COGPU_M_ROOM ||
+        m.type == COGPU_M_RECHECK || m.type == COGPU_M_HELD)
+      m.u.amount.gpu = gpu_in(d, c, m.u.amount.gpu);
     switch (m.type) {
     case COGPU_M_RESERVE:
       rc = on_reserve(d, c, &m);

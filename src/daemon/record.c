@@ -114,10 +114,15 @@ static void rec_sync(void *ctx, struct cogpu_s *h, uint32_t s) {
   const cogpu__usage_t *p = r->page[s];
   if (!p || r->page_gen[s] != atomic_load(&sl->gen))
     return;
-  for (uint32_t g = 0; g < h->st->hdr.ngpus; g++) {
-    atomic_store_explicit(&sl->usage.used[g], page_rd(h, &p->used[g], g),
+  /* The page names GPUs as its process saw them at start; the ledger's
+   * may differ after a move (migration). */
+  for (uint32_t v = 0; v < h->st->hdr.ngpus; v++) {
+    uint32_t g = cogpu__ledger_map_phys(sl->gpu_map, v);
+    if (g >= h->st->hdr.ngpus)
+      continue;
+    atomic_store_explicit(&sl->usage.used[g], page_rd(h, &p->used[v], g),
                           memory_order_relaxed);
-    atomic_store_explicit(&sl->usage.peak[g], page_rd(h, &p->peak[g], g),
+    atomic_store_explicit(&sl->usage.peak[g], page_rd(h, &p->peak[v], g),
                           memory_order_relaxed);
   }
   atomic_store_explicit(&sl->usage.peak_ns, rd(&p->peak_ns),
@@ -207,9 +212,13 @@ void cogpu__daemon_rec_sample(cogpu__daemon_t *d) {
     if (j == h->slot)
       continue;
     rec_job_t *x = job_get(r, h, j, true);
-    for (uint32_t g = 0; x && g < ng; g++) {
-      /* Each page at most the GPU's total, and so the job's sum. */
-      uint64_t v = page_rd(h, &p->used[g], g), total = st->hdr.gpus[g].total;
+    for (uint32_t pg = 0; x && pg < ng; pg++) {
+      /* Each page at most the GPU's total, and so the job's sum; the
+       * page's GPUs as its process names them (rec_sync). */
+      uint32_t g = cogpu__ledger_map_phys(sl->gpu_map, pg);
+      if (g >= ng)
+        continue;
+      uint64_t v = page_rd(h, &p->used[pg], g), total = st->hdr.gpus[g].total;
       x->sum[g] =
           x->sum[g] >= total || v >= total - x->sum[g] ? total : x->sum[g] + v;
     }

@@ -59,9 +59,14 @@ typedef struct sjob_s {
   int pidfds[SUSP_MAX_PIDS];
   unsigned lock_ms;
   /* Resume: the footprint the restore puts back on the GPU (NVML index
-   * gpu). */
+   * gpu). Onto another GPU than the one it was parked on (migration):
+   * the pairs that map each GPU of the node to where it goes, and the
+   * ledger index of both GPUs (move_to -1: not moving). */
   unsigned gpu;
   uint64_t need;
+  CUcheckpointGpuPair pairs[LEDGER_MAX_GPUS];
+  unsigned npairs;
+  int move_from, move_to;
   struct sjob_s *next;
 } sjob_t;
 _Static_assert(offsetof(sjob_t, o) == 0, "an operation is its job");
@@ -116,7 +121,9 @@ struct cogpu__susp_s {
   sjob_t *taken; /* loop thread: done jobs not yet handed back */
   int efd;
   bool stop;
-  int cap; /* CAP_*, under mu */
+  int cap;      /* CAP_*, under mu */
+  int driver;   /* cuDriverGetVersion's (13000: CUDA 13.0), under mu */
+  bool migrate; /* the option */
   char cap_why[256];
   cu_api_t cu;
   ledger_suspender_t sp;
@@ -157,6 +164,7 @@ static const char *cu_err(CUresult r) {
 
 static void load_cuda(cogpu__susp_t *s) {
   char why[256] = "";
+  int v = 0;
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     snprintf(why, sizeof why, "cannot load libcuda.so.1: %s", dlerror());
@@ -168,7 +176,6 @@ static void load_cuda(cogpu__susp_t *s) {
     *(void **)&s->cu.restore = dlsym(lib, "cuCheckpointProcessRestore");
     *(void **)&s->cu.unlock = dlsym(lib, "cuCheckpointProcessUnlock");
     *(void **)&s->cu.get_state = dlsym(lib, "cuCheckpointProcessGetState");
-    int v = 0;
     CUresult r;
     if (!s->cu.init || !s->cu.lock || !s->cu.checkpoint || !s->cu.restore ||
         !s->cu.unlock)
@@ -185,6 +192,7 @@ static void load_cuda(cogpu__susp_t *s) {
   }
   pthread_mutex_lock(&s->mu);
   s->cap = why[0] ? CAP_NONE : CAP_OK;
+  s->driver = v;
   snprintf(s->cap_why, sizeof s->cap_why, "%s", why);
   pthread_mutex_unlock(&s->mu);
   if (why[0])
@@ -368,17 +376,58 @@ static bool any_checkpointed(cogpu__susp_t *s, sjob_t *j) {
   return false;
 }
 
+/* The restore's arguments, whole: the struct's layout changed from one
+ * CUDA release to the next (12.9: reserved bytes only; 13.0 to 13.2:
+ * gpuPairs, gpuPairsCount, reserved, reserved1; 13.3: gpuPairs,
+ * gpuPairsCount, reserved; 13.4: a custom storage pointer after them), but
+ * it is 64 bytes in each, and the pairs and their count lead it from 13.0
+ * on. All zero but those two, it means the same to each driver. */
+_Static_assert(sizeof(CUcheckpointRestoreArgs) == 64,
+               "the restore arguments are 64 bytes in every CUDA release");
+static void restore_args(const sjob_t *j, CUcheckpointRestoreArgs *ra) {
+  memset(ra, 0, sizeof *ra);
+  if (j->npairs) {
+    ra->gpuPairs = (CUcheckpointGpuPair *)j->pairs;
+    ra->gpuPairsCount = j->npairs;
+  }
+}
+
+/* Is process i of the job still checkpointed (nothing of it restored)? */
+static bool still_checkpointed(cogpu__susp_t *s, sjob_t *j, int i) {
+  CUprocessState st = CU_PROCESS_STATE_RUNNING;
+  return s->cu.get_state && same_process(j, i) &&
+         s->cu.get_state(j->pids[i], &st) == CUDA_SUCCESS &&
+         st == CU_PROCESS_STATE_CHECKPOINTED;
+}
+
 static void run_resume(cogpu__susp_t *s, sjob_t *j) {
+  if (j->o.rc)
+    return; /* refused before it began (cogpu__susp_submit) */
   if (any_checkpointed(s, j) && !room_for(j))
     return;
+  bool moved = false; /* a process of the job is on the new GPU now */
   for (int i = 0; i < j->o.npids; i++) {
-    CUcheckpointRestoreArgs ra = {0};
+    CUcheckpointRestoreArgs ra;
     CUcheckpointUnlockArgs ua = {0};
     if (!same_process(j, i))
       continue; /* the process is gone (its PID may be another's) */
+    restore_args(j, &ra);
     CUresult r = s->cu.restore(j->pids[i], &ra);
+    if (j->npairs && !moved && r != CUDA_SUCCESS &&
+        r != CUDA_ERROR_ILLEGAL_STATE && still_checkpointed(s, j, i)) {
+      /* The driver will not put it there (a mapping it does not take),
+       * and nothing of the job has moved: it goes back to wait where it
+       * was parked (the ledger, on -EXDEV), still checkpointed. */
+      j->o.rc = -EXDEV;
+      snprintf(j->o.msg, sizeof j->o.msg,
+               "the driver refused to restore pid %d onto GPU %d "
+               "(CUDA error %d: %s)",
+               j->pids[i], j->move_to, r, cu_err(r));
+      return;
+    }
     if (r == CUDA_ERROR_INVALID_VALUE)
       continue; /* the process is gone */
+    moved |= r == CUDA_SUCCESS;
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_ILLEGAL_STATE) {
       j->o.rc = -EIO;
       j->o.broken = true;
@@ -429,6 +478,44 @@ static void enqueue(cogpu__susp_t *s, sjob_t *j) {
   s->todo_tail = &j->next;
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
+}
+
+/* A GPU's UUID as NVML writes it ("GPU-" and 32 hex digits in groups) into
+ * the driver's 16 bytes; false if it is not one (a MIG instance's, say). */
+static bool uuid_bytes(const char *text, CUuuid *u) {
+  if (strncmp(text, "GPU-", 4) != 0)
+    return false;
+  const char *p = text + 4;
+  for (int k = 0; k < 16; k++) {
+    unsigned v;
+    if (*p == '-')
+      p++;
+    if (sscanf(p, "%2x", &v) != 1 || !p[0] || !p[1] || p[0] == '-' ||
+        p[1] == '-')
+      return false;
+    u->bytes[k] = (char)v;
+    p += 2;
+  }
+  return *p == 0;
+}
+
+/* A resume onto another GPU: a pair for every GPU of the node (the driver
+ * needs each GPU the process can see named), `from` and `to` swapped, the
+ * others onto themselves. */
+static bool move_pairs(struct cogpu_s *h, sjob_t *j, uint32_t from,
+                       uint32_t to) {
+  const ledger_hdr_t *hd = &h->st->hdr;
+  j->npairs = 0;
+  for (uint32_t g = 0; g < hd->ngpus && g < LEDGER_MAX_GPUS; g++) {
+    uint32_t n = g == from ? to : g == to ? from : g;
+    if (!uuid_bytes(hd->gpus[g].uuid, &j->pairs[g].oldUuid) ||
+        !uuid_bytes(hd->gpus[n].uuid, &j->pairs[g].newUuid))
+      return false;
+    j->npairs++;
+  }
+  j->move_from = (int)from;
+  j->move_to = (int)to;
+  return true;
 }
 
 static void *worker(void *arg) {
@@ -582,6 +669,18 @@ static uint64_t hook_room(void *ctx) {
   s->room = by_max < by_host ? by_max : by_host;
   s->room_ns = now;
   return s->room;
+}
+
+/* Migration needs the option and a driver that restores onto a GPU
+ * mapping: CUDA 13.0 (driver 580) or later, whose checkpoint calls work. */
+static bool hook_can_move(void *ctx) {
+  cogpu__susp_t *s = ctx;
+  if (!s->migrate)
+    return false;
+  pthread_mutex_lock(&s->mu);
+  bool ok = s->cap == CAP_OK && s->driver >= 13000;
+  pthread_mutex_unlock(&s->mu);
+  return ok;
 }
 
 void cogpu__susp_status(cogpu__daemon_t *d, cogpu_status_t *st) {
@@ -764,7 +863,9 @@ int cogpu__susp_start(cogpu__daemon_t *d) {
       .can = hook_can,
       .idle_ms = hook_idle_ms,
       .expect = hook_expect,
-      .room = hook_room};
+      .room = hook_room,
+      .can_move = hook_can_move};
+  s->migrate = d->cfg.v[COGPU_OPT_MIGRATE].i != 0;
   if (!s->idle || !s->learnt || s->efd < 0 ||
       pthread_create(&s->thr, NULL, worker, s) != 0) {
     int e = errno;
@@ -846,8 +947,20 @@ int cogpu__susp_submit(cogpu__daemon_t *d, uint64_t id, uint32_t slot,
    * when resuming. */
   j->o.bytes = sl->susp_gpu < LEDGER_MAX_GPUS ? sl->held[sl->susp_gpu] : 0;
   j->lock_ms = (unsigned)d->cfg.v[COGPU_OPT_SUSPEND_LOCK_TIMEOUT].i;
+  j->move_from = j->move_to = -1;
   if (op == LEDGER_OP_RESUME && sl->susp_gpu < h->st->hdr.ngpus) {
     j->gpu = h->st->hdr.gpus[sl->susp_gpu].index;
+    if (sl->susp_from && sl->susp_from <= h->st->hdr.ngpus &&
+        !move_pairs(h, j, (uint32_t)sl->susp_from - 1,
+                    (uint32_t)sl->susp_gpu)) {
+      /* Not a GPU the driver can name: not moved (the ledger puts it
+       * back where it was). */
+      j->npairs = 0;
+      j->o.rc = -EXDEV;
+      snprintf(j->o.msg, sizeof j->o.msg,
+               "GPU %u or %u has no UUID the driver takes",
+               (unsigned)sl->susp_from - 1, (unsigned)sl->susp_gpu);
+    }
     /* What the suspension took off the GPU; after a daemon restart that
      * is not known here, and the whole booking stands for it. */
     j->need = s->parked_gen[slot] == gen ? s->parked[slot] : j->o.bytes;

@@ -133,8 +133,22 @@ void cogpu__core_serve(const cogpu__core_rules_t *r, uint64_t now,
       if (e.gpu < 0 || (uint64_t)e.gpu >= ngpus)
         continue;
       uint32_t g = (uint32_t)e.gpu;
-      if (!blocked[g] && ops->fits(ctx, id, g))
+      if (!blocked[g] && ops->fits(ctx, id, g)) {
         ops->serve(ctx, id, g);
+        continue;
+      }
+      /* Its GPU cannot take it now: another may (migration), most free
+       * first, never one that holds an earlier request back. */
+      size_t ng = ops->moves
+                      ? cogpu__core_candidates(
+                            &(cogpu__core_entry_t){.gpu = COGPU_GPU_AUTO},
+                            ngpus, gpus, ops, ctx)
+                      : 0;
+      for (size_t k = 0; k < ng; k++)
+        if (gpus[k] != g && !blocked[gpus[k]] && ops->moves(ctx, id, gpus[k])) {
+          ops->serve(ctx, id, gpus[k]);
+          break;
+        }
       /* A resume that cannot go yet holds back nobody behind it (issue
        * 25): behind it are the jobs still running on its GPU, whose
        * growth is what lets them finish and give it room; held back,

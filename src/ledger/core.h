@@ -120,7 +120,8 @@ enum cogpu__core_kind {
                           or held back) */
   COGPU_CORE_DROP,     /* can never be served: leaves the queue */
   COGPU_CORE_REQUEST,  /* a request: on its GPU, or the most free one */
-  COGPU_CORE_RESUME    /* a suspended job's resume: on its own GPU */
+  COGPU_CORE_RESUME    /* a suspended job's resume: on its own GPU, or
+                          another where `moves` allows it */
 };
 
 /* The owner's state, through which a pass reads and acts. `id` is the
@@ -133,7 +134,10 @@ typedef struct cogpu__core_ops_s {
   /* Does entry id fit on g now? Could it ever, were g empty? */
   bool (*fits)(void *ctx, uint32_t id, uint32_t g);
   bool (*could_fit)(void *ctx, uint32_t id, uint32_t g);
-  /* Grant entry id on g (a resume: book its footprint), wake it. */
+  /* May resume entry id go onto GPU g, not its own, now (migration)? NULL:
+   * never. Asked only when its own GPU cannot take it. */
+  bool (*moves)(void *ctx, uint32_t id, uint32_t g);
+  /* Grant entry id on g (a resume: book its footprint, on g), wake it. */
   void (*serve)(void *ctx, uint32_t id, uint32_t g);
   void (*drop)(void *ctx, uint32_t id);
 } cogpu__core_ops_t;

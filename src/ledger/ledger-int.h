@@ -31,7 +31,7 @@
 
 #define LEDGER_MAGIC "COGPUST\0"
 /* 7: hdr.slot_map, the slots in use. */
-#define LEDGER_VERSION 7u
+#define LEDGER_VERSION 8u
 #define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
 /* Enough for the node daemon's 10,000 connected clients; a slot costs
  * nothing until it is used (the file's pages are touched on use). */
@@ -137,6 +137,19 @@ typedef struct ledger_slot_s {
   uint64_t susp_since_ns;
   uint64_t susp_count;
   uint64_t susp_retry_ns;
+  /* Migration (suspend.c, option migrate). A process names GPUs as it saw
+   * them when it started (the preload library keeps the ledger index of
+   * each of its devices); a restore onto other GPUs moves them under it,
+   * and the daemon translates what the process sends and what it is
+   * answered. gpu_map: the process's own (not its job's: a process that
+   * starts after the move sees the GPUs where they are), the GPU each of
+   * its GPUs is on now, as a nibble per GPU XOR its index (0: none
+   * moved); see cogpu__ledger_map_phys. susp_from: the job's, the GPU a
+   * resume under way moves it from, + 1 (0: not moving), and the kind of
+   * that resume (LEDGER_RESUME_*), which it keeps if the move is refused. */
+  uint64_t gpu_map;
+  uint64_t susp_from;
+  uint64_t susp_from_kind;
   /* Usage and the job's figures for its history record (usage.c,
    * docs/history.md). `usage` is the process's own page in single-user
    * mode (it writes it, relaxed atomics); in node mode the daemon copies
@@ -635,6 +648,9 @@ typedef struct ledger_suspender_s {
    * (nothing to keep parkable). Admission keeps what a deadlock may have
    * to park within it (docs/suspension.md, "Host memory"). */
   uint64_t (*room)(void *ctx);
+  /* Whether a parked job may be restored onto another GPU now (option
+   * migrate, and a driver with restore onto a GPU mapping); NULL: never. */
+  bool (*can_move)(void *ctx);
 } ledger_suspender_t;
 /* Admission on a GPU where jobs are parked or peaks are learnt, or where
  * host memory could not park what a deadlock would need (issue 25): true
@@ -651,6 +667,50 @@ uint64_t cogpu__ledger_growth_beside(struct cogpu_s *h, uint32_t s, uint32_t g);
  * UINT64_MAX: not queued, the fast path). */
 bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
                                bool exclusive, uint32_t g, uint64_t since);
+
+/* A process's GPU map (ledger_slot_t.gpu_map): the GPU its GPU g is on. */
+_Static_assert(LEDGER_MAX_GPUS <= 16, "a GPU map has a nibble per GPU");
+static inline uint32_t cogpu__ledger_map_phys(uint64_t map, uint32_t g) {
+  return g < LEDGER_MAX_GPUS ? g ^ (uint32_t)((map >> (4 * g)) & 0xf) : g;
+}
+/* The GPU of its view that is on GPU p now. */
+static inline uint32_t cogpu__ledger_map_view(uint64_t map, uint32_t p) {
+  for (uint32_t g = 0; map && g < LEDGER_MAX_GPUS; g++)
+    if (cogpu__ledger_map_phys(map, g) == p)
+      return g;
+  return p;
+}
+/* The map after a restore that swapped GPUs a and b under the process. */
+static inline uint64_t cogpu__ledger_map_swap(uint64_t map, uint32_t a,
+                                              uint32_t b) {
+  uint64_t out = 0;
+  for (uint32_t g = 0; g < LEDGER_MAX_GPUS; g++) {
+    uint32_t p = cogpu__ledger_map_phys(map, g);
+    p = p == a ? b : p == b ? a : p;
+    out |= (uint64_t)((p ^ g) & 0xf) << (4 * g);
+  }
+  return out;
+}
+/* A GPU index a process sent, as the ledger's (negative ones, such as
+ * COGPU_GPU_AUTO, and those past the node's as they are); and back. */
+static inline int cogpu__ledger_gpu_phys(const ledger_slot_t *sl, int g) {
+  return g >= 0 && g < (int)LEDGER_MAX_GPUS
+             ? (int)cogpu__ledger_map_phys(sl->gpu_map, (uint32_t)g)
+             : g;
+}
+static inline int cogpu__ledger_gpu_view(const ledger_slot_t *sl, int g) {
+  return g >= 0 && g < (int)LEDGER_MAX_GPUS
+             ? (int)cogpu__ledger_map_view(sl->gpu_map, (uint32_t)g)
+             : g;
+}
+
+/* May the resume entry wt go onto GPU g, not its job's own, now? Only with
+ * the suspender's consent (migration on, a driver that can), a job none of
+ * whose processes is kept from moving (COGPU_MARK_NOMOVE), onto a GPU of
+ * the same model where it fits by the rules of its own (docs/suspension.md,
+ * "Migration"). Lock held. */
+bool cogpu__ledger_resume_moves(struct cogpu_s *h, const ledger_waiter_t *wt,
+                                uint32_t g);
 
 enum { LEDGER_OP_SUSPEND = 1, LEDGER_OP_RESUME = 2 };
 #define LEDGER_SUSP_OPS_MAX 1024u
@@ -682,15 +742,17 @@ void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
 /* Ask for a suspended job's resume (by hand); 0 when under way. */
 int cogpu__ledger_resume_ask(struct cogpu_s *h, uint32_t s, char *why,
                              size_t len);
-/* RESUMING -> NONE. */
+/* RESUMING -> NONE; rc -EXDEV: the driver refused the move to another GPU
+ * before anything moved: back to SUSPENDED where it was. */
 void cogpu__ledger_resume_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
                                int rc);
 /* For the policy: a request of a suspended job waits for its resume. */
 bool cogpu__ledger_held_back(struct cogpu_s *h, const ledger_waiter_t *wt);
 bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt);
-/* Books the footprint (SUSPENDED -> RESUMING); the caller then serves the
- * job's held-back requests. */
-void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w);
+/* Books the footprint on g, its own GPU or one cogpu__ledger_resume_moves
+ * allowed (SUSPENDED -> RESUMING); the caller then serves the job's
+ * held-back requests there. */
+void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w, uint32_t g);
 /* Is a suspension under way on GPU g? */
 bool cogpu__ledger_susp_busy(struct cogpu_s *h, uint32_t g);
 /* The deadlock guard's alternative to failing a request: true if a job

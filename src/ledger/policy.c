@@ -133,12 +133,16 @@ static void serve_one(struct cogpu_s *h, uint32_t w, uint32_t g) {
 }
 
 /* A suspended job's resume entry: book its footprint, then grant its own
- * waiting requests on that GPU, which the fit counted. */
-static void serve_resume(struct cogpu_s *h, uint32_t w) {
+ * waiting requests on that GPU, which the fit counted. Not those of a job
+ * moving to another GPU: should the driver refuse the move, its footprint
+ * goes back off that GPU (cogpu__ledger_resume_done), which a grant given
+ * meanwhile would have made more than the footprint; they are served as
+ * any request once it runs there. */
+static void serve_resume(struct cogpu_s *h, uint32_t w, uint32_t g) {
   ledger_waiter_t *wt = &h->st->waiters[w];
-  uint32_t s = (uint32_t)wt->slot, g = (uint32_t)wt->gpu;
-  cogpu__ledger_resume_serve(h, w);
-  if (h->st->slots[s].susp != SUSP_RESUMING)
+  uint32_t s = (uint32_t)wt->slot;
+  cogpu__ledger_resume_serve(h, w, g);
+  if (h->st->slots[s].susp != SUSP_RESUMING || h->st->slots[s].susp_from)
     return;
   for (uint32_t v = 0; v < LEDGER_MAX_WAITERS; v++) {
     ledger_waiter_t *o = &h->st->waiters[v];
@@ -380,10 +384,15 @@ static bool core_could_fit(void *ctx, uint32_t id, uint32_t g) {
   return could_fit(h, &h->st->waiters[id], g);
 }
 
+static bool core_moves(void *ctx, uint32_t id, uint32_t g) {
+  struct cogpu_s *h = ctx;
+  return cogpu__ledger_resume_moves(h, &h->st->waiters[id], g);
+}
+
 static void core_serve(void *ctx, uint32_t id, uint32_t g) {
   struct cogpu_s *h = ctx;
   if (h->st->waiters[id].resume)
-    serve_resume(h, id);
+    serve_resume(h, id, g);
   else
     serve_one(h, id, g);
 }
@@ -397,6 +406,7 @@ static const cogpu__core_ops_t serve_ops = {.entry = core_entry,
                                             .free = core_free,
                                             .fits = core_fits,
                                             .could_fit = core_could_fit,
+                                            .moves = core_moves,
                                             .serve = core_serve,
                                             .drop = core_drop};
 

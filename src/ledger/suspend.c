@@ -288,12 +288,74 @@ int cogpu__ledger_resume_ask(struct cogpu_s *h, uint32_t s, char *why,
   return 0;
 }
 
+/* The job of slot s and its requests waiting on GPU `from` go to `to`;
+ * each process the restore moves sees its GPUs where they now are. */
+static void move_job(struct cogpu_s *h, uint32_t s, uint32_t from,
+                     uint32_t to) {
+  ledger_state_t *st = h->st;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    ledger_waiter_t *o = &st->waiters[w];
+    if (o->state == W_WAITING && o->slot == s &&
+        o->gen == atomic_load(&st->slots[s].gen) && o->gpu == (int64_t)from)
+      cogpu__ledger_tx_set(h, (uint64_t *)&o->gpu, to);
+  }
+  /* The shares its processes took of its memory go with it (a member's
+   * claim, the job's lent): left on `from`, the job's booking on `to`
+   * would look unclaimed, and a member's next allocation would be taken
+   * from it as spare instead of booked. */
+  LEDGER_FOR_SLOTS(st, m) {
+    ledger_slot_t *ms = &st->slots[m];
+    if (!of_job(st, s, m))
+      continue;
+    uint64_t c = ms->claim[from], l = ms->lent[from];
+    cogpu__ledger_tx_set(h, &ms->claim[from], ms->claim[to]);
+    cogpu__ledger_tx_set(h, &ms->claim[to], c);
+    cogpu__ledger_tx_set(h, &ms->lent[from], ms->lent[to]);
+    cogpu__ledger_tx_set(h, &ms->lent[to], l);
+    if (ms->flags & COGPU_MARK_CUDA)
+      cogpu__ledger_tx_set(h, &ms->gpu_map,
+                           cogpu__ledger_map_swap(ms->gpu_map, from, to));
+  }
+  cogpu__ledger_tx_set(h, &st->slots[s].susp_gpu, to);
+}
+
+/* The driver refused to restore the job onto the GPU it was to move to,
+ * before any of its processes moved (they are all still checkpointed): it
+ * goes back to where it was parked, its footprint off the other GPU, and
+ * queues its resume there; it is never moved again. */
+static void move_refused(struct cogpu_s *h, uint32_t s) {
+  ledger_hdr_t *hd = &h->st->hdr;
+  ledger_slot_t *sl = &h->st->slots[s];
+  uint32_t to = (uint32_t)sl->susp_gpu, from = (uint32_t)sl->susp_from - 1;
+  ledger_gpu_t *gp = &hd->gpus[to];
+  uint64_t held = sl->held[to];
+  cogpu__ledger_tx_set(h, &sl->parked, held);
+  cogpu__ledger_tx_set(h, &sl->held[to], 0);
+  cogpu__ledger_tx_set(h, &gp->reserved, gp->reserved - held);
+  if (held && gp->excl_slot != s + 1)
+    cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+  move_job(h, s, to, from);
+  cogpu__ledger_tx_set(h, &sl->susp_from, 0);
+  cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_NOMOVE);
+  cogpu__ledger_tx_set(h, &sl->susp, SUSP_SUSPENDED);
+  cogpu__ledger_tx_commit(h);
+  cogpu__ledger_note_left(h);
+  enqueue_resume(h, s, sl->susp_from_kind == LEDGER_RESUME_BY_HAND);
+  cogpu__ledger_serve(h);
+}
+
 void cogpu__ledger_resume_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
                                int rc) {
   ledger_slot_t *sl = &h->st->slots[s];
   if (sl->state != SLOT_ACTIVE || atomic_load(&sl->gen) != gen ||
       sl->susp != SUSP_RESUMING)
     return;
+  if (rc == -EXDEV && sl->susp_from > 0 && sl->susp_from <= h->st->hdr.ngpus &&
+      sl->susp_gpu < h->st->hdr.ngpus) {
+    move_refused(h, s);
+    return;
+  }
+  cogpu__ledger_tx_set(h, &sl->susp_from, 0);
   cogpu__ledger_tx_set(h, &sl->susp, SUSP_NONE);
   if (rc) /* its memory stays booked: whatever the driver did with it */
     cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_BROKEN);
@@ -608,12 +670,15 @@ bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
  * is room left free, not a reservation. A GPU where no other job holds
  * memory resumes on the footprint alone: nothing running there would end
  * and give more back. */
-bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
-  uint32_t s = (uint32_t)wt->slot, g = (uint32_t)wt->gpu;
+/* Would the resume entry wt fit on g by those rules (g: its own GPU, or
+ * one it would move to, with its requests waiting on its own, `own`)? */
+static bool resume_fits_on(struct cogpu_s *h, const ledger_waiter_t *wt,
+                           uint32_t g, uint32_t own) {
+  uint32_t s = (uint32_t)wt->slot;
   const ledger_slot_t *sl = &h->st->slots[s];
   if (sl->susp != SUSP_SUSPENDED || g >= h->st->hdr.ngpus)
     return false;
-  uint64_t need = sl->parked + pending_on(h, s, g);
+  uint64_t need = sl->parked + pending_on(h, s, own);
   if (!cogpu__ledger_fits(h, g, s, need, false))
     return false;
   if (wt->resume == LEDGER_RESUME_BY_HAND)
@@ -630,17 +695,55 @@ bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
                     ahead_need(h, s, g, true, in_order(h, g)));
 }
 
-void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w) {
+bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
+  return resume_fits_on(h, wt, (uint32_t)wt->gpu, (uint32_t)wt->gpu);
+}
+
+/* Migration (option migrate; docs/suspension.md, "Migration"). A job
+ * parked on a GPU that cannot take it back yet may be restored onto
+ * another GPU of the node that can, by the driver's restore onto a GPU
+ * mapping (driver 580+). Only onto a GPU of the same model and size (the
+ * driver restores onto the same chip only, and the job's learnt peak is
+ * of that model), and only a job none of whose processes is kept from it:
+ * one that sees only some of the node's GPUs (CUDA_VISIBLE_DEVICES: the
+ * driver refuses any mapping for it), or one whose move the driver has
+ * refused once (COGPU_MARK_NOMOVE, set by the daemon). */
+bool cogpu__ledger_resume_moves(struct cogpu_s *h, const ledger_waiter_t *wt,
+                                uint32_t g) {
+  const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
+  ledger_state_t *st = h->st;
+  uint32_t own = (uint32_t)wt->gpu, s = (uint32_t)wt->slot;
+  if (!sp || !sp->can_move || g == own || g >= st->hdr.ngpus ||
+      own >= st->hdr.ngpus || s >= LEDGER_MAX_SLOTS)
+    return false;
+  const ledger_gpu_t *a = &st->hdr.gpus[own], *b = &st->hdr.gpus[g];
+  if (a->total != b->total || strcmp(a->name, b->name) != 0 ||
+      (st->slots[s].flags & COGPU_MARK_NOMOVE))
+    return false;
+  LEDGER_FOR_SLOTS(st, m) {
+    if (of_job(st, s, m) && (st->slots[m].flags & COGPU_MARK_CUDA) &&
+        (st->slots[m].flags & COGPU_MARK_NOMOVE))
+      return false;
+  }
+  return resume_fits_on(h, wt, g, own) && sp->can_move(sp->ctx);
+}
+
+void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w, uint32_t g) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_waiter_t *wt = &h->st->waiters[w];
-  uint32_t s = (uint32_t)wt->slot, g = (uint32_t)wt->gpu;
+  uint32_t s = (uint32_t)wt->slot, own = (uint32_t)wt->gpu;
   ledger_slot_t *sl = &h->st->slots[s];
   cogpu__assert(sl->susp == SUSP_SUSPENDED);
-  if (sl->susp != SUSP_SUSPENDED)
+  if (sl->susp != SUSP_SUSPENDED || g >= hd->ngpus)
     return; /* a release build: no resume of what is not parked */
   /* Booked first: the daemon restores only what the ledger holds. */
   if (sl->parked && !cogpu__ledger_grant(h, g, s, s, sl->parked, false))
     return;
+  if (g != own) {
+    move_job(h, s, own, g);
+    cogpu__ledger_tx_set(h, &sl->susp_from, (uint64_t)own + 1);
+    cogpu__ledger_tx_set(h, &sl->susp_from_kind, wt->resume);
+  }
   cogpu__ledger_tx_set(h, &sl->parked, 0);
   cogpu__ledger_tx_set(h, &sl->susp, SUSP_RESUMING);
   cogpu__ledger_tx_set(h, &wt->state, W_FREE);

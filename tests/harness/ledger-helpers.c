@@ -127,8 +127,12 @@ unsigned long long lt_fake_wedged(void) {
 }
 
 unsigned long long lt_fake_cuda_used(void) {
+  return lt_fake_gpu_used(0);
+}
+
+unsigned long long lt_fake_gpu_used(int g) {
   unsigned long long used = 0, peak, ooms;
-  fake_stats()(0, &used, &peak, &ooms);
+  fake_stats()(g, &used, &peak, &ooms);
   return used;
 }
 

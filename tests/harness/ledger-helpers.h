@@ -35,6 +35,8 @@ void lt_check_invariants(void);
 void lt_fake_cuda_stats(unsigned long long *peak, unsigned long long *ooms);
 /* What the fake driver has handed out on GPU 0 now. */
 unsigned long long lt_fake_cuda_used(void);
+/* What the fake driver has handed out on GPU g (NVML index) now. */
+unsigned long long lt_fake_gpu_used(int g);
 /* Sets the fake GPUs' peaks to their use now. */
 void lt_fake_reset_peak(void);
 /* Processes the fake driver left wedged by a checkpoint or restore it could

@@ -392,8 +392,8 @@ TEST_IMPL(history_timeline_follows_profile) {
   unsigned long long span_s =
       (field_u(h, "end_ms") - field_u(h, "start_ms") + 999) / 1000;
   if (n < 3 || n > span_s + 2)
-    th_fail(__FILE__, __LINE__, "%zu samples in a job of %llu s: %s", n,
-            span_s, h);
+    th_fail(__FILE__, __LINE__, "%zu samples in a job of %llu s: %s", n, span_s,
+            h);
   size_t top = 0;
   bool low_plateau = false;
   for (size_t i = 0; i < n; i++) {

@@ -769,6 +769,176 @@ TEST_IMPL_T(susp_resume_waits_for_room, 60) {
   lt_check_invariants();
 }
 
+/* --- Migration (option migrate) --------------------------------------------
+ * Two fake GPUs of one model. A job of 6 GiB on GPU 0 is parked by hand,
+ * and 12 GiB are taken on GPU 0 meanwhile: when it is to resume, its own
+ * GPU has no room and GPU 1 has. */
+
+/* The client `pid` of GPU g in a fresh status (NULL if not listed); *st to
+ * free. */
+static const cogpu_client_info_t *su_client_on(cogpu_status_t **st, int g,
+                                               int pid) {
+  *st = lt_status();
+  if ((size_t)g >= (*st)->ngpus)
+    return NULL;
+  for (size_t i = 0; i < (*st)->gpus[g].nclients; i++)
+    if ((*st)->gpus[g].clients[i].pid == pid)
+      return &(*st)->gpus[g].clients[i];
+  return NULL;
+}
+
+/* Waits (bounded) until the client `pid` holds at least `bytes` on GPU g,
+ * running. */
+static void su_wait_held_on(int g, int pid, uint64_t bytes) {
+  for (int t = 0;; t += 20) {
+    cogpu_status_t *st;
+    const cogpu_client_info_t *c = su_client_on(&st, g, pid);
+    bool ok = c && c->state == COGPU_JOB_RUNNING && c->reserved_bytes >= bytes;
+    cogpu_status_free(st);
+    if (ok)
+      return;
+    if (t > th_ms(20000)) {
+      cogpu_status_t *now = lt_status();
+      char seen[512] = "";
+      for (size_t k = 0; k < now->ngpus; k++)
+        for (size_t i = 0; i < now->gpus[k].nclients; i++)
+          snprintf(seen + strlen(seen), sizeof seen - strlen(seen),
+                   " [GPU %zu: pid %d %llu, state %d]", k,
+                   now->gpus[k].clients[i].pid,
+                   (unsigned long long)now->gpus[k].clients[i].reserved_bytes,
+                   (int)now->gpus[k].clients[i].state);
+      cogpu_status_free(now);
+      th_fail(__FILE__, __LINE__, "job of pid %d never held %llu on GPU %d:%s",
+              pid, (unsigned long long)bytes, g, seen);
+    }
+    th_sleep_ms(20);
+  }
+}
+
+/* The job: 6 GiB, then (after "TAG.go1") 1 GiB more, then (after
+ * "TAG.go") its data checked and freed. As user 1, on its device 0. */
+static pid_t su_mig_job(const char *tag) {
+  char w1[4200], w2[4200], name[64];
+  snprintf(name, sizeof name, "%s.go1", tag);
+  snprintf(w1, sizeof w1, "waitfile:%s", th_path(name));
+  snprintf(w2, sizeof w2, "waitfile:%s", su_go(tag));
+  const char *argv[] = {"cogpu",   "run",      "--",  lt_cudaprog(),
+                        "direct",  "init",     "ctx", "alloc:6G",
+                        w1,        "alloc:1G", w2,    "verify",
+                        "freeall", NULL};
+  const char *as[24];
+  return lt_spawn_logged(tag, lt_as_user(1, argv, as, 24));
+}
+
+/* Parks the job of tag by hand, then has 12 GiB taken on GPU 0 (held
+ * until killed); returns the job's pid in status, the holder in *big. */
+static int su_mig_park(const char *tag, pid_t *big) {
+  (void)tag;
+  int cpid = su_holder(6 * GiB);
+  char out[4096];
+  ASSERT_EQ(su_cmd_as(1, "suspend", cpid, out, sizeof out), 0);
+  *big = lt_hold("big", 0, 12 * GiB, 0, 0, -1);
+  su_holder(12 * GiB);
+  return cpid;
+}
+
+/* The job, resumed, runs on GPU 1: the ledger books it there, the driver
+ * holds its memory there, though its process names its device GPU 0 as
+ * when it started; what it asks for next is booked and charged on GPU 1;
+ * its data is intact; and its memory leaves GPU 1 when it ends. */
+TEST_IMPL_T(susp_migrate_resumes_on_another_gpu, 60) {
+  th_setenv("FAKE_NVML_GPUS", "16G,16G");
+  th_setenv("COGPU_MIGRATE", "yes");
+  su_begin();
+  pid_t job = su_mig_job("job");
+  pid_t big;
+  int cpid = su_mig_park("job", &big);
+  ASSERT_UEQ(lt_fake_gpu_used(1), 0);
+  char out[4096];
+  ASSERT_EQ(su_cmd_as(1, "resume", cpid, out, sizeof out), 0);
+  ASSERT_CONTAINS(out, "resumed");
+  su_wait_held_on(1, cpid, 6 * GiB);
+  cogpu_status_t *st;
+  ASSERT(su_client_on(&st, 0, cpid) == NULL); /* nothing left on GPU 0 */
+  cogpu_status_free(st);
+  ASSERT(lt_fake_gpu_used(1) >= 6 * GiB);
+  ASSERT_CONTAINS(lt_slurp("cogpud.log"), "(moved from GPU 0)");
+  /* Its next gigabyte: on GPU 1, in the books and in the driver. */
+  th_write_file(th_path("job.go1"), "");
+  su_wait_held_on(1, cpid, 7 * GiB);
+  ASSERT(lt_fake_gpu_used(1) >= 7 * GiB);
+  ASSERT_UEQ(lt_fake_gpu_used(0), 0); /* big books, and takes nothing */
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT_UEQ(lt_fake_gpu_used(1), 0);
+  kill(big, SIGKILL);
+  ASSERT_EQ(th_exit_code(th_wait(big, th_ms(10000))), 128 + SIGKILL);
+  su_clean_end();
+}
+
+/* Where the job is not moved, it waits for room where it was parked and
+ * resumes there: "off", a node without the option; "restricted", a job
+ * whose process sees only GPU 0 (CUDA_VISIBLE_DEVICES=0: the driver
+ * refuses any GPU mapping for it); "refused", a driver that refuses the
+ * move (its first restore fails, the process still checkpointed). GPU 1
+ * is never used. */
+static void not_moved(const char *how) {
+  th_setenv("FAKE_NVML_GPUS", "16G,16G");
+  if (strcmp(how, "off") != 0)
+    th_setenv("COGPU_MIGRATE", "yes");
+  if (strcmp(how, "refused") == 0) /* the daemon's first restore fails */
+    th_setenv("FAKE_CUDA_FAIL", "cuCheckpointProcessRestore:1");
+  su_begin();
+  if (strcmp(how, "refused") == 0)
+    unsetenv("FAKE_CUDA_FAIL");
+  if (strcmp(how, "restricted") == 0)
+    setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+  pid_t job = su_mig_job("job");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  pid_t big;
+  int cpid = su_mig_park("job", &big);
+  char pidtxt[16], out[4096];
+  snprintf(pidtxt, sizeof pidtxt, "%d", cpid);
+  const char *res[] = {"cogpu", "resume", pidtxt, "--timeout", "500ms", NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, res), 125);
+  ASSERT_CONTAINS(out, "not done");
+  if (strcmp(how, "refused") == 0) {
+    /* The move was tried, refused, and undone. */
+    for (int t = 0; !strstr(lt_slurp("cogpud.log"), "cannot move to GPU 1");
+         t += 20) {
+      if (t > th_ms(20000))
+        th_fail(__FILE__, __LINE__, "no refused move in the daemon's log");
+      th_sleep_ms(20);
+    }
+  } else {
+    /* Not even tried: the daemon knew it could not move it. */
+    ASSERT(strstr(lt_slurp("cogpud.log"), "cannot move") == NULL);
+  }
+  su_wait_state(cpid, COGPU_JOB_SUSPENDED, 10000);
+  ASSERT_UEQ(lt_fake_gpu_used(1), 0);
+  kill(big, SIGKILL);
+  ASSERT_EQ(th_exit_code(th_wait(big, th_ms(10000))), 128 + SIGKILL);
+  su_wait_held_on(0, cpid, 6 * GiB);
+  th_write_file(th_path("job.go1"), "");
+  ASSERT_EQ(su_finish(job, "job", 30000), 0);
+  ASSERT_CONTAINS(lt_slurp("job"), "verify ok");
+  ASSERT(strstr(lt_slurp("cogpud.log"), "moved from GPU") == NULL);
+  ASSERT_UEQ(lt_fake_gpu_used(1), 0);
+  su_clean_end();
+}
+
+TEST_IMPL_T(susp_migrate_off_by_default, 60) {
+  not_moved("off");
+}
+
+TEST_IMPL_T(susp_migrate_not_for_restricted_devices, 60) {
+  not_moved("restricted");
+}
+
+TEST_IMPL_T(susp_migrate_refused_by_driver_waits, 60) {
+  not_moved("refused");
+}
+
 /* A job holding 12 GiB (priority low_prio) is suspended to make room for
  * another's 8 GiB (priority high_prio); both complete, data intact. */
 static void preempted(const char *low_prio, const char *high_prio) {

@@ -148,6 +148,7 @@ typedef struct {
   const char *kernel_ms; /* FAKE_CUDA_KERNEL_MS, or NULL */
   const char *slow;      /* FAKE_CUDA_SLOW, or NULL */
   uid_t uid;             /* 0: stays root; else the user it becomes */
+  const char *visible;   /* CUDA_VISIBLE_DEVICES, or NULL: unset */
 } kid_opts_t;
 
 typedef struct {
@@ -198,7 +199,8 @@ static bool kid_check(CUdeviceptr d, uint64_t bytes) {
   return ok && memcmp(want, got, PATTERN_LEN) == 0;
 }
 
-/* Commands: c a CUDA call, k a kernel launch, s synchronise, v check the
+/* Commands: c a CUDA call, A 256 MiB more allocated (kept), k a kernel
+ * launch, s synchronise, v check the
  * data, T two threads each making a call, M managed memory, I an IPC
  * handle, S a shareable VMM handle, q exit. Each replies with one byte
  * once done ('d', or 'o'/'x' for v); T's threads reply for themselves. */
@@ -216,6 +218,10 @@ static void kid_main(const kid_opts_t *o, int in, int out) {
     unsetenv("FAKE_CUDA_KERNEL_MS");
   if (o->slow)
     setenv("FAKE_CUDA_SLOW", o->slow, 1);
+  if (o->visible)
+    setenv("CUDA_VISIBLE_DEVICES", o->visible, 1);
+  else
+    unsetenv("CUDA_VISIBLE_DEVICES");
   CUcontext ctx;
   CUdeviceptr d = 0;
   fake_CUmodule mod;
@@ -240,6 +246,9 @@ static void kid_main(const kid_opts_t *o, int in, int out) {
       _exit(0);
     if (c == 'c') {
       CU_OK(F(cuMemGetInfo_v2)(&fr, &tot));
+    } else if (c == 'A') {
+      CUdeviceptr more;
+      CU_OK(F(cuMemAlloc_v2)(&more, 256 * MIB));
     } else if (c == 'k') {
       CU_OK(F(cuLaunchKernel)(fn, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
     } else if (c == 's') {
@@ -528,8 +537,8 @@ TEST_IMPL(fakeckpt_checkpoint_restore) {
   put_byte(a.cmd, 'v');
   ASSERT_EQ(get_byte_within(a.rep, 300), -1);
 
-  /* GPU pairs: every checkpointed GPU named, each onto itself (the fake
-   * does not migrate). */
+  /* GPU pairs (driver 580): every GPU the process sees named once as old
+   * and once as new, each a fake GPU; refused, it stays checkpointed. */
   CUcheckpointGpuPair pairs[2];
   uuid_of(0, &pairs[0].oldUuid);
   uuid_of(1, &pairs[0].newUuid);
@@ -537,15 +546,23 @@ TEST_IMPL(fakeckpt_checkpoint_restore) {
   ra.gpuPairs = pairs;
   ra.gpuPairsCount = 1;
   ASSERT_EQ(F(cuCheckpointProcessRestore)(a.pid, &ra),
-            CUDA_ERROR_NOT_SUPPORTED);
+            CUDA_ERROR_INVALID_VALUE); /* GPU 1 not named */
   uuid_of(1, &pairs[0].oldUuid);
   ASSERT_EQ(F(cuCheckpointProcessRestore)(a.pid, &ra),
             CUDA_ERROR_INVALID_VALUE); /* GPU 0 missing */
+  uuid_of(0, &pairs[0].oldUuid);
+  uuid_of(1, &pairs[1].oldUuid);
+  uuid_of(1, &pairs[1].newUuid);
+  ra.gpuPairsCount = 2;
+  ASSERT_EQ(F(cuCheckpointProcessRestore)(a.pid, &ra),
+            CUDA_ERROR_INVALID_VALUE); /* GPU 1 named twice as new */
   memset(&pairs[0].oldUuid, 0x5a, sizeof pairs[0].oldUuid);
+  ra.gpuPairsCount = 1;
   ASSERT_EQ(F(cuCheckpointProcessRestore)(a.pid, &ra),
             CUDA_ERROR_INVALID_VALUE); /* not a GPU */
   ASSERT_EQ(ck_state(a.pid), CU_PROCESS_STATE_CHECKPOINTED);
   ASSERT_UEQ(used(0), 0);
+  ASSERT_UEQ(used(1), b_bytes);
 
   /* Restore: charged back, data intact at the same addresses. */
   uuid_of(0, &pairs[0].oldUuid);
@@ -574,10 +591,85 @@ TEST_IMPL(fakeckpt_checkpoint_restore) {
   CU_OK(ck_unlock(a.pid));
   ASSERT_EQ(kid_ask(&a, 'v', th_ms(5000)), 'o');
   ASSERT_UEQ(used(0), a_bytes);
+
+  /* Onto the other GPU (GPUs 0 and 1 swapped): its memory is charged
+   * there, NVML lists it there, its data is intact at the same addresses,
+   * and what it allocates next (on its device 0, as it still sees it) is
+   * charged there too. */
+  CU_OK(ck_lock(a.pid, 0));
+  CU_OK(ck_checkpoint(a.pid));
+  uuid_of(0, &pairs[0].oldUuid);
+  uuid_of(1, &pairs[0].newUuid);
+  uuid_of(1, &pairs[1].oldUuid);
+  uuid_of(0, &pairs[1].newUuid);
+  ra.gpuPairs = pairs;
+  ra.gpuPairsCount = 2;
+  CU_OK(F(cuCheckpointProcessRestore)(a.pid, &ra));
+  CU_OK(ck_unlock(a.pid));
+  ASSERT_UEQ(used(0), 0);
+  ASSERT_UEQ(used(1), a_bytes + b_bytes);
+  ASSERT(nvml_lists(1, a.pid));
+  ASSERT(!nvml_lists(0, a.pid));
+  ASSERT_EQ(kid_ask(&a, 'v', th_ms(5000)), 'o');
+  ASSERT_EQ(kid_ask(&a, 'A', th_ms(5000)), 'd');
+  ASSERT_UEQ(used(0), 0);
+  ASSERT_UEQ(used(1), a_bytes + b_bytes + 256 * MIB);
+  kid_end(&a);
+  kid_end(&b);
+  ASSERT_UEQ(used(1), 0); /* all of it left GPU 1 with them */
+  ASSERT_UEQ(F(fake_cuda_ckpt_wedged)(), 0);
+  ASSERT_UEQ(ooms(0), 0);
+}
+
+/* Restore onto a GPU mapping, where the driver refuses it (each time
+ * CUDA_ERROR_INVALID_VALUE, nothing charged, the process still
+ * checkpointed and restorable where it was): a process started with a
+ * restricted CUDA_VISIBLE_DEVICES, even for an identity mapping; onto a
+ * GPU of another chip (here: another size); a driver before CUDA 13.0,
+ * whose struct had no such fields. */
+TEST_IMPL(fakeckpt_restore_onto_gpus_refused) {
+  const uint64_t a_bytes = GIB + 100 * MIB;
+  ck_open("16G,16G,8G");
+  kid_t a = kid_start(&(kid_opts_t){.dev = 0, .bytes = GIB, .visible = "0"});
+  kid_t b = kid_start(&(kid_opts_t){.dev = 0, .bytes = GIB});
+  CUcheckpointGpuPair id[3], swap2[3];
+  for (int g = 0; g < 3; g++) {
+    uuid_of(g, &id[g].oldUuid);
+    uuid_of(g, &id[g].newUuid);
+    uuid_of(g, &swap2[g].oldUuid);
+    uuid_of(g == 0 ? 2 : g == 2 ? 0 : g, &swap2[g].newUuid);
+  }
+  CUcheckpointRestoreArgs ra;
+  memset(&ra, 0, sizeof ra);
+  ra.gpuPairsCount = 3;
+  ra.gpuPairs = id;
+  CU_OK(ck_lock(a.pid, 0));
+  CU_OK(ck_checkpoint(a.pid));
+  ASSERT_EQ(F(cuCheckpointProcessRestore)(a.pid, &ra),
+            CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(ck_state(a.pid), CU_PROCESS_STATE_CHECKPOINTED);
+  CU_OK(ck_restore(a.pid));
+  CU_OK(ck_unlock(a.pid));
+  ASSERT_EQ(kid_ask(&a, 'v', th_ms(5000)), 'o');
+  CU_OK(ck_lock(b.pid, 0));
+  CU_OK(ck_checkpoint(b.pid));
+  ra.gpuPairs = swap2;
+  ASSERT_EQ(F(cuCheckpointProcessRestore)(b.pid, &ra),
+            CUDA_ERROR_INVALID_VALUE); /* 16G onto 8G: another chip */
+  ra.gpuPairs = id;
+  setenv("FAKE_CUDA_DRIVER_VERSION", "12090", 1);
+  ASSERT_EQ(F(cuCheckpointProcessRestore)(b.pid, &ra),
+            CUDA_ERROR_INVALID_VALUE); /* no such fields before 13.0 */
+  unsetenv("FAKE_CUDA_DRIVER_VERSION");
+  ASSERT_EQ(ck_state(b.pid), CU_PROCESS_STATE_CHECKPOINTED);
+  ASSERT_UEQ(used(2), 0);
+  CU_OK(F(cuCheckpointProcessRestore)(b.pid, &ra)); /* identity: fine */
+  CU_OK(ck_unlock(b.pid));
+  ASSERT_EQ(kid_ask(&b, 'v', th_ms(5000)), 'o');
+  ASSERT_UEQ(used(0), 2 * a_bytes);
   kid_end(&a);
   kid_end(&b);
   ASSERT_UEQ(F(fake_cuda_ckpt_wedged)(), 0);
-  ASSERT_UEQ(ooms(0), 0);
 }
 
 TEST_IMPL(fakeckpt_restore_without_memory_wedges) {

@@ -29,10 +29,15 @@
  *              shareable VMM handle fails with CUDA_ERROR_NOT_SUPPORTED and
  *              is left FAILED (wedged), holding its GPU memory until killed.
  *   Restore    CHECKPOINTED -> LOCKED. The bytes are charged back first, all
- *              GPUs or none (gpuPairs may only map a GPU onto itself: the
- *              fake does not migrate, CUDA_ERROR_NOT_SUPPORTED). If one GPU
- *              lacks free memory: CUDA_ERROR_OUT_OF_MEMORY, and the target
- *              is wedged for good: each later Restore returns
+ *              GPUs or none, each onto the GPU gpuPairs maps it to (driver
+ *              580, CUDA 13.0: every GPU the process could see named once,
+ *              same chip, never for a process with a restricted
+ *              CUDA_VISIBLE_DEVICES: CUDA_ERROR_INVALID_VALUE, the target
+ *              still CHECKPOINTED; see restore_pairs). A moved target keeps
+ *              its view of its devices (ordinals, UUIDs): what the real
+ *              driver reports after such a restore is not yet checked on
+ *              one. If one GPU lacks free memory: CUDA_ERROR_OUT_OF_MEMORY, and
+ * the target is wedged for good: each later Restore returns
  *              CUDA_ERROR_OPERATING_SYSTEM, Unlock CUDA_ERROR_ILLEGAL_STATE,
  *              and its waiting calls never return (driver 580.95).
  *   Unlock     LOCKED -> RUNNING; the target's waiting calls proceed.
@@ -80,7 +85,7 @@
  *                             invalid: 0.
  *
  * Not modelled: Yama's ptrace_scope and CAP_SYS_PTRACE (only uids count);
- * persistence mode; migration (gpuPairs); host memory (the checkpointed
+ * persistence mode; host memory (the checkpointed
  * copy costs the fake nothing, and no cgroup sees it); exactly which calls
  * a real driver holds (those "which launch work, manage resources, or
  * otherwise impact GPU state", says cuda-checkpoint's README: the fake
@@ -160,6 +165,7 @@ void fake_work_launched(unsigned nvml) {
   fake_cuda_proc_state_t *e = fake_state_self();
   if (!e || nvml >= FAKE_CUDA_MAX_GPUS)
     return;
+  nvml = fake_state_phys(e, nvml); /* the GPU it runs on now */
   uint64_t ms = env_u64("FAKE_CUDA_KERNEL_MS", 0);
   if (ms > 24ull * 3600 * 1000)
     ms = 24ull * 3600 * 1000;
@@ -522,26 +528,52 @@ cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args) {
   return end_op(e, CUDA_SUCCESS);
 }
 
-/* gpuPairs: each names fake GPUs, and maps one onto itself (the fake does
- * not migrate), and every GPU holding checkpointed bytes is named. */
+/* gpuPairs (driver 580, CUDA 13.0): where each GPU goes, into to[] (NVML
+ * indices; a GPU not moved maps onto itself). As cuda.h and what is known
+ * of driver 580 say (../shared/notes/suspension.md): the pairs name fake
+ * GPUs, each old and each new GPU at most once, and every GPU the process
+ * could see; a GPU goes only onto one of the same chip (here: the same
+ * size); and a process started with a restricted CUDA_VISIBLE_DEVICES is
+ * refused even an identity mapping (CUDA_ERROR_INVALID_VALUE, as
+ * NVIDIA's cuda-python team reported). Before CUDA 13.0 the struct had
+ * no such fields: the bytes must be zero. */
 static CUresult restore_pairs(const fake_cuda_proc_state_t *e,
-                              const CUcheckpointRestoreArgs *args) {
-  bool named[FAKE_CUDA_MAX_GPUS] = {false};
+                              const CUcheckpointRestoreArgs *args,
+                              unsigned to[FAKE_CUDA_MAX_GPUS]) {
+  bool from_named[FAKE_CUDA_MAX_GPUS] = {false};
+  bool to_named[FAKE_CUDA_MAX_GPUS] = {false};
+  for (unsigned g = 0; g < FAKE_CUDA_MAX_GPUS; g++)
+    to[g] = g;
   if (!args || args->gpuPairsCount == 0)
     return CUDA_SUCCESS;
+  unsigned ngpus = __atomic_load_n(&e->ngpus, __ATOMIC_ACQUIRE);
+  if (fake_driver_version() < 13000 || args->gpuPairsCount > ngpus ||
+      __atomic_load_n(&e->sees, __ATOMIC_ACQUIRE) < ngpus)
+    return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < args->gpuPairsCount; i++) {
-    unsigned from, to;
+    unsigned from, dest;
     if (!fake_uuid_nvml(&args->gpuPairs[i].oldUuid, &from) ||
-        !fake_uuid_nvml(&args->gpuPairs[i].newUuid, &to))
+        !fake_uuid_nvml(&args->gpuPairs[i].newUuid, &dest) || from >= ngpus ||
+        dest >= ngpus || from_named[from] || to_named[dest] ||
+        fake_state_total(from) != fake_state_total(dest))
       return CUDA_ERROR_INVALID_VALUE;
-    if (from != to)
-      return CUDA_ERROR_NOT_SUPPORTED;
-    named[from] = true;
+    from_named[from] = to_named[dest] = true;
+    to[from] = dest;
   }
-  for (int g = 0; g < FAKE_CUDA_MAX_GPUS; g++)
-    if (__atomic_load_n(&e->ckpt_bytes[g], __ATOMIC_ACQUIRE) && !named[g])
+  for (unsigned g = 0; g < ngpus; g++)
+    if (!from_named[g])
       return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
+}
+
+/* After a restore that moved GPUs: the owner's view follows its memory. */
+static void remap(fake_cuda_proc_state_t *e,
+                  const unsigned to[FAKE_CUDA_MAX_GPUS]) {
+  for (unsigned v = 0; v < FAKE_CUDA_MAX_GPUS; v++) {
+    unsigned now = to[fake_state_phys(e, v)];
+    __atomic_store_n(&e->moved[v], (uint8_t)(now == v ? 0 : now + 1),
+                     __ATOMIC_RELEASE);
+  }
 }
 
 FAKE_API CUresult cuCheckpointProcessRestore(int pid,
@@ -560,15 +592,16 @@ FAKE_API CUresult cuCheckpointProcessRestore(int pid,
     return end_op(e, CUDA_ERROR_OPERATING_SYSTEM);
   if (s != FAKE_CKPT_CHECKPOINTED)
     return end_op(e, CUDA_ERROR_ILLEGAL_STATE);
-  if ((r = restore_pairs(e, args)) != CUDA_SUCCESS)
+  unsigned to[FAKE_CUDA_MAX_GPUS];
+  if ((r = restore_pairs(e, args, to)) != CUDA_SUCCESS)
     return end_op(e, r);
   /* Charged back first, all GPUs or none, so the memory is taken from the
-   * start of the copy. Each GPU's bytes are either checkpointed or
-   * charged, never both. */
+   * start of the copy; onto the GPU each pair names. Each GPU's bytes are
+   * either checkpointed or charged, never both. */
   uint64_t bytes = 0;
   for (unsigned g = 0; r == CUDA_SUCCESS && g < FAKE_CUDA_MAX_GPUS; g++) {
     uint64_t b = __atomic_load_n(&e->ckpt_bytes[g], __ATOMIC_ACQUIRE);
-    if (b && (r = fake_state_charge_entry(e, g, b)) == CUDA_SUCCESS) {
+    if (b && (r = fake_state_charge_entry(e, to[g], b)) == CUDA_SUCCESS) {
       __atomic_sub_fetch(&e->ckpt_bytes[g], b, __ATOMIC_ACQ_REL);
       bytes += b;
     }
@@ -578,6 +611,7 @@ FAKE_API CUresult cuCheckpointProcessRestore(int pid,
     wedge(e, FAKE_CKPT_WEDGE_RESTORE);
     return end_op(e, r);
   }
+  remap(e, to);
   if (!transfer(e, bytes))
     return end_op(e, CUDA_ERROR_INVALID_VALUE);
   set_state(e, FAKE_CKPT_LOCKED);

@@ -156,7 +156,11 @@ void fake_graphs_forget(void);
 CUresult fake_state_open(void);
 /* Locked. Claim this process's entry (reclaiming those of dead processes);
  * CUDA_ERROR_UNKNOWN if the table is full. */
-CUresult fake_state_join(void);
+CUresult fake_state_join(unsigned sees, unsigned ngpus);
+/* The GPU (NVML index) that device `nvml` of entry e's view is on now:
+ * itself unless a restore moved it (gpuPairs). */
+unsigned fake_state_phys(const fake_cuda_proc_state_t *e, unsigned nvml);
+unsigned fake_state_phys_self(unsigned nvml);
 /* In a forked child: the entry is the parent's. */
 void fake_state_forget(void);
 /* The mapping (NULL before fake_state_open), and this process's entry (NULL

@@ -44,7 +44,7 @@
 #include <unistd.h>
 
 #define FAKE_CUDA_STATE_MAGIC 0x4554415453414443ULL /* "CDASTATE" */
-#define FAKE_CUDA_STATE_VERSION 2u
+#define FAKE_CUDA_STATE_VERSION 3u
 #define FAKE_CUDA_MAX_GPUS 64 /* as many as the fake NVML describes */
 #define FAKE_CUDA_MAX_PROCS 256
 /* The pid of an entry being reclaimed; 0 is a free entry. */
@@ -119,6 +119,14 @@ typedef struct {
    * busy period on each GPU, for the fake NVML's utilisation samples. */
   uint64_t work_from_us[FAKE_CUDA_MAX_GPUS];
   uint64_t work_until_us[FAKE_CUDA_MAX_GPUS];
+  /* Restore onto other GPUs (gpuPairs, checkpoint.c): where each GPU the
+   * owner saw at cuInit now is, as NVML index + 1 (0: where it was). The
+   * owner keeps its view (ordinals, UUIDs, the NVML indices it cached); its
+   * charges, refunds, cuMemGetInfo and work go to the GPU it is on now. */
+  uint8_t moved[FAKE_CUDA_MAX_GPUS];
+  /* How many devices the owner could see at cuInit (CUDA_VISIBLE_DEVICES),
+   * of how many fake GPUs: a restore with gpuPairs needs them all. */
+  uint32_t sees, ngpus;
 } fake_cuda_proc_state_t;
 
 typedef struct {

@@ -558,7 +558,7 @@ static CUresult init_locked(void) {
   for (unsigned i = 0; r == CUDA_SUCCESS && i < g_ngpus; i++)
     fake_state_set_total(i, g_total[i]);
   if (r == CUDA_SUCCESS)
-    r = fake_state_join();
+    r = fake_state_join(g_ndev, g_ngpus);
   for (unsigned o = 0; r == CUDA_SUCCESS && o < g_ndev; o++)
     g_primary[o] = (struct CUctx_st){(int)o, g_nvml_of[o], true, 0, NULL};
   return r;

@@ -197,7 +197,8 @@ static CUresult mem_info(uint64_t *free, uint64_t *total) {
   fake_lock();
   CUcontext c = fake_current();
   if (c) {
-    uint64_t t = fake_state_total(c->nvml), u = fake_state_used(c->nvml);
+    unsigned g = fake_state_phys_self(c->nvml); /* where it is now */
+    uint64_t t = fake_state_total(g), u = fake_state_used(g);
     *total = t;
     *free = u < t ? t - u : 0;
   }

@@ -158,7 +158,7 @@ static bool state_reap(void) {
   return any;
 }
 
-CUresult fake_state_join(void) {
+CUresult fake_state_join(unsigned sees, unsigned ngpus) {
   if (__atomic_load_n(&g_slot, __ATOMIC_ACQUIRE) >= 0)
     return CUDA_SUCCESS;
   state_reap();
@@ -174,6 +174,9 @@ CUresult fake_state_join(void) {
       __atomic_store_n(&p->uid, (uint32_t)getuid(), __ATOMIC_RELEASE);
       __atomic_store_n(&p->restore_tid, (int32_t)syscall(SYS_gettid),
                        __ATOMIC_RELEASE);
+      memset(p->moved, 0, sizeof p->moved);
+      __atomic_store_n(&p->sees, sees, __ATOMIC_RELEASE);
+      __atomic_store_n(&p->ngpus, ngpus, __ATOMIC_RELEASE);
       __atomic_store_n(&g_slot, i, __ATOMIC_RELEASE);
       return CUDA_SUCCESS;
     }
@@ -199,11 +202,22 @@ uint64_t fake_state_used(unsigned nvml) {
   return __atomic_load_n(&g_st->gpu[nvml].used, __ATOMIC_ACQUIRE);
 }
 
+unsigned fake_state_phys(const fake_cuda_proc_state_t *e, unsigned nvml) {
+  if (!e || nvml >= FAKE_CUDA_MAX_GPUS)
+    return nvml;
+  unsigned m = __atomic_load_n(&e->moved[nvml], __ATOMIC_ACQUIRE);
+  return m ? m - 1 : nvml;
+}
+
+unsigned fake_state_phys_self(unsigned nvml) {
+  return fake_state_phys(fake_state_self(), nvml);
+}
+
 CUresult fake_state_charge(unsigned nvml, uint64_t bytes) {
   fake_cuda_proc_state_t *self = fake_state_self();
   if (!self)
     return CUDA_ERROR_UNKNOWN;
-  return fake_state_charge_entry(self, nvml, bytes);
+  return fake_state_charge_entry(self, fake_state_phys(self, nvml), bytes);
 }
 
 CUresult fake_state_charge_entry(fake_cuda_proc_state_t *e, unsigned nvml,
@@ -247,6 +261,7 @@ void fake_state_refund(unsigned nvml, uint64_t bytes) {
   fake_cuda_proc_state_t *self = fake_state_self();
   if (!self || nvml >= FAKE_CUDA_MAX_GPUS || bytes == 0)
     return;
+  nvml = fake_state_phys(self, nvml);
   __atomic_sub_fetch(&self->used[nvml], bytes, __ATOMIC_ACQ_REL);
   __atomic_sub_fetch(&g_st->gpu[nvml].used, bytes, __ATOMIC_ACQ_REL);
 }
