@@ -74,7 +74,7 @@ static int op_add(cogpu__daemon_t *d, uint32_t slot, uint32_t gen, int op) {
     struct cogpu_s *h = d->dh;
     cogpu__ledger_lock(h);
     if (op == LEDGER_OP_SUSPEND)
-      cogpu__ledger_suspend_done(h, slot, gen, rc, false);
+      cogpu__ledger_suspend_done(h, slot, gen, rc, false, 0);
     cogpu__ledger_unlock(h);
     return rc;
   }

@@ -1068,7 +1068,8 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
       cogpu__log(COGPU_LOG_WARN, "could not suspend the job of pid %d: %s",
                  sl->pid, j->msg);
     cogpu__ledger_lock(h);
-    cogpu__ledger_suspend_done(h, j->slot, j->gen, j->rc, j->broken);
+    cogpu__ledger_suspend_done(h, j->slot, j->gen, j->rc, j->broken,
+                               j->rc ? 0 : j->took_ns);
     cogpu__ledger_unlock(h);
     if (j->rc == 0 && same)
       note_waiters(d, j->slot);
@@ -1144,7 +1145,7 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
   } else {
     cogpu__ledger_lock(h);
     if (same && sl->susp == SUSP_SUSPENDING)
-      cogpu__ledger_suspend_done(h, j->slot, j->gen, -ECANCELED, j->broken);
+      cogpu__ledger_suspend_done(h, j->slot, j->gen, -ECANCELED, j->broken, 0);
     cogpu__ledger_unlock(h);
     if (j->broken)
       cogpu__log(COGPU_LOG_ERROR,

@@ -87,6 +87,9 @@ typedef struct ledger_gpu_s {
   uint64_t reserved;  /* derived: sum of slots' held[g] */
   uint64_t nclients;  /* derived: slots with held[g] > 0 or exclusive */
   uint64_t excl_slot; /* slot+1 of the exclusive holder, 0 if none */
+  /* How long the copy of the last job parked here took (ns; the daemon's
+   * measure; 0: none yet): what a parking costs on this GPU's link. */
+  uint64_t park_ns;
 } ledger_gpu_t;
 
 typedef struct ledger_slot_s {
@@ -497,8 +500,10 @@ void cogpu__ledger_serve(struct cogpu_s *h);
  * real deadlock standing. */
 #define LEDGER_GUARD_RUNNABLE_MS 5000u
 /* How long after the ledger last parked a job of a GPU its growth goes in
- * order, the jobs ahead first (suspend.c, in_order). */
+ * order, the jobs ahead first (suspend.c, in_order): at least this, and
+ * twice the last parking's copy there, at most LEDGER_LEAD_HOLD_MAX_MS. */
 #define LEDGER_LEAD_HOLD_MS 5000u
+#define LEDGER_LEAD_HOLD_MAX_MS 300000u
 uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h);
 /* Service order of the waiting waiters (indices), per policy; returns n. */
 size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);
@@ -735,10 +740,11 @@ int cogpu__ledger_suspendable(struct cogpu_s *h, uint32_t s, int *gpu,
 /* NONE -> SUSPENDING and an op for the daemon; or why not. */
 int cogpu__ledger_suspend_begin(struct cogpu_s *h, uint32_t s, bool manual,
                                 char *why, size_t len);
-/* The daemon's report: SUSPENDING -> SUSPENDED (rc 0), or back to NONE
- * (broken: the driver may have left the job unusable: never again). */
+/* The daemon's report: SUSPENDING -> SUSPENDED (rc 0; took_ns: how long
+ * the copy took, 0 if unknown), or back to NONE (broken: the driver may
+ * have left the job unusable: never again). */
 void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
-                                int rc, bool broken);
+                                int rc, bool broken, uint64_t took_ns);
 /* Ask for a suspended job's resume (by hand); 0 when under way. */
 int cogpu__ledger_resume_ask(struct cogpu_s *h, uint32_t s, char *why,
                              size_t len);

@@ -225,7 +225,7 @@ static bool has_resume_entry(struct cogpu_s *h, uint32_t s) {
 }
 
 void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
-                                int rc, bool broken) {
+                                int rc, bool broken, uint64_t took_ns) {
   ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
   if (sl->state != SLOT_ACTIVE || atomic_load(&sl->gen) != gen ||
@@ -253,6 +253,8 @@ void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
   if (held && gp->excl_slot != s + 1)
     cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
   cogpu__ledger_tx_set(h, &sl->susp_since_ns, cogpu__now_ns());
+  if (took_ns)
+    cogpu__ledger_tx_set(h, &gp->park_ns, took_ns);
   cogpu__ledger_tx_set(h, &sl->susp_count, sl->susp_count + 1);
   cogpu__ledger_tx_set(h, &sl->susp, SUSP_SUSPENDED);
   cogpu__ledger_count(h, &hd->counters.suspensions);
@@ -590,14 +592,25 @@ static bool host_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
 
 /* The window in which growth on g goes in order (issue 25): while the
  * ledger has a job of g parked (for a deadlock or a preemption), until
- * LEDGER_LEAD_HOLD_MS after the last parking. Bounded so that a job ahead
- * that has stopped growing (a service) keeps nobody waiting for its end;
- * counted from the end of the parking's copy, which the jobs ahead wait
- * for (seconds over a slow link), not from its start. */
+ * LEDGER_LEAD_HOLD_MS after the last parking, or twice as long as that
+ * parking's copy took if longer: out of order, the next deadlock parks
+ * another job, which costs a copy out and one back, so growth waits in
+ * order for as long as that would cost, and no longer (the checkpoint
+ * bandwidth, as measured on this GPU, weighs suspension against waiting).
+ * Bounded (LEDGER_LEAD_HOLD_MAX_MS) so that a job ahead that has stopped
+ * growing (a service) keeps nobody waiting for its end; counted from the
+ * end of the parking's copy, which the jobs ahead wait for (seconds over
+ * a slow link), not from its start. */
 static bool in_order(struct cogpu_s *h, uint32_t g) {
   uint64_t at = parked_at(h, g);
-  return at && !cogpu__core_guard_due(at, cogpu__now_ns(),
-                                      cogpu__ms_to_ns(LEDGER_LEAD_HOLD_MS));
+  if (!at)
+    return false;
+  uint64_t hold = cogpu__ms_to_ns(LEDGER_LEAD_HOLD_MS),
+           most = cogpu__ms_to_ns(LEDGER_LEAD_HOLD_MAX_MS),
+           copy = h->st->hdr.gpus[g].park_ns;
+  if (copy > hold / 2)
+    hold = copy < most / 2 ? 2 * copy : most;
+  return !cogpu__core_guard_due(at, cogpu__now_ns(), hold);
 }
 
 /* What the jobs running on g ahead of slot s (every one but s, with all)
@@ -713,8 +726,9 @@ bool cogpu__ledger_resume_moves(struct cogpu_s *h, const ledger_waiter_t *wt,
   const ledger_suspender_t *sp = cogpu__ledger_suspender(h);
   ledger_state_t *st = h->st;
   uint32_t own = (uint32_t)wt->gpu, s = (uint32_t)wt->slot;
-  if (!sp || !sp->can_move || g == own || g >= st->hdr.ngpus ||
-      own >= st->hdr.ngpus || s >= LEDGER_MAX_SLOTS)
+  /* The hook first: off (the default), nothing else is looked at. */
+  if (!sp || !sp->can_move || !sp->can_move(sp->ctx) || g == own ||
+      g >= st->hdr.ngpus || own >= st->hdr.ngpus || s >= LEDGER_MAX_SLOTS)
     return false;
   const ledger_gpu_t *a = &st->hdr.gpus[own], *b = &st->hdr.gpus[g];
   if (a->total != b->total || strcmp(a->name, b->name) != 0 ||
@@ -725,7 +739,7 @@ bool cogpu__ledger_resume_moves(struct cogpu_s *h, const ledger_waiter_t *wt,
         (st->slots[m].flags & COGPU_MARK_NOMOVE))
       return false;
   }
-  return resume_fits_on(h, wt, g, own) && sp->can_move(sp->ctx);
+  return resume_fits_on(h, wt, g, own);
 }
 
 void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w, uint32_t g) {

@@ -410,6 +410,65 @@ TEST_IMPL_T(susp_order_after_deadlock_is_bounded, 90) {
   su_clean_end();
 }
 
+/* The order window follows the link (issue 25: the checkpoint bandwidth,
+ * as measured, weighs suspension against waiting). The same three jobs
+ * over a 1.5 GB/s link: parking "park" (6.3 GiB) takes about 4.5 s, and
+ * another parking would cost that again twice (out and back), so "next"
+ * waits in order for twice the parking's copy after it, not the 5 s a
+ * fast link gets. Observed from outside: the time from "park" seen
+ * suspended to "next" seen served is at least twice the time from "park"
+ * seen being parked to seen parked (which is at most the daemon's
+ * measure of the copy). A loaded machine only makes the first longer and
+ * the second shorter. */
+TEST_IMPL_T(susp_order_window_follows_copy_time, 120) {
+  th_setenv("FAKE_CUDA_CKPT_GBPS", "1.5");
+  su_begin();
+  char go[4200], lgo[4200], ngo[4200];
+  snprintf(go, sizeof go, "waitfile:%s", th_path("grow"));
+  snprintf(lgo, sizeof lgo, "waitfile:%s", su_go("lead"));
+  snprintf(ngo, sizeof ngo, "waitfile:%s", su_go("next"));
+  const char *ls[] = {"alloc:1900M", go, "alloc:2G", lgo, "verify", NULL};
+  const char *ps[] = {"alloc:6144M", go, "alloc:2G", "verify", NULL};
+  const char *ns[] = {"alloc:6200M", go, "alloc:2G", ngo, "verify", NULL};
+  pid_t lead = su_steps("lead", ls);
+  su_holder(2200 * MiB);
+  pid_t park = su_steps("park", ps);
+  int park_pid = su_holder(6444 * MiB);
+  pid_t next = su_steps("next", ns);
+  int next_pid = su_holder(6500 * MiB);
+  su_release_when_held(3, 2200 * MiB, "grow");
+  uint64_t parking = 0, parked = 0, served = 0;
+  for (int t = 0; !served; t += 10) {
+    cogpu_status_t *st = lt_status();
+    uint64_t now = cogpu__now_ns();
+    for (size_t i = 0; i < st->gpus[0].nclients; i++) {
+      const cogpu_client_info_t *c = &st->gpus[0].clients[i];
+      if (c->pid == park_pid && c->state == COGPU_JOB_SUSPENDING && !parking)
+        parking = now;
+      if (c->pid == park_pid && c->state == COGPU_JOB_SUSPENDED && !parked)
+        parked = now;
+      if (c->pid == next_pid && c->reserved_bytes >= 6500 * MiB + 2 * GiB)
+        served = now;
+    }
+    cogpu_status_free(st);
+    if (t > th_ms(60000))
+      th_fail(__FILE__, __LINE__, "next never served");
+    th_sleep_ms(10);
+  }
+  ASSERT(parking && parked && served > parked);
+  double copy = (double)(parked - parking) / 1e9,
+         held = (double)(served - parked) / 1e9;
+  fprintf(stderr, "# parking seen %.2f s, next held %.2f s after it\n", copy,
+          held);
+  ASSERT(copy > 2.5); /* 6.3 GiB at 1.5 GB/s: the link is slow */
+  ASSERT(held >= 2 * copy - 0.25);
+  ASSERT_EQ(su_finish(next, "next", 60000), 0);
+  ASSERT_EQ(su_finish(park, "park", 60000), 0);
+  ASSERT_EQ(su_finish(lead, "lead", 60000), 0);
+  ASSERT_CONTAINS(lt_slurp("park"), "verify ok");
+  su_clean_end();
+}
+
 /* The host rule holds back growth, never a first allocation: most jobs
  * never grow and take no part in a deadlock. With suspend_max at 1 GiB, a
  * job declaring --mem 8G takes it at once beside one holding 4 GiB
