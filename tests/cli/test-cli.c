@@ -1576,6 +1576,7 @@ static const struct {
     {"SUSPEND_HOST_MARGIN", "lots"},
     {"SUSPEND_MAX", "-1G"},
     {"ADMIT_LEARNT", "often"},
+    {"MIGRATE", "sometimes"},
     {"HISTORY_DIR", "var/lib/cogpu"},
     {"HISTORY_MAX_AGE", "a while"},
     {"HISTORY_MAX_ROWS", "-1"},
