@@ -114,7 +114,8 @@ if $fake; then
 		[ -e "$f" ] || { echo "run.sh: $f missing: run 'make B=$B all'" >&2; exit 2; }
 	done
 	export LD_LIBRARY_PATH="$bdir/tests/fakes${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-	export FAKE_NVML_GPUS=16G FAKE_CUDA_CTX_BYTES=300M
+	# COGPU_EXP_GPUS: the fake node's GPUs (bench/suspend-mix.sh --gpus).
+	export FAKE_NVML_GPUS=${COGPU_EXP_GPUS:-16G} FAKE_CUDA_CTX_BYTES=300M
 	export COGPU_CONTEXT_BYTES=300M COGPU_MARGIN=0 COGPU_CONFIG= COGPU_LOG=error
 	# The fake's checkpoint copies take bytes / bandwidth in the caller
 	# (the daemon); its suspended footprints cost the host nothing, so
@@ -122,7 +123,8 @@ if $fake; then
 	# COGPU_EXP_SUSPEND_MAX sets suspend_max (a host that can park
 	# little: bench/suspend-mix.sh --suspend-max).
 	export FAKE_CUDA_CKPT_GBPS=${FAKE_CUDA_CKPT_GBPS:-10}
-	daemon_env=(COGPU_SUSPEND_HOST_MARGIN=0 COGPU_SUSPEND_MAX=${COGPU_EXP_SUSPEND_MAX:-1T})
+	daemon_env=(COGPU_SUSPEND_HOST_MARGIN=0 COGPU_SUSPEND_MAX=${COGPU_EXP_SUSPEND_MAX:-1T}
+		COGPU_MIGRATE=${COGPU_EXP_MIGRATE:-no})
 	sampler_mode=fake
 	: "${out:=$(mktemp -d "${TMPDIR:-/tmp}/cogpu-experiment-fake.XXXXXX")}"
 	# The fake jobs' records stay with the results (never in the user's
@@ -263,9 +265,12 @@ run_job() { # id type peak_mib priority scenario command...
 	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scen" "$id" "$type" "$peak" "$prio" "$t0" "$t1" "$rc" >"$sdir/jobs/$id.rec"
 }
 
-# In fake mode every process sees the fake GPU as index 0.
+# In fake mode every process sees the fake GPU as index 0; on a fake node
+# of several GPUs (COGPU_EXP_GPUS) cogpu run places each job ("auto"), so
+# that it sees them all, its own first, and may be moved (migrate).
 cogpu_gpu=$gpu
 $fake && cogpu_gpu=0
+$fake && [[ ${COGPU_EXP_GPUS:-} == *,* ]] && cogpu_gpu=auto
 
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 {

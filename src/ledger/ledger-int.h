@@ -90,6 +90,10 @@ typedef struct ledger_gpu_s {
   /* How long the copy of the last job parked here took (ns; the daemon's
    * measure; 0: none yet): what a parking costs on this GPU's link. */
   uint64_t park_ns;
+  /* When the last job that moved away from this GPU was parked here
+   * (monotonic; migration): the order window after that parking goes on
+   * here as if it were still parked (suspend.c, in_order). */
+  uint64_t moved_park_ns;
 } ledger_gpu_t;
 
 typedef struct ledger_slot_s {

@@ -602,7 +602,9 @@ static bool host_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
  * end of the parking's copy, which the jobs ahead wait for (seconds over
  * a slow link), not from its start. */
 static bool in_order(struct cogpu_s *h, uint32_t g) {
-  uint64_t at = parked_at(h, g);
+  uint64_t at = parked_at(h, g), moved = h->st->hdr.gpus[g].moved_park_ns;
+  if (moved > at)
+    at = moved; /* a job parked here has moved to another GPU */
   if (!at)
     return false;
   uint64_t hold = cogpu__ms_to_ns(LEDGER_LEAD_HOLD_MS),
@@ -684,7 +686,11 @@ bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
  * memory resumes on the footprint alone: nothing running there would end
  * and give more back. */
 /* Would the resume entry wt fit on g by those rules (g: its own GPU, or
- * one it would move to, with its requests waiting on its own, `own`)? */
+ * one it would move to, with its requests waiting on its own, `own`)? On
+ * another GPU the jobs running there count as growing (those of unknown
+ * peak by as much again as they hold), as after a deadlock: a job moved
+ * beside jobs still growing made the next deadlock there (the two-GPU
+ * mix parked twice with migration, once without). */
 static bool resume_fits_on(struct cogpu_s *h, const ledger_waiter_t *wt,
                            uint32_t g, uint32_t own) {
   uint32_t s = (uint32_t)wt->slot;
@@ -705,7 +711,7 @@ static bool resume_fits_on(struct cogpu_s *h, const ledger_waiter_t *wt,
    * parked for is parked again at their next deadlock. */
   uint64_t e = expect_of(h, s, g);
   return fits_grown(h, g, s, need, e ? e : need + need / 4,
-                    ahead_need(h, s, g, true, in_order(h, g)));
+                    ahead_need(h, s, g, true, g != own || in_order(h, g)));
 }
 
 bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {
@@ -754,6 +760,10 @@ void cogpu__ledger_resume_serve(struct cogpu_s *h, uint32_t w, uint32_t g) {
   if (sl->parked && !cogpu__ledger_grant(h, g, s, s, sl->parked, false))
     return;
   if (g != own) {
+    /* The growth it was parked for goes on in order on its old GPU: its
+     * leaving ends no deadlock there (without this, the two-GPU mix
+     * parked a second job on the GPU a moved job had left). */
+    cogpu__ledger_tx_set(h, &hd->gpus[own].moved_park_ns, sl->susp_since_ns);
     move_job(h, s, own, g);
     cogpu__ledger_tx_set(h, &sl->susp_from, (uint64_t)own + 1);
     cogpu__ledger_tx_set(h, &sl->susp_from_kind, wt->resume);

@@ -966,18 +966,22 @@ TEST_IMPL_T(susp_migrate_resumes_on_another_gpu, 60) {
 
 /* Migration after a deadlock, untouched by hand: three jobs of unknown
  * peak deadlock on GPU 0 (as in susp_order_after_deadlock_is_bounded);
- * "park" (6.3 GiB) is parked for the leader. GPU 1 is taken by 10 GiB
- * meanwhile: nothing can take "park" back (GPU 0 holds the other two,
- * which hold what they grew to). When GPU 1's holder leaves, "park"'s own
- * resume entry is served there: its footprint and the 2 GiB it waited
- * for, booked on GPU 1; it finishes there with its data while the other
- * two still hold GPU 0. */
+ * "park" (6.3 GiB) is parked for the leader. GPU 1 holds 10 GiB ("big")
+ * and 3 GiB ("small") meanwhile: nothing can take "park" back (GPU 0
+ * holds the other two, which hold what they grew to). When "big" leaves,
+ * GPU 1 has room for "park" and the 2 GiB it waited for, and a quarter
+ * more, but not beside as much again as "small" holds, which may still
+ * grow: it stays parked (moved there at once, it would have made the
+ * next deadlock). When "small" leaves too, "park"'s own resume entry is
+ * served on GPU 1; it finishes there with its data while the other two
+ * still hold GPU 0. */
 TEST_IMPL_T(susp_migrate_after_deadlock, 90) {
   th_setenv("FAKE_NVML_GPUS", "16G,16G");
   th_setenv("COGPU_MIGRATE", "yes");
   su_begin();
   pid_t big = lt_hold("big", 1, 10 * GiB, 0, 0, -1);
-  lt_wait_nclients(1, 1, th_ms(10000));
+  pid_t small = lt_hold("small", 1, 3 * GiB, 0, 0, -1);
+  lt_wait_nclients(1, 2, 10000);
   char go[4200], lgo[4200], ngo[4200];
   snprintf(go, sizeof go, "waitfile:%s", th_path("grow"));
   snprintf(lgo, sizeof lgo, "waitfile:%s", su_go("lead"));
@@ -998,6 +1002,12 @@ TEST_IMPL_T(susp_migrate_after_deadlock, 90) {
   ASSERT_UEQ(lt_fake_gpu_used(1), 0);
   kill(big, SIGKILL);
   ASSERT_EQ(th_exit_code(th_wait(big, th_ms(10000))), 128 + SIGKILL);
+  /* Its release and the service pass after it are one step of the
+   * daemon: once GPU 1 shows "small" alone, the resume was looked at. */
+  lt_wait_nclients(1, 1, 10000);
+  su_wait_state(park_pid, COGPU_JOB_SUSPENDED, 1000);
+  kill(small, SIGKILL);
+  ASSERT_EQ(th_exit_code(th_wait(small, th_ms(10000))), 128 + SIGKILL);
   ASSERT_EQ(su_finish(park, "park", 60000), 0);
   ASSERT_CONTAINS(lt_slurp("park"), "verify ok");
   su_wait_log("(moved from GPU 0)", 10000);
