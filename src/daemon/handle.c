@@ -290,7 +290,7 @@ static int on_resume(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
 /* A GPU index as the client's process names it (where the GPU was when
  * it started) into the ledger's, and back: a process restored onto other
  * GPUs (migration) goes on naming them as before (docs/suspension.md,
- * "Migration"). */
+ * "Migration"). Negative ones (COGPU_GPU_AUTO, "none") pass as they are. */
 static int gpu_in(cogpu__daemon_t *d, const dconn_t *c, int gpu) {
   return c->slot < LEDGER_MAX_SLOTS
              ? cogpu__ledger_gpu_phys(&d->dh->st->slots[c->slot], gpu)
@@ -349,7 +349,7 @@ static void record(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m,
 static int to_request(cogpu__daemon_t *d, dconn_t *c,
                       const cogpu__m_reserve_t *q, cogpu_request_t *req,
                       bool *capped) {
-  req->gpu = q->gpu == COGPU_GPU_AUTO ? q->gpu : gpu_in(d, c, q->gpu);
+  req->gpu = gpu_in(d, c, q->gpu);
   req->bytes = q->bytes;
   req->flags = q->flags;
   req->timeout_ms = q->timeout_ms;
@@ -412,7 +412,7 @@ static int on_reserve(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     cogpu__ledger_foreign_refresh(d->dh, false); /* for the next try */
   cogpu__msg_t rp;
   memset(&rp, 0, sizeof rp);
-  rp.u.reply.gpu = g >= 0 ? gpu_out(d, c, g) : g;
+  rp.u.reply.gpu = gpu_out(d, c, g);
   if (capped)
     rp.u.reply.flags |= COGPU_REPLY_PRIORITY_CAPPED;
   cogpu__daemon_reply(d, c, m, rc, &rp);
@@ -528,7 +528,7 @@ static void grant_reply(cogpu__daemon_t *d, dconn_t *c, int rc, int gpu) {
   cogpu__msg_t r, req;
   memset(&r, 0, sizeof r);
   cogpu__msg_init(&req, COGPU_M_WAIT, 1);
-  r.u.reply.gpu = gpu >= 0 ? gpu_out(d, c, gpu) : gpu;
+  r.u.reply.gpu = gpu_out(d, c, gpu);
   /* Granted with its job's resume: say how long the job was away. */
   const ledger_slot_t *job = &d->dh->st->slots[c->res_slot];
   if (rc == 0 && job->susp == SUSP_RESUMING) {
@@ -656,10 +656,7 @@ static int on_wait(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
       ledger_waiter_t *wt = &st->waiters[w];
       if (wt->state == W_FREE || wt->resume || d->waiter_conn[w] ||
-          wt->owner != c->slot ||
-          wt->gpu != (wm->req.gpu == COGPU_GPU_AUTO
-                          ? wm->req.gpu
-                          : gpu_in(d, c, wm->req.gpu)) ||
+          wt->owner != c->slot || wt->gpu != gpu_in(d, c, wm->req.gpu) ||
           wt->exclusive != ((wm->req.flags & COGPU_REQ_EXCLUSIVE) != 0) ||
           (!wt->exclusive && wt->bytes != wm->req.bytes))
         continue;

@@ -224,6 +224,20 @@ static bool has_resume_entry(struct cogpu_s *h, uint32_t s) {
   return false;
 }
 
+/* What the job of slot s holds on its GPU (susp_gpu) leaves the GPU's
+ * books for its parked footprint: the driver has it in host memory. In
+ * the caller's transaction. */
+static void park_footprint(struct cogpu_s *h, uint32_t s) {
+  ledger_slot_t *sl = &h->st->slots[s];
+  ledger_gpu_t *gp = &h->st->hdr.gpus[sl->susp_gpu];
+  uint64_t held = sl->held[sl->susp_gpu];
+  cogpu__ledger_tx_set(h, &sl->parked, held);
+  cogpu__ledger_tx_set(h, &sl->held[sl->susp_gpu], 0);
+  cogpu__ledger_tx_set(h, &gp->reserved, gp->reserved - held);
+  if (held && gp->excl_slot != s + 1)
+    cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+}
+
 void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
                                 int rc, bool broken, uint64_t took_ns) {
   ledger_hdr_t *hd = &h->st->hdr;
@@ -244,14 +258,8 @@ void cogpu__ledger_suspend_done(struct cogpu_s *h, uint32_t s, uint32_t gen,
     cogpu__ledger_serve(h);
     return;
   }
-  uint32_t g = (uint32_t)sl->susp_gpu;
-  ledger_gpu_t *gp = &hd->gpus[g];
-  uint64_t held = sl->held[g];
-  cogpu__ledger_tx_set(h, &sl->parked, held);
-  cogpu__ledger_tx_set(h, &sl->held[g], 0);
-  cogpu__ledger_tx_set(h, &gp->reserved, gp->reserved - held);
-  if (held && gp->excl_slot != s + 1)
-    cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+  ledger_gpu_t *gp = &hd->gpus[sl->susp_gpu];
+  park_footprint(h, s);
   cogpu__ledger_tx_set(h, &sl->susp_since_ns, cogpu__now_ns());
   if (took_ns)
     cogpu__ledger_tx_set(h, &gp->park_ns, took_ns);
@@ -326,16 +334,9 @@ static void move_job(struct cogpu_s *h, uint32_t s, uint32_t from,
  * goes back to where it was parked, its footprint off the other GPU, and
  * queues its resume there; it is never moved again. */
 static void move_refused(struct cogpu_s *h, uint32_t s) {
-  ledger_hdr_t *hd = &h->st->hdr;
   ledger_slot_t *sl = &h->st->slots[s];
   uint32_t to = (uint32_t)sl->susp_gpu, from = (uint32_t)sl->susp_from - 1;
-  ledger_gpu_t *gp = &hd->gpus[to];
-  uint64_t held = sl->held[to];
-  cogpu__ledger_tx_set(h, &sl->parked, held);
-  cogpu__ledger_tx_set(h, &sl->held[to], 0);
-  cogpu__ledger_tx_set(h, &gp->reserved, gp->reserved - held);
-  if (held && gp->excl_slot != s + 1)
-    cogpu__ledger_tx_set(h, &gp->nclients, gp->nclients - 1);
+  park_footprint(h, s);
   move_job(h, s, to, from);
   cogpu__ledger_tx_set(h, &sl->susp_from, 0);
   cogpu__ledger_tx_set(h, &sl->flags, sl->flags | COGPU_MARK_NOMOVE);

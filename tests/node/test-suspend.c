@@ -425,6 +425,36 @@ TEST_IMPL_T(susp_order_after_deadlock_is_bounded, 90) {
   su_clean_end();
 }
 
+/* The three jobs of a deadlock on GPU 0 (as in
+ * susp_order_after_deadlock_is_bounded): "lead" holds 2.1 GiB, "park" 6.3
+ * and "next" 6.4, each waiting for the file `grow_lead` (the leader) or
+ * `grow` (the others) before it asks 2 GiB more; "lead" and "next" then
+ * hold until su_finish lets them end. Their processes, and the pids
+ * status lists "park" and "next" under. */
+typedef struct su_trio_s {
+  pid_t lead, park, next;
+  int park_pid, next_pid;
+} su_trio_t;
+
+static su_trio_t su_trio(const char *grow_lead, const char *grow) {
+  char go1[4200], go2[4200], lgo[4200], ngo[4200];
+  snprintf(go1, sizeof go1, "waitfile:%s", th_path(grow_lead));
+  snprintf(go2, sizeof go2, "waitfile:%s", th_path(grow));
+  snprintf(lgo, sizeof lgo, "waitfile:%s", su_go("lead"));
+  snprintf(ngo, sizeof ngo, "waitfile:%s", su_go("next"));
+  const char *ls[] = {"alloc:1900M", go1, "alloc:2G", lgo, "verify", NULL};
+  const char *ps[] = {"alloc:6144M", go2, "alloc:2G", "verify", NULL};
+  const char *ns[] = {"alloc:6200M", go2, "alloc:2G", ngo, "verify", NULL};
+  su_trio_t t;
+  t.lead = su_steps("lead", ls);
+  su_holder(2200 * MiB);
+  t.park = su_steps("park", ps);
+  t.park_pid = su_holder(6444 * MiB);
+  t.next = su_steps("next", ns);
+  t.next_pid = su_holder(6500 * MiB);
+  return t;
+}
+
 /* The order window follows the link (issue 25: the checkpoint bandwidth,
  * as measured, weighs suspension against waiting). The same three jobs
  * over a 1.5 GB/s link: parking "park" (6.3 GiB) takes about 4.5 s, and
@@ -441,20 +471,9 @@ TEST_IMPL_T(susp_order_window_follows_copy_time, 120) {
   /* The leader asks first (its request queued ahead of the others'), so
    * that its growth is granted before "next" is looked at: the order is
    * then what holds "next", whichever the machine runs first. */
-  char go1[4200], go2[4200], lgo[4200], ngo[4200];
-  snprintf(go1, sizeof go1, "waitfile:%s", th_path("grow1"));
-  snprintf(go2, sizeof go2, "waitfile:%s", th_path("grow2"));
-  snprintf(lgo, sizeof lgo, "waitfile:%s", su_go("lead"));
-  snprintf(ngo, sizeof ngo, "waitfile:%s", su_go("next"));
-  const char *ls[] = {"alloc:1900M", go1, "alloc:2G", lgo, "verify", NULL};
-  const char *ps[] = {"alloc:6144M", go2, "alloc:2G", "verify", NULL};
-  const char *ns[] = {"alloc:6200M", go2, "alloc:2G", ngo, "verify", NULL};
-  pid_t lead = su_steps("lead", ls);
-  su_holder(2200 * MiB);
-  pid_t park = su_steps("park", ps);
-  int park_pid = su_holder(6444 * MiB);
-  pid_t next = su_steps("next", ns);
-  int next_pid = su_holder(6500 * MiB);
+  su_trio_t j = su_trio("grow1", "grow2");
+  pid_t lead = j.lead, park = j.park, next = j.next;
+  int park_pid = j.park_pid, next_pid = j.next_pid;
   su_release_when_held(3, 2200 * MiB, "grow1");
   lt_wait_nwaiting(0, 1, 30000);
   th_write_file(th_path("grow2"), "");
@@ -982,19 +1001,9 @@ TEST_IMPL_T(susp_migrate_after_deadlock, 90) {
   pid_t big = lt_hold("big", 1, 10 * GiB, 0, 0, -1);
   pid_t small = lt_hold("small", 1, 3 * GiB, 0, 0, -1);
   lt_wait_nclients(1, 2, 10000);
-  char go[4200], lgo[4200], ngo[4200];
-  snprintf(go, sizeof go, "waitfile:%s", th_path("grow"));
-  snprintf(lgo, sizeof lgo, "waitfile:%s", su_go("lead"));
-  snprintf(ngo, sizeof ngo, "waitfile:%s", su_go("next"));
-  const char *ls[] = {"alloc:1900M", go, "alloc:2G", lgo, "verify", NULL};
-  const char *ps[] = {"alloc:6144M", go, "alloc:2G", "verify", NULL};
-  const char *ns[] = {"alloc:6200M", go, "alloc:2G", ngo, "verify", NULL};
-  pid_t lead = su_steps("lead", ls);
-  su_holder(2200 * MiB);
-  pid_t park = su_steps("park", ps);
-  int park_pid = su_holder(6444 * MiB);
-  pid_t next = su_steps("next", ns);
-  int next_pid = su_holder(6500 * MiB);
+  su_trio_t j = su_trio("grow", "grow");
+  pid_t lead = j.lead, park = j.park, next = j.next;
+  int park_pid = j.park_pid, next_pid = j.next_pid;
   su_release_when_held(3, 2200 * MiB, "grow");
   /* "park" parked, the other two grown and holding on GPU 0. */
   su_wait_state(park_pid, COGPU_JOB_SUSPENDED, 30000);
