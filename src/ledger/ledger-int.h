@@ -31,7 +31,7 @@
 
 #define LEDGER_MAGIC "COGPUST\0"
 /* 7: hdr.slot_map, the slots in use. */
-#define LEDGER_VERSION 8u
+#define LEDGER_VERSION 9u
 #define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
 /* Enough for the node daemon's 10,000 connected clients; a slot costs
  * nothing until it is used (the file's pages are touched on use). */
@@ -126,6 +126,11 @@ typedef struct ledger_slot_s {
    * within the last tick is making progress, whatever else it waits for
    * (threads of one process reserve and release at once). */
   uint64_t released_ns;
+  /* When the job (its slot) last asked for more on a GPU where it already
+   * held memory (monotonic, coarse): a job that grows now. Growth waits
+   * in order behind it while its growth and the request do not both fit
+   * (suspend.c, growth_holds): the deadlock that would park someone. */
+  uint64_t grew_ns;
   uint64_t last_op;
   int64_t last_rc;
   int64_t last_gpu;
@@ -508,6 +513,12 @@ void cogpu__ledger_serve(struct cogpu_s *h);
  * twice the last parking's copy there, at most LEDGER_LEAD_HOLD_MAX_MS. */
 #define LEDGER_LEAD_HOLD_MS 5000u
 #define LEDGER_LEAD_HOLD_MAX_MS 300000u
+/* A job "grows now" (suspend.c, growth_holds) for this long after it last
+ * asked for more where it held memory: jobs warming up ask every few
+ * tens or hundreds of milliseconds; one that has not asked for a second
+ * has settled (a service, a training loop past its first steps), and
+ * keeps nobody waiting behind it. */
+#define LEDGER_GROWING_MS 1000u
 uint64_t cogpu__ledger_guard_delay_ms(struct cogpu_s *h);
 /* Service order of the waiting waiters (indices), per policy; returns n. */
 size_t cogpu__ledger_queue_order(struct cogpu_s *h, uint32_t *idx);

@@ -111,12 +111,12 @@ int cogpu__ledger_reserve_fast(struct cogpu_s *h, const reserve_req_t *r) {
   /* The daemon's path (single-user mode has no suspension): a job that
    * asks for more where it holds memory is one that grows. */
   ledger_slot_t *js = &h->st->slots[h->res_slot];
-  if (!(js->flags & COGPU_MARK_GREW))
-    for (uint32_t g = 0; g < h->st->hdr.ngpus; g++)
-      if (js->held[g] && (r->gpu == COGPU_GPU_AUTO || r->gpu == (int64_t)g)) {
-        js->flags |= COGPU_MARK_GREW;
-        break;
-      }
+  for (uint32_t g = 0; g < h->st->hdr.ngpus; g++)
+    if (js->held[g] && (r->gpu == COGPU_GPU_AUTO || r->gpu == (int64_t)g)) {
+      js->flags |= COGPU_MARK_GREW;
+      js->grew_ns = cogpu__coarse_ns(); /* a figure: outside the undo log */
+      break;
+    }
   return reserve_fast(h, r);
 }
 

@@ -602,30 +602,67 @@ static bool host_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
  * growing (a service) keeps nobody waiting for its end; counted from the
  * end of the parking's copy, which the jobs ahead wait for (seconds over
  * a slow link), not from its start. */
-static bool in_order(struct cogpu_s *h, uint32_t g) {
-  uint64_t at = parked_at(h, g), moved = h->st->hdr.gpus[g].moved_park_ns;
-  if (moved > at)
-    at = moved; /* a job parked here has moved to another GPU */
-  if (!at)
-    return false;
+static uint64_t order_hold_ns(struct cogpu_s *h, uint32_t g) {
   uint64_t hold = cogpu__ms_to_ns(LEDGER_LEAD_HOLD_MS),
            most = cogpu__ms_to_ns(LEDGER_LEAD_HOLD_MAX_MS),
            copy = h->st->hdr.gpus[g].park_ns;
   if (copy > hold / 2)
     hold = copy < most / 2 ? 2 * copy : most;
-  return !cogpu__core_guard_due(at, cogpu__now_ns(), hold);
+  return hold;
+}
+
+static bool in_order(struct cogpu_s *h, uint32_t g) {
+  uint64_t at = parked_at(h, g), moved = h->st->hdr.gpus[g].moved_park_ns;
+  if (moved > at)
+    at = moved; /* a job parked here has moved to another GPU */
+  return at && !cogpu__core_guard_due(at, cogpu__now_ns(), order_hold_ns(h, g));
+}
+
+/* The jobs that grow now on g (growth_holds): those that asked for more
+ * where they held memory since `since` (coarse ns), and those with a
+ * request waiting there (still asking, however long ago). */
+typedef struct {
+  uint64_t since;
+  bool any_wait;
+  uint8_t waits[LEDGER_MAX_SLOTS / 8];
+} growing_t;
+
+static void growing_init(struct cogpu_s *h, uint32_t g, uint64_t since,
+                         growing_t *f) {
+  f->since = since;
+  f->any_wait = h->st->hdr.nwaiting != 0;
+  if (!f->any_wait)
+    return;
+  memset(f->waits, 0, sizeof f->waits);
+  uint64_t left = h->st->hdr.nwaiting;
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS && left; w++) {
+    const ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state != W_WAITING)
+      continue;
+    left--;
+    if (!wt->resume && wt->slot < LEDGER_MAX_SLOTS &&
+        (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g))
+      f->waits[wt->slot / 8] |= (uint8_t)(1u << (wt->slot % 8));
+  }
+}
+
+static bool growing(const ledger_state_t *st, uint32_t t, const growing_t *f) {
+  return st->slots[t].grew_ns >= f->since ||
+         (f->any_wait && ((f->waits[t / 8] >> (t % 8)) & 1u));
 }
 
 /* What the jobs running on g ahead of slot s (every one but s, with all)
  * are expected to grow by: each one's learnt peak less what it holds, and
  * (guess) for one of unknown peak as much again as it holds: after a
- * deadlock, a job of unknown peak is one that grows. */
+ * deadlock, a job of unknown peak is one that grows. With `only`, only
+ * the jobs that grow now count. */
 static uint64_t ahead_need(struct cogpu_s *h, uint32_t s, uint32_t g, bool all,
-                           bool guess) {
+                           bool guess, const growing_t *only) {
   uint64_t sum = 0;
   LEDGER_FOR_SLOTS(h->st, t) {
     if (t == s || !running_on(h->st, t, g) ||
-        (!all && !goes_before(h->st, t, s)))
+        (!all && !goes_before(h->st, t, s)) ||
+        (only && !growing(h->st, t, only)))
       continue;
     const ledger_slot_t *o = &h->st->slots[t];
     uint64_t e = expect_of(h, t, g);
@@ -647,9 +684,45 @@ static bool order_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
                         uint32_t g) {
   if (!in_order(h, g))
     return false;
-  uint64_t need = ahead_need(h, s, g, false, true);
+  uint64_t need = ahead_need(h, s, g, false, true, NULL);
   return need > UINT64_MAX - bytes ||
          !cogpu__ledger_fits(h, g, s, bytes + need, false);
+}
+
+/* Growth in order before any deadlock (issue 25: the first run of jobs
+ * the node has never seen). While jobs ahead of s on g (higher priority,
+ * then older) grow now (asked for more within LEDGER_GROWING_MS, or
+ * wait for more), a request of s for more there waits unless it fits
+ * beside their expected growth: a learnt peak less what the job holds,
+ * and for one of unknown peak as much again as it holds. Granted, it
+ * would take what they are about to ask for, and the deadlock that
+ * follows parks somebody: eight jobs of unknown peak growing together
+ * deadlocked with 2 GiB each and parked two of them, gigabytes moved
+ * out and back, which at 0.5 GB/s took longer than running the jobs one
+ * at a time. Held, the jobs ahead grow, end and give everything back.
+ * Waiting costs a job nothing that parking would not cost more: a job
+ * held while it holds memory is still a waiter of the deadlock guard,
+ * so if the jobs ahead deadlock anyway the guard parks as before. It is
+ * bounded like the order after a parking (order_hold_ns: 5 s, or twice
+ * the last parking's copy on g): a request that has waited that long
+ * goes on as if nobody grew. A job that settled keeps nobody waiting, and
+ * a node where nothing grows (or nothing is short) pays one scan of the
+ * slots per request that grows, with the daemon's hooks only. A job's
+ * first memory on g is never held here: most jobs never grow, and one
+ * that does is held at its first growth, while it holds little (the
+ * cheapest to park, if it comes to that). */
+static bool growth_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
+                         uint32_t g, uint64_t since) {
+  uint64_t now = cogpu__coarse_ns(), grow = cogpu__ms_to_ns(LEDGER_GROWING_MS);
+  if (now <= grow ||
+      (since != UINT64_MAX &&
+       cogpu__core_guard_due(since, cogpu__now_ns(), order_hold_ns(h, g))))
+    return false;
+  growing_t f;
+  growing_init(h, g, now - grow, &f);
+  uint64_t need = ahead_need(h, s, g, false, true, &f);
+  return need && (need > UINT64_MAX - bytes ||
+                  !cogpu__ledger_fits(h, g, s, bytes + need, false));
 }
 
 bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
@@ -660,7 +733,7 @@ bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
   if (host_holds(h, s, bytes, g))
     return true;
   if (h->st->slots[s].held[g] != 0)
-    return order_holds(h, s, bytes, g);
+    return growth_holds(h, s, bytes, g, since) || order_holds(h, s, bytes, g);
   uint64_t parked = parked_need(h, g, since);
   uint64_t e = expect_of(h, s, g);
   if (!parked && !e)
@@ -711,8 +784,9 @@ static bool resume_fits_on(struct cogpu_s *h, const ledger_waiter_t *wt,
    * of those of unknown peak too): a job resumed into the room they were
    * parked for is parked again at their next deadlock. */
   uint64_t e = expect_of(h, s, g);
-  return fits_grown(h, g, s, need, e ? e : need + need / 4,
-                    ahead_need(h, s, g, true, g != own || in_order(h, g)));
+  return fits_grown(
+      h, g, s, need, e ? e : need + need / 4,
+      ahead_need(h, s, g, true, g != own || in_order(h, g), NULL));
 }
 
 bool cogpu__ledger_resume_fits(struct cogpu_s *h, const ledger_waiter_t *wt) {

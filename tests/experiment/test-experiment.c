@@ -305,8 +305,12 @@ TEST_IMPL_T(experiment_workloads_build, 240) {
 /* The growing mix against a private daemon, without and with suspension:
  * hold-and-wait fails jobs without it, and with it every job completes
  * (its data intact: cudaprog's verify) after at least one suspension.
- * Kept cheap: instant checkpoint copies and a 100 ms housekeeping tick
- * (the deadlock guard acts on waiters a tick old). */
+ * The under-declared shape: eight declarations of 2 GiB fill the GPU
+ * before any job grows, so the first growth is a deadlock whatever the
+ * order (on demand, growth in order while the jobs ahead grow keeps the
+ * mix from deadlocking at all, with or without suspension). Kept cheap:
+ * instant checkpoint copies and a 100 ms housekeeping tick (the deadlock
+ * guard acts on waiters a tick old). */
 TEST_IMPL_T(experiment_fake_growing_suspend, 120) {
   if (!on_path("python3"))
     SKIP("python3 not found");
@@ -328,8 +332,10 @@ TEST_IMPL_T(experiment_fake_growing_suspend, 120) {
                        "COGPU_ADMIT_LEARNT=no", NULL};
   static char out[65536], err[65536];
   const char *argv[] = {
-      "bash",  runsh,  "--mix",       "fake-growing",
-      "--out", outdir, "--scenarios", "cogpu-fifo-nosuspend,cogpu-fifo-suspend",
+      "bash",        runsh,
+      "--mix",       "fake-underdeclared",
+      "--out",       outdir,
+      "--scenarios", "cogpu-fifo-mem-nosuspend,cogpu-fifo-mem-suspend",
       NULL};
   int rc = th_run(argv, env, out, sizeof out, err, sizeof err, th_ms(90000));
   if (rc != 0)
@@ -344,11 +350,11 @@ TEST_IMPL_T(experiment_fake_growing_suspend, 120) {
   fprintf(stderr, "%s", out);
   scen_t s[4];
   ASSERT_EQ(parse_summary(out, s, 4), 2);
-  ASSERT_STREQ(s[0].name, "cogpu-fifo-nosuspend");
+  ASSERT_STREQ(s[0].name, "cogpu-fifo-mem-nosuspend");
   ASSERT_EQ(s[0].jobs, 8);
   ASSERT_GE(s[0].oom, 1);
   ASSERT_EQ(s[0].suspensions, 0);
-  ASSERT_STREQ(s[1].name, "cogpu-fifo-suspend");
+  ASSERT_STREQ(s[1].name, "cogpu-fifo-mem-suspend");
   ASSERT_EQ(s[1].jobs, 8);
   if (s[1].failed != 0)
     th_fail(__FILE__, __LINE__, "with suspension %d jobs failed", s[1].failed);

@@ -67,6 +67,23 @@ void lt_wait_nclients(int g, size_t n, int timeout_ms) {
           lt_nclients(g), n);
 }
 
+void lt_go_when_held(int g, size_t n, uint64_t bytes, const char *go) {
+  for (int t = 0;; t += 20) {
+    size_t have = 0;
+    cogpu_status_t *st = lt_status();
+    for (size_t i = 0; (size_t)g < st->ngpus && i < st->gpus[g].nclients; i++)
+      have += st->gpus[g].clients[i].reserved_bytes >= bytes;
+    cogpu_status_free(st);
+    if (have >= n)
+      break;
+    if (t > th_ms(30000))
+      th_fail(__FILE__, __LINE__, "%zu jobs never held %llu bytes on GPU %d", n,
+              (unsigned long long)bytes, g);
+    th_sleep_ms(20);
+  }
+  th_write_file(go, "");
+}
+
 uint64_t lt_reserved_by(int g, const char *cmd) {
   cogpu_status_t *st = lt_status();
   uint64_t b = 0;

@@ -25,6 +25,13 @@ size_t lt_nwaiting(int g);
 void lt_wait_nwaiting(int g, size_t n, int timeout_ms);
 /* Wait (bounded) until GPU g lists n clients. */
 void lt_wait_nclients(int g, size_t n, int timeout_ms);
+/* Waits (bounded) until n clients of GPU g each hold at least `bytes`,
+ * then creates the file `go`: jobs wait for it (cudaprog's waitfile)
+ * before they grow further, so that they hold and then grow at once
+ * however slowly a loaded machine starts them (a fixed hold let one
+ * finish growing before the other began, and growth in order lets the
+ * younger wait while the older grows). */
+void lt_go_when_held(int g, size_t n, uint64_t bytes, const char *go);
 /* Bytes reserved on GPU g by the client whose command is `cmd`, or 0. */
 uint64_t lt_reserved_by(int g, const char *cmd);
 /* Every GPU: the clients' reservations add up to reserved_bytes, which is

@@ -1114,14 +1114,20 @@ TEST_IMPL(preload_fork_child_attaches_to_job) {
 TEST_IMPL(preload_deadlock_guard) {
   /* Two on-demand jobs each hold 7.3G and each wants 4G more: one is told
    * out-of-memory, the other completes. (With suspension, on by default in
-   * node mode, neither fails: tests/node/test-suspend.c.) */
+   * node mode, neither fails: tests/node/test-suspend.c.) Both hold their
+   * 7.3G before either grows (the file "grow"): one after the other, the
+   * second waits in order while the first grows (node mode), and there is
+   * no deadlock. */
   th_setenv("COGPU_SUSPEND", "no");
   preload_env();
-  const char *argv[] = {"cogpu",    "run",      "--",      lt_cudaprog(),
-                        "direct",   "init",     "ctx",     "alloc:7G",
-                        "hold:500", "alloc:4G", "freeall", NULL};
+  char go[4200];
+  snprintf(go, sizeof go, "waitfile:%s", th_path("grow"));
+  const char *argv[] = {"cogpu",  "run",      "--",      lt_cudaprog(),
+                        "direct", "init",     "ctx",     "alloc:7G",
+                        go,       "alloc:4G", "freeall", NULL};
   pid_t a = lt_spawn_logged("a", argv);
   pid_t b = lt_spawn_logged("b", argv);
+  lt_go_when_held(0, 2, 7 * GiB, th_path("grow"));
   int ca = th_exit_code(th_wait(a, th_ms(30000)));
   int cb = th_exit_code(th_wait(b, th_ms(30000)));
   ASSERT((ca == 0 && cb == 2) || (ca == 2 && cb == 0));
