@@ -267,6 +267,15 @@ typedef struct cogpu_counters_s {
   uint64_t resumes;
   uint64_t resume_failures;
   uint64_t deadlock_suspensions;
+  /* The copies of suspensions and resumes done (node mode): the bytes
+   * moved, out and back, and the time the copies took. Their ratio is the
+   * node's checkpoint bandwidth, as it happened (the link, the driver,
+   * the host's memory); their rates, how much of the node's time goes to
+   * moving memory. Appended last: cogpu_status_t is the library's to
+   * allocate, so a program built against an older cogpu.h reads the
+   * fields it knows at the same offsets. */
+  uint64_t checkpoint_bytes;
+  double checkpoint_seconds;
 } cogpu_counters_t;
 
 typedef struct cogpu_status_s {

@@ -789,7 +789,11 @@ static int on_status(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     what = "out of memory for the status snapshot";
     rc = cogpu__fault_fails(COGPU_FP_SNAP_ALLOC)
              ? -ENOMEM
-             : cogpu__snap_build(&st, &buf, &size);
+             : cogpu__snap_build(&st,
+                                 c->version < COGPU_PROTO_VERSION
+                                     ? COGPU_SNAP_VERSION_V3
+                                     : COGPU_SNAP_VERSION,
+                                 &buf, &size);
   }
   if (rc == 0) {
     what = "cannot pass the status snapshot";
@@ -1065,6 +1069,8 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
       cogpu__log(COGPU_LOG_WARN, "could not suspend the job of pid %d: %s",
                  sl->pid, j->msg);
     cogpu__ledger_lock(h);
+    if (j->rc == 0)
+      cogpu__ledger_count_copy(h, j->bytes, j->took_ns);
     cogpu__ledger_suspend_done(h, j->slot, j->gen, j->rc, j->broken,
                                j->rc ? 0 : j->took_ns);
     cogpu__ledger_unlock(h);
@@ -1133,6 +1139,8 @@ int cogpu__daemon_susp_result(cogpu__daemon_t *d, cogpu__susp_op_t *j) {
       cogpu__log(COGPU_LOG_ERROR, "resuming the job of pid %d: %s", sl->pid,
                  j->msg);
     cogpu__ledger_lock(h);
+    if (j->rc == 0)
+      cogpu__ledger_count_copy(h, j->bytes, j->took_ns);
     cogpu__ledger_resume_done(h, j->slot, j->gen, j->rc);
     cogpu__ledger_unlock(h);
     answer_manual(d, j->slot, j->gen, LEDGER_OP_RESUME, j->rc, j->msg, j->bytes,

@@ -1,6 +1,7 @@
 /*
  * counters.c: the node's counters for monitoring (cogpu metrics):
- * admissions by result, a histogram of queue waits, suspensions.
+ * admissions by result, a histogram of queue waits, suspensions and
+ * their copies.
  *
  * They live in the ledger header, so they count every process's decisions
  * in single-user mode and the daemon's in node mode alike, and each is a
@@ -29,6 +30,14 @@ void cogpu__ledger_count_wait(struct cogpu_s *h, uint64_t waited_ns) {
   cogpu__ledger_count_admit(h, COGPU_ADMIT_WAITED);
 }
 
+void cogpu__ledger_count_copy(struct cogpu_s *h, uint64_t bytes,
+                              uint64_t took_ns) {
+  ledger_counters_t *c = &h->st->hdr.counters;
+  cogpu__ledger_tx_set(h, &c->copy_bytes, c->copy_bytes + bytes);
+  cogpu__ledger_tx_set(h, &c->copy_us, c->copy_us + took_ns / 1000u);
+  cogpu__ledger_tx_commit(h);
+}
+
 void cogpu__ledger_counters_fill(struct cogpu_s *h, cogpu_counters_t *out) {
   const ledger_counters_t *c = &h->st->hdr.counters;
   for (int i = 0; i < COGPU_ADMIT_NRESULTS; i++)
@@ -43,4 +52,6 @@ void cogpu__ledger_counters_fill(struct cogpu_s *h, cogpu_counters_t *out) {
   out->resumes = c->resumes;
   out->resume_failures = c->resume_failures;
   out->deadlock_suspensions = c->deadlock_suspensions;
+  out->checkpoint_bytes = c->copy_bytes;
+  out->checkpoint_seconds = (double)c->copy_us / 1e6;
 }

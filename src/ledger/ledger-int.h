@@ -250,6 +250,8 @@ typedef struct ledger_counters_s {
   uint64_t resumes;
   uint64_t resume_failures;
   uint64_t deadlock_suspensions;
+  uint64_t copy_bytes; /* checkpoint copies done: bytes out and back */
+  uint64_t copy_us;    /* and the time they took */
 } ledger_counters_t;
 
 typedef struct ledger_hdr_s {
@@ -794,6 +796,10 @@ int cogpu__ledger_mark_locked(struct cogpu_s *h, uint32_t flags);
  * of this file. */
 /* A grant after waiting: COGPU_ADMIT_WAITED and the wait histogram. */
 void cogpu__ledger_count_wait(struct cogpu_s *h, uint64_t waited_ns);
+/* A checkpoint copy the daemon's suspender has done (a suspension's or a
+ * resume's): bytes moved and the time it took, counted (lock held). */
+void cogpu__ledger_count_copy(struct cogpu_s *h, uint64_t bytes,
+                              uint64_t took_ns);
 /* The counters as cogpu_status reports them (lock held). */
 void cogpu__ledger_counters_fill(struct cogpu_s *h, cogpu_counters_t *c);
 /* Upper bounds of the wait histogram's buckets, in ms (last: UINT64_MAX). */

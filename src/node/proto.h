@@ -49,7 +49,9 @@
  *    one of them has the daemon write and read the older layout for a
  *    client of the older version.
  * Version history: 2: cogpu 0.1.0. 3: the refusal above; replies carry the
- * daemon's release (reply.release). Requests are the same in 2 and 3.
+ * daemon's release (reply.release); the snapshot is version 4 (the
+ * checkpoint copies' counters), version 3 for a client of protocol 2.
+ * Requests are the same in 2 and 3.
  */
 #ifndef COGPU_NODE_PROTO_H
 #define COGPU_NODE_PROTO_H
@@ -322,16 +324,25 @@ int cogpu__msg_fds(const struct msghdr *mh, int *fd);
  * status names the field of cogpu_status_t (header), cogpu_gpu_info_t,
  * cogpu_client_info_t or cogpu_waiter_info_t it carries.
  *
- * The layout is part of the protocol (see "Versions" above): clients of
- * both versions the daemon serves read COGPU_SNAP_VERSION 3 and refuse a
- * snapshot of any other size. So a new field is a new line here and a new
- * protocol version, whose daemon still writes this layout for the older
- * clients; the sizes asserted below are version 3's, to stop a field
- * added without one. */
+ * The layout is part of the protocol (see "Versions" above): a client of
+ * protocol 3 reads COGPU_SNAP_VERSION 4 (and 3, from a daemon of protocol
+ * 2), one of protocol 2 (cogpu 0.1.0) reads version 3 only, and each
+ * refuses a snapshot of any other size. So a new field is a new line here
+ * and a new protocol version, whose daemon still writes the older layout
+ * for the older clients (version 3: COGPU_SNAP_HDR_V3, the records that
+ * follow unchanged); the sizes asserted below are those of version 4, to
+ * stop a field added without one. */
 #define COGPU_SNAP_MAGIC 0x50414e53u /* "SNAP" */
-#define COGPU_SNAP_VERSION 3u
+#define COGPU_SNAP_VERSION 4u
+#define COGPU_SNAP_VERSION_V3 3u
 
+/* Version 4's header: version 3's, then the checkpoint copies' counters. */
 #define COGPU_SNAP_HDR(X)                                                      \
+  COGPU_SNAP_HDR_V3(X)                                                         \
+  X(NUM, uint64_t, checkpoint_bytes, counters.checkpoint_bytes)                \
+  X(USEC, uint64_t, checkpoint_us, counters.checkpoint_seconds)
+
+#define COGPU_SNAP_HDR_V3(X)                                                   \
   X(FRAME, uint32_t, magic)                                                    \
   X(FRAME, uint32_t, version)                                                  \
   X(FRAME, uint32_t, ngpus)                                                    \
@@ -422,6 +433,9 @@ int cogpu__msg_fds(const struct msghdr *mh, int *fd);
 typedef struct cogpu__snap_hdr_s {
   COGPU_SNAP_HDR(COGPU_SNAP_MEMBER)
 } cogpu__snap_hdr_t;
+typedef struct cogpu__snap_hdr_v3_s {
+  COGPU_SNAP_HDR_V3(COGPU_SNAP_MEMBER)
+} cogpu__snap_hdr_v3_t;
 typedef struct cogpu__snap_gpu_s {
   COGPU_SNAP_GPU(COGPU_SNAP_MEMBER)
 } cogpu__snap_gpu_t;
@@ -432,23 +446,28 @@ typedef struct cogpu__snap_waiter_s {
   COGPU_SNAP_WAITER(COGPU_SNAP_MEMBER)
 } cogpu__snap_waiter_t;
 
-/* Version 3's layout (see above): what clients of protocol 2 and 3 read. */
-_Static_assert(sizeof(cogpu__snap_hdr_t) == 1048 &&
+/* Version 4's layout, and version 3's header (see above). */
+_Static_assert(sizeof(cogpu__snap_hdr_t) == 1064 &&
+                   sizeof(cogpu__snap_hdr_v3_t) == 1048 &&
                    sizeof(cogpu__snap_gpu_t) == 264 &&
                    sizeof(cogpu__snap_client_t) == 280 &&
                    sizeof(cogpu__snap_waiter_t) == 240,
                "the snapshot's layout changed: a new protocol version "
-               "(proto.h, Versions) that still writes version 3's");
+               "(proto.h, Versions) that still writes the older layouts");
 /* The snapshot's layout is the protocol's, not cogpu.h's: a change to the
  * public counts must come with a new snapshot version. */
 _Static_assert(COGPU_ADMIT_NRESULTS == 6 && COGPU_WAIT_BUCKETS == 15,
                "snapshot counters");
 
-/* The snapshot of st (complete: GPUs with their clients and waiters), in
- * a buffer of *size bytes the caller frees. Returns 0 or -ENOMEM. */
-int cogpu__snap_build(const cogpu_status_t *st, char **buf, size_t *size);
+/* The snapshot of st (complete: GPUs with their clients and waiters) in
+ * layout `version` (COGPU_SNAP_VERSION, or COGPU_SNAP_VERSION_V3 for a
+ * client of protocol 2), in a buffer of *size bytes the caller frees.
+ * Returns 0, -EINVAL (another version) or -ENOMEM. */
+int cogpu__snap_build(const cogpu_status_t *st, unsigned version, char **buf,
+                      size_t *size);
 
-/* Fills st (zeroed by the caller) from size bytes of a snapshot. Returns 0,
+/* Fills st (zeroed by the caller) from size bytes of a snapshot of version
+ * 4 or 3 (whose counters of checkpoint copies read as 0). Returns 0,
  * -EPROTO when it is malformed (a count, size, GPU or bound out of range),
  * or -ENOMEM; on failure st may hold allocations: free it with
  * cogpu_status_free. */

@@ -51,6 +51,9 @@ static void snap_str(char *dst, size_t dsize, const char *src, size_t ssize) {
 static void hdr_write(cogpu__snap_hdr_t *o, const cogpu_status_t *s) {
   COGPU_SNAP_HDR(W)
 }
+static void hdr_write_v3(cogpu__snap_hdr_v3_t *o, const cogpu_status_t *s) {
+  COGPU_SNAP_HDR_V3(W)
+}
 static void gpu_write(cogpu__snap_gpu_t *o, const cogpu_gpu_info_t *s) {
   COGPU_SNAP_GPU(W)
 }
@@ -92,6 +95,10 @@ static int hdr_read(cogpu_status_t *d, const cogpu__snap_hdr_t *o) {
   COGPU_SNAP_HDR(R)
   return 0;
 }
+static int hdr_read_v3(cogpu_status_t *d, const cogpu__snap_hdr_v3_t *o) {
+  COGPU_SNAP_HDR_V3(R)
+  return 0;
+}
 static void gpu_read(cogpu_gpu_info_t *d, const cogpu__snap_gpu_t *o) {
   COGPU_SNAP_GPU(R)
 }
@@ -102,26 +109,47 @@ static void waiter_read(cogpu_waiter_info_t *d, const cogpu__snap_waiter_t *o) {
   COGPU_SNAP_WAITER(R)
 }
 
-int cogpu__snap_build(const cogpu_status_t *st, char **out, size_t *outsize) {
+/* The framing both header layouts begin with (version 3's fields lead
+ * version 4's), written through the header of its own version. */
+#define SNAP_FRAME(sh, ver, st, nc, nw)                                        \
+  do {                                                                         \
+    (sh)->magic = COGPU_SNAP_MAGIC;                                            \
+    (sh)->version = (ver);                                                     \
+    (sh)->ngpus = (uint32_t)(st)->ngpus;                                       \
+    (sh)->nclients = (uint32_t)(nc);                                           \
+    (sh)->nwaiters = (uint32_t)(nw);                                           \
+  } while (0)
+
+static size_t hdr_size(unsigned version) {
+  return version == COGPU_SNAP_VERSION_V3 ? sizeof(cogpu__snap_hdr_v3_t)
+                                          : sizeof(cogpu__snap_hdr_t);
+}
+
+int cogpu__snap_build(const cogpu_status_t *st, unsigned version, char **out,
+                      size_t *outsize) {
+  if (version != COGPU_SNAP_VERSION && version != COGPU_SNAP_VERSION_V3)
+    return -EINVAL;
   size_t nc = 0, nw = 0;
   for (size_t g = 0; g < st->ngpus; g++) {
     nc += st->gpus[g].nclients;
     nw += st->gpus[g].nwaiting;
   }
-  size_t size =
-      sizeof(cogpu__snap_hdr_t) + st->ngpus * sizeof(cogpu__snap_gpu_t) +
-      nc * sizeof(cogpu__snap_client_t) + nw * sizeof(cogpu__snap_waiter_t);
+  size_t size = hdr_size(version) + st->ngpus * sizeof(cogpu__snap_gpu_t) +
+                nc * sizeof(cogpu__snap_client_t) +
+                nw * sizeof(cogpu__snap_waiter_t);
   char *buf = calloc(1, size);
   if (!buf)
     return -ENOMEM;
-  cogpu__snap_hdr_t *sh = (void *)buf;
-  sh->magic = COGPU_SNAP_MAGIC;
-  sh->version = COGPU_SNAP_VERSION;
-  sh->ngpus = (uint32_t)st->ngpus;
-  sh->nclients = (uint32_t)nc;
-  sh->nwaiters = (uint32_t)nw;
-  hdr_write(sh, st);
-  cogpu__snap_gpu_t *gs = (void *)(sh + 1);
+  if (version == COGPU_SNAP_VERSION_V3) {
+    cogpu__snap_hdr_v3_t *sh = (void *)buf;
+    SNAP_FRAME(sh, version, st, nc, nw);
+    hdr_write_v3(sh, st);
+  } else {
+    cogpu__snap_hdr_t *sh = (void *)buf;
+    SNAP_FRAME(sh, version, st, nc, nw);
+    hdr_write(sh, st);
+  }
+  cogpu__snap_gpu_t *gs = (void *)(buf + hdr_size(version));
   cogpu__snap_client_t *cs = (void *)(gs + st->ngpus);
   cogpu__snap_waiter_t *ws = (void *)(cs + nc);
   for (size_t g = 0; g < st->ngpus; g++) {
@@ -142,20 +170,26 @@ int cogpu__snap_build(const cogpu_status_t *st, char **out, size_t *outsize) {
 }
 
 int cogpu__snap_parse(const char *p, size_t size, cogpu_status_t *st) {
-  const cogpu__snap_hdr_t *h = (const void *)p;
+  /* Version 3's header is version 4's beginning: its framing is read
+   * through it for either. */
+  const cogpu__snap_hdr_v3_t *h = (const void *)p;
   if (size < sizeof *h || h->magic != COGPU_SNAP_MAGIC ||
-      h->version != COGPU_SNAP_VERSION || h->ngpus > SNAP_MAX_GPUS ||
-      h->nclients > SNAP_MAX_RECORDS || h->nwaiters > SNAP_MAX_RECORDS)
+      (h->version != COGPU_SNAP_VERSION &&
+       h->version != COGPU_SNAP_VERSION_V3) ||
+      h->ngpus > SNAP_MAX_GPUS || h->nclients > SNAP_MAX_RECORDS ||
+      h->nwaiters > SNAP_MAX_RECORDS)
     return -EPROTO;
-  size_t need = sizeof *h + h->ngpus * sizeof(cogpu__snap_gpu_t) +
+  size_t need = hdr_size(h->version) + h->ngpus * sizeof(cogpu__snap_gpu_t) +
                 h->nclients * sizeof(cogpu__snap_client_t) +
                 h->nwaiters * sizeof(cogpu__snap_waiter_t);
   if (need != size)
     return -EPROTO;
-  const cogpu__snap_gpu_t *gs = (const void *)(h + 1);
+  const cogpu__snap_gpu_t *gs = (const void *)(p + hdr_size(h->version));
   const cogpu__snap_client_t *cs = (const void *)(gs + h->ngpus);
   const cogpu__snap_waiter_t *ws = (const void *)(cs + h->nclients);
-  int rc = hdr_read(st, h);
+  int rc = h->version == COGPU_SNAP_VERSION_V3
+               ? hdr_read_v3(st, h)
+               : hdr_read(st, (const cogpu__snap_hdr_t *)(const void *)p);
   if (rc)
     return rc;
   st->ngpus = h->ngpus;

@@ -825,8 +825,9 @@ TEST_IMPL_ONCE_T(daemon_descriptor_limit_no_spin, 60) {
  * what cogpud 0.1.0 did. */
 
 /* One message of version v on a new connection, and the answer's header:
- * 1 answered (in *r), 0 closed without an answer. */
-static int nd_raw_ask(int type, uint16_t v, cogpu__msg_t *r) {
+ * 1 answered (in *r), 0 closed without an answer; the descriptor passed
+ * with it in *passed (-1 if none), when passed is not NULL. */
+static int nd_raw_ask_fd(int type, uint16_t v, cogpu__msg_t *r, int *passed) {
   int fd = nd_connect(getenv("COGPU_SOCKET"));
   cogpu__msg_t m;
   cogpu__msg_init(&m, type, 7);
@@ -841,13 +842,43 @@ static int nd_raw_ask(int type, uint16_t v, cogpu__msg_t *r) {
                       .msg_control = cbuf,
                       .msg_controllen = sizeof cbuf};
   ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+  if (passed)
+    *passed = -1;
   if (n > 0)
-    cogpu__msg_fds(&mh, NULL);
+    cogpu__msg_fds(&mh, passed);
   close(fd);
   if (n <= 0)
     return 0;
   ASSERT_EQ(n, (ssize_t)sizeof *r);
   return 1;
+}
+
+static int nd_raw_ask(int type, uint16_t v, cogpu__msg_t *r) {
+  return nd_raw_ask_fd(type, v, r, NULL);
+}
+
+/* The snapshot a STATUS of protocol v is answered with: its version and
+ * size, after checking that it parses. */
+static unsigned nd_snapshot_of(uint16_t v, size_t *size) {
+  cogpu__msg_t r;
+  int fd = -1;
+  ASSERT_EQ(nd_raw_ask_fd(COGPU_M_STATUS, v, &r, &fd), 1);
+  ASSERT_EQ(r.rc, 0);
+  ASSERT(fd >= 0);
+  struct stat sb;
+  ASSERT_EQ(fstat(fd, &sb), 0);
+  char *buf = malloc((size_t)sb.st_size);
+  ASSERT(buf != NULL);
+  ASSERT_EQ(pread(fd, buf, (size_t)sb.st_size, 0), sb.st_size);
+  close(fd);
+  cogpu_status_t *st = calloc(1, sizeof *st);
+  ASSERT(st != NULL);
+  ASSERT_OK(cogpu__snap_parse(buf, (size_t)sb.st_size, st));
+  cogpu_status_free(st);
+  unsigned ver = ((const cogpu__snap_hdr_v3_t *)(const void *)buf)->version;
+  free(buf);
+  *size = (size_t)sb.st_size;
+  return ver;
 }
 
 /* A client of the previous protocol is served all the way (attach,
@@ -864,6 +895,14 @@ TEST_IMPL(daemon_serves_previous_protocol) {
   ASSERT_EQ(nd_raw_ask(COGPU_M_STATUS, COGPU_PROTO_VERSION, &r), 1);
   ASSERT_EQ(r.version, COGPU_PROTO_VERSION);
   ASSERT_STREQ(r.u.reply.release, COGPU_VERSION_STRING);
+  /* The snapshot in the layout each reads: cogpu 0.1.0 refuses any other
+   * size than version 3's (an idle node: a header and one GPU record). */
+  size_t size = 0;
+  ASSERT_UEQ(nd_snapshot_of(COGPU_PROTO_VERSION_MIN, &size),
+             COGPU_SNAP_VERSION_V3);
+  ASSERT_UEQ(size, sizeof(cogpu__snap_hdr_v3_t) + sizeof(cogpu__snap_gpu_t));
+  ASSERT_UEQ(nd_snapshot_of(COGPU_PROTO_VERSION, &size), COGPU_SNAP_VERSION);
+  ASSERT_UEQ(size, sizeof(cogpu__snap_hdr_t) + sizeof(cogpu__snap_gpu_t));
 
   cogpu__proto_client_version = COGPU_PROTO_VERSION_MIN;
   cogpu_t *h;
@@ -1151,10 +1190,28 @@ TEST_IMPL(daemon_snapshot_codec) {
   }
   char *buf = NULL;
   size_t size = 0;
-  ASSERT_OK(cogpu__snap_build(&s, &buf, &size));
-  /* Version 3's layout, which clients of both protocol versions read. */
+  /* Version 3 (for clients of protocol 2, cogpu 0.1.0): its fields come
+   * back, the checkpoint counters it lacks read as 0. */
+  ASSERT_EQ(cogpu__snap_build(&s, 5, &buf, &size), -EINVAL);
+  ASSERT_OK(cogpu__snap_build(&s, COGPU_SNAP_VERSION_V3, &buf, &size));
   ASSERT_UEQ(size, 1048 + 2 * 264 + 3 * 280 + 3 * 240);
   cogpu_status_t *d = calloc(1, sizeof *d);
+  ASSERT(d != NULL);
+  ASSERT_OK(cogpu__snap_parse(buf, size, d));
+  {
+    cogpu_status_t v3 = s;
+    v3.counters.checkpoint_bytes = 0;
+    v3.counters.checkpoint_seconds = 0;
+    sn_check_hdr(d, &v3);
+    sn_check_gpu(&d->gpus[1], &gpus[1]);
+    sn_check_waiter(&d->gpus[1].waiting[1], &gpus[1].waiting[1]);
+  }
+  cogpu_status_free(d);
+  free(buf);
+  /* Version 4, which clients of protocol 3 read. */
+  ASSERT_OK(cogpu__snap_build(&s, COGPU_SNAP_VERSION, &buf, &size));
+  ASSERT_UEQ(size, 1064 + 2 * 264 + 3 * 280 + 3 * 240);
+  d = calloc(1, sizeof *d);
   ASSERT(d != NULL);
   ASSERT_OK(cogpu__snap_parse(buf, size, d));
   sn_check_hdr(d, &s);

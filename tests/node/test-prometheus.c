@@ -456,8 +456,12 @@ TEST_IMPL_T(prom_live_scrape, 120) {
 
   /* Suspended: its footprint goes to host memory, counted once. */
   PROM_EXPECT(&prom, "cogpu_suspensions_total", 0);
+  PROM_EXPECT(&prom, "cogpu_checkpoint_bytes_total", 0);
   ASSERT_EQ(cogpu_verb("suspend", jpid), 0);
   PROM_EXPECT(&prom, "cogpu_suspensions_total", 1);
+  /* Its copy out: its 6 GiB footprint, in some time. */
+  PROM_EXPECT(&prom, "cogpu_checkpoint_bytes_total", 6.0 * GiB);
+  PROM_EXPECT(&prom, "cogpu_checkpoint_seconds_total >= bool 0", 1);
   snprintf(q, sizeof q, "cogpu_job_reserved_bytes%s", sel);
   PROM_EXPECT(&prom, q, 0);
   snprintf(q, sizeof q, "cogpu_job_suspended_bytes%s > bool 0", sel);
@@ -469,6 +473,7 @@ TEST_IMPL_T(prom_live_scrape, 120) {
   save_metrics("m.prom");
   ASSERT_EQ(cogpu_verb("resume", jpid), 0);
   PROM_EXPECT(&prom, "cogpu_resumes_total", 1);
+  PROM_EXPECT(&prom, "cogpu_checkpoint_bytes_total", 12.0 * GiB);
   snprintf(q, sizeof q, "cogpu_job_reserved_bytes%s", sel);
   PROM_EXPECT(&prom, q, 6.0 * GiB);
 

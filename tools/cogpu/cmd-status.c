@@ -115,6 +115,10 @@ static void status_json(FILE *f, const cogpu_status_t *st) {
       json_key(f, &first, keys[k]);
       fprintf(f, "%llu", (unsigned long long)vals[k]);
     }
+    json_key(f, &first, "checkpoint_bytes");
+    fprintf(f, "%llu", (unsigned long long)st->counters.checkpoint_bytes);
+    json_key(f, &first, "checkpoint_seconds");
+    fprintf(f, "%.6f", st->counters.checkpoint_seconds);
   }
   json_key(f, &first, "gpus");
   fputc('[', f);
@@ -245,6 +249,14 @@ static void status_table(FILE *f, const cogpu_status_t *st) {
             cogpu__fmt_size(st->suspend_max_bytes, b, sizeof b),
             cogpu__fmt_size(st->host_available_bytes, c, sizeof c),
             cogpu__fmt_size(st->host_margin_bytes, m, sizeof m));
+    /* What parking has cost the node so far, and the bandwidth it saw:
+     * what the next parking will cost. */
+    const cogpu_counters_t *k = &st->counters;
+    if (k->checkpoint_bytes && k->checkpoint_seconds > 0)
+      fprintf(f, "checkpoint copies %s moved in %.1f s (%.2f GB/s)\n",
+              cogpu__fmt_size(k->checkpoint_bytes, a, sizeof a),
+              k->checkpoint_seconds,
+              (double)k->checkpoint_bytes / k->checkpoint_seconds / 1e9);
   }
   for (size_t i = 0; i < st->ngpus; i++)
     status_table_gpu(f, &st->gpus[i]);

@@ -338,6 +338,15 @@ static void node_counters(FILE *f, const cogpu_status_t *st) {
          "Resumes the driver failed.");
   fprintf(f, "cogpu_resume_failures_total %llu\n",
           (unsigned long long)c->resume_failures);
+  family(f, "cogpu_checkpoint_bytes_total", "counter",
+         "GPU memory the checkpoint copies of suspensions and resumes "
+         "moved, out and back.");
+  fprintf(f, "cogpu_checkpoint_bytes_total %llu\n",
+          (unsigned long long)c->checkpoint_bytes);
+  family(f, "cogpu_checkpoint_seconds_total", "counter",
+         "Time those copies took: bytes over seconds is the node's "
+         "checkpoint bandwidth as it happened.");
+  fprintf(f, "cogpu_checkpoint_seconds_total %.9g\n", c->checkpoint_seconds);
   family(f, "cogpu_suspended_bytes", "gauge",
          "GPU memory of suspended jobs, now in host memory (node total).");
   fprintf(f, "cogpu_suspended_bytes %llu\n",
