@@ -114,7 +114,11 @@ int cogpu__ledger_reserve_fast(struct cogpu_s *h, const reserve_req_t *r) {
   for (uint32_t g = 0; g < h->st->hdr.ngpus; g++)
     if (js->held[g] && (r->gpu == COGPU_GPU_AUTO || r->gpu == (int64_t)g)) {
       js->flags |= COGPU_MARK_GREW;
-      js->grew_ns = cogpu__coarse_ns(); /* a figure: outside the undo log */
+      /* Growing now: asking past the most it has held (a job that frees
+       * and allocates again at its plateau asks, but does not grow). A
+       * figure: outside the undo log. */
+      if (js->held[g] + r->bytes > js->held_max)
+        js->grew_ns = cogpu__coarse_ns();
       break;
     }
   return reserve_fast(h, r);

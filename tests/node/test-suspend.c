@@ -99,19 +99,23 @@ static int su_cogpu(char *out, size_t len, const char *const argv[]) {
   return rc;
 }
 
+/* Waits (bounded) until th_path(tag) (a job's output) holds `needle`. */
+static void su_wait_text(const char *tag, const char *needle, int ms) {
+  for (int t = 0;; t += 20) {
+    const char *log = lt_slurp(tag);
+    if (strstr(log, needle))
+      return;
+    if (t > th_ms(ms))
+      th_fail(__FILE__, __LINE__, "no \"%s\" in %s:\n%s", needle, tag, log);
+    th_sleep_ms(20);
+  }
+}
+
 /* Waits (bounded) until the daemon's log holds `needle`: the loop logs a
  * resume when it takes the suspender's report, after the driver let the
  * job go on, so a loaded machine can finish the job first. */
 static void su_wait_log(const char *needle, int ms) {
-  for (int t = 0;; t += 20) {
-    const char *log = lt_slurp("cogpud.log");
-    if (strstr(log, needle))
-      return;
-    if (t > th_ms(ms))
-      th_fail(__FILE__, __LINE__, "no \"%s\" in the daemon's log:\n%s", needle,
-              log);
-    th_sleep_ms(20);
-  }
+  su_wait_text("cogpud.log", needle, ms);
 }
 
 /* The pid of the (first) client of GPU 0 holding at least `bytes`, waited
@@ -427,6 +431,32 @@ TEST_IMPL_T(susp_growth_order_not_behind_settled_job, 60) {
   cogpu_status_free(st);
   ASSERT_EQ(su_finish(older, "older", 30000), 0);
   ASSERT_CONTAINS(lt_slurp("younger"), "verify ok");
+  ASSERT_CONTAINS(lt_slurp("older"), "verify ok");
+  su_clean_end();
+}
+
+/* ...and a job at its plateau that frees and allocates again (no caching
+ * allocator) asks for memory over and over but does not grow: it holds
+ * nobody. "older" grew to 8.3 GiB and cycles 1 GiB; "younger" grows to
+ * 6.3 GiB, which fits beside older at its most but not beside as much
+ * again: it is served at once, never waiting, while older cycles. */
+TEST_IMPL_T(susp_growth_order_not_behind_plateau, 60) {
+  su_begin();
+  char cyc[4200], ogo[4200];
+  snprintf(cyc, sizeof cyc, "cycle:1G:%s", th_path("stop"));
+  snprintf(ogo, sizeof ogo, "waitfile:%s", su_go("older"));
+  const char *os[] = {"alloc:4G", "alloc:4G", "alloc:1G", "free",
+                      cyc,        ogo,        "verify",   NULL};
+  const char *ys[] = {"alloc:2G", "alloc:4G", "verify", NULL};
+  pid_t older = su_steps("older", os);
+  su_holder(9516 * MiB); /* its most: 8.3 GiB and the 1 GiB it cycles */
+  su_wait_text("older", "cycling", 10000);
+  pid_t younger = su_steps("younger", ys);
+  ASSERT_EQ(su_finish(younger, "younger", 30000), 0);
+  th_write_file(th_path("stop"), "");
+  ASSERT_EQ(su_finish(older, "older", 30000), 0);
+  ASSERT_CONTAINS(lt_slurp("younger"), "verify ok");
+  ASSERT(!strstr(lt_slurp("younger"), "waiting for"));
   ASSERT_CONTAINS(lt_slurp("older"), "verify ok");
   su_clean_end();
 }
@@ -847,11 +877,22 @@ TEST_IMPL_T(susp_manual_suspend_resume, 60) {
   ASSERT_STREQ(st->suspension, "yes");
   ASSERT_UEQ(st->suspended_bytes, c->suspended_bytes);
   ASSERT(st->suspend_max_bytes > 0 && st->host_available_bytes > 0);
+  /* Its copy out, counted: the footprint, in some time. */
+  uint64_t footprint = c->suspended_bytes;
+  ASSERT_UEQ(st->counters.checkpoint_bytes, footprint);
+  ASSERT(st->counters.checkpoint_seconds >= 0);
   cogpu_status_free(st);
   const char *stat[] = {"cogpu", "status", NULL};
   ASSERT_EQ(su_cogpu(out, sizeof out, stat), 0);
   ASSERT_CONTAINS(out, "suspension yes  suspended ");
   ASSERT_CONTAINS(out, "[suspended: ");
+  const char *json[] = {"cogpu", "status", "--json", NULL};
+  ASSERT_EQ(su_cogpu(out, sizeof out, json), 0);
+  char want[64];
+  snprintf(want, sizeof want, "\"checkpoint_bytes\":%llu",
+           (unsigned long long)footprint);
+  ASSERT_CONTAINS(out, want);
+  ASSERT_CONTAINS(out, "\"checkpoint_seconds\":");
   ASSERT_UEQ(lt_fake_cuda_used(), 0); /* the device is empty */
   /* Another job may use that memory meanwhile. */
   pid_t other = lt_hold("other", 0, 12 * GiB, 0, 0, 300);
@@ -865,6 +906,8 @@ TEST_IMPL_T(susp_manual_suspend_resume, 60) {
   ASSERT_CONTAINS(out, "resumed");
   c = su_client(&st, cpid);
   ASSERT(c && c->state == COGPU_JOB_RUNNING && c->reserved_bytes >= 4 * GiB);
+  /* And back. */
+  ASSERT_UEQ(st->counters.checkpoint_bytes, 2 * footprint);
   cogpu_status_free(st);
   ASSERT_EQ(su_finish(job, "job", 30000), 0);
   ASSERT_CONTAINS(lt_slurp("job"), "verify ok");

@@ -20,6 +20,8 @@
  *           mipmapfree info total freeunknown exporttable hold:MS
  *           waitfile:PATH (prints "waiting", then waits until PATH exists:
  *           a test's cue, never a timed window)
+ *           cycle:SIZE:PATH (allocates and frees SIZE, again and again,
+ *           until PATH exists)
  *           graph:SIZE (build a graph that allocates and frees SIZE on the
  *           context's device, instantiate and launch it) graphtrim
  *           graphdestroy verify (the data each alloc wrote is intact)
@@ -322,6 +324,34 @@ static int act_alloc(const char *arg) {
     printf("alloc %zu ok\n", bytes);
   }
   return rc;
+}
+
+/* cycle:SIZE:PATH: allocates SIZE and frees it again, over and over,
+ * until PATH exists: a job at its plateau that allocates and frees (as
+ * one without a caching allocator does), asking for memory again and
+ * again but never holding more than before. */
+static int act_cycle(const char *arg) {
+  const char *path = strchr(arg, ':');
+  if (!path)
+    return 3;
+  path++;
+  size_t bytes = size_arg(arg);
+  printf("cycling\n");
+  fflush(stdout);
+  unsigned long n = 0;
+  struct timespec ts = {0, 5 * 1000 * 1000};
+  while (access(path, F_OK) != 0) {
+    CUdeviceptr p = 0;
+    int rc = result("alloc", api.alloc(&p, bytes));
+    if (rc)
+      return rc;
+    if ((rc = result("free", api.free(p))) != 0)
+      return rc;
+    n++;
+    nanosleep(&ts, NULL);
+  }
+  printf("cycled %lu times\n", n);
+  return 0;
 }
 
 /* Reads back the pattern each alloc wrote (its first 4 KiB): data kept
@@ -687,6 +717,8 @@ static int act(const char *a) {
     return act_fork(arg);
   if (!strncmp(a, "graph:", 6))
     return act_graph(arg);
+  if (!strncmp(a, "cycle:", 6))
+    return act_cycle(arg);
   if (!strncmp(a, "waitfile:", 9)) {
     printf("waiting\n");
     fflush(stdout);
