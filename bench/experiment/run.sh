@@ -18,7 +18,8 @@
 #
 # Usage: bench/experiment/run.sh --mix MIX [--out DIR]
 #            [--scenarios LIST] [--gpu INDEX] [--job-timeout SECONDS]
-#   MIX: small, quick, large, growing (real GPU); fake, fake-growing
+#   MIX: small, quick, large, growing (real GPU); fake, fake-growing,
+#   fake-underdeclared, fake-growing-large
 #   LIST: comma-separated scenario names (default: the mix's own "#
 #         scenarios:" line, else the ten without a daemon)
 #   fake*: synthetic jobs (tests/preload/cudaprog) on the fake driver and

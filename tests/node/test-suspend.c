@@ -437,9 +437,12 @@ TEST_IMPL_T(susp_growth_order_not_behind_settled_job, 60) {
 
 /* ...and a job at its plateau that frees and allocates again (no caching
  * allocator) asks for memory over and over but does not grow: it holds
- * nobody. "older" grew to 8.3 GiB and cycles 1 GiB; "younger" grows to
- * 6.3 GiB, which fits beside older at its most but not beside as much
- * again: it is served at once, never waiting, while older cycles. */
+ * nobody. "older" grew to 9.3 GiB, then cycles 1 GiB below that; once it
+ * has cycled 250 times (its last growth at least 1.25 s back, past the
+ * second in which a job counts as growing), "younger" grows to 6.3 GiB,
+ * which fits beside older at its most but not beside as much again: it
+ * is served at once, never waiting, while older cycles. Counted as
+ * growing at each cycle, older held each of younger's requests. */
 TEST_IMPL_T(susp_growth_order_not_behind_plateau, 60) {
   su_begin();
   char cyc[4200], ogo[4200];
@@ -450,7 +453,7 @@ TEST_IMPL_T(susp_growth_order_not_behind_plateau, 60) {
   const char *ys[] = {"alloc:2G", "alloc:4G", "verify", NULL};
   pid_t older = su_steps("older", os);
   su_holder(9516 * MiB); /* its most: 8.3 GiB and the 1 GiB it cycles */
-  su_wait_text("older", "cycling", 10000);
+  su_wait_text("older", "cycled 250", 30000);
   pid_t younger = su_steps("younger", ys);
   ASSERT_EQ(su_finish(younger, "younger", 30000), 0);
   th_write_file(th_path("stop"), "");
@@ -662,9 +665,20 @@ TEST_IMPL_T(susp_growing_jobs_two_gpus_priorities, 240) {
  * 1.8 GiB each (a context and three steps of 512 MiB) on one 16 GiB GPU,
  * 3.6 times its memory, started together: all complete with their data,
  * none is told out-of-memory, the device never holds more than its size,
- * and suspension converges (at most one per job on average). */
+ * and suspension converges (at most one per job on average).
+ *
+ * The driver may refuse memory the ledger granted in one case: a job has
+ * ended, the ledger freed its memory when its process left, and the
+ * driver has not yet torn down that process's context (a real driver
+ * frees it with the process's device files, which may come later). The
+ * preload library retries then (driver_wait; it says so at info level)
+ * and the program never sees it. With 32 contexts the GPU runs within a
+ * context of full, and jobs waiting in order are served the moment one
+ * ends: a loaded ASan run saw it once in about ten. So the jobs log at
+ * info here, and a refusal by the driver must come with that retry. */
 TEST_IMPL_T(susp_growing_32_small_jobs, 300) {
   su_begin();
+  setenv("COGPU_LOG", "info", 1); /* the jobs' (the daemon runs already) */
   enum { N = 32 };
   lt_fake_reset_peak();
   pid_t p[N];
@@ -673,20 +687,27 @@ TEST_IMPL_T(susp_growing_32_small_jobs, 300) {
     snprintf(tag[i], sizeof tag[i], "small%d", i);
     p[i] = su_growing(tag[i], NULL, 3, "hold:100");
   }
-  int failed = 0, suspensions = 0;
+  int failed = 0, suspensions = 0, retried = 0;
   for (int i = 0; i < N; i++)
     failed += su_finish(p[i], tag[i], 250000) != 0;
   for (int i = 0; i < N; i++) {
     const char *out = lt_slurp(tag[i]);
     ASSERT_CONTAINS(out, "verify ok");
     ASSERT(!strstr(out, "alloc: error"));
+    ASSERT(!strstr(out, "the driver is out of memory that cogpu counts"));
     suspensions += su_count(out, "suspended: this job");
+    retried += su_count(out, "the driver refused memory cogpu granted");
   }
-  fprintf(stderr, "# %d suspensions for %d jobs\n", suspensions, N);
+  fprintf(stderr, "# %d suspensions for %d jobs, %d retried\n", suspensions, N,
+          retried);
   ASSERT_EQ(failed, 0);
   unsigned long long peak = 0, ooms = 0;
   lt_fake_cuda_stats(&peak, &ooms);
-  ASSERT_EQ(ooms, 0);
+  if (ooms != 0 && retried == 0)
+    th_fail(__FILE__, __LINE__,
+            "the driver refused memory %llu times, never in the window "
+            "after a job's end",
+            ooms);
   ASSERT_ULE(peak, 16 * GiB);
   /* One per job on average (issue 25): 13 to 15 for the 32 on a loaded
    * 2-core VM under ASan. */
