@@ -129,7 +129,7 @@ typedef struct ledger_slot_s {
   /* When the job (its slot) last asked for more on a GPU where it already
    * held memory (monotonic, coarse): a job that grows now. Growth waits
    * in order behind it while its growth and the request do not both fit
-   * (suspend.c, growth_holds): the deadlock that would park someone. */
+   * (suspend.c, order_holds): the deadlock that would park someone. */
   uint64_t grew_ns;
   uint64_t last_op;
   int64_t last_rc;
@@ -329,6 +329,11 @@ static inline uint32_t cogpu__ledger_slot_next(const ledger_state_t *st,
        s < LEDGER_MAX_SLOTS && (cond);                                         \
        s = cogpu__ledger_slot_next((st), s + 1))
 #define LEDGER_FOR_SLOTS(st, s) LEDGER_FOR_SLOTS_WHILE(st, s, true)
+/* Bit maps over slots (uint8_t[LEDGER_MAX_SLOTS / 8]): the scans that
+ * mark slots in one pass and test them in another (policy.c's deadlock
+ * guard, suspend.c's jobs that grow). */
+#define LEDGER_BIT_SET(map, i) ((map)[(i) / 8] |= (uint8_t)(1u << ((i) % 8)))
+#define LEDGER_BIT_GET(map, i) (((map)[(i) / 8] >> ((i) % 8)) & 1u)
 
 /* A process's attachment to the ledger: the ledger backend's handle behind
  * a public cogpu_t in single-user mode (api-int.h), or the daemon's own
@@ -515,7 +520,7 @@ void cogpu__ledger_serve(struct cogpu_s *h);
  * twice the last parking's copy there, at most LEDGER_LEAD_HOLD_MAX_MS. */
 #define LEDGER_LEAD_HOLD_MS 5000u
 #define LEDGER_LEAD_HOLD_MAX_MS 300000u
-/* A job "grows now" (suspend.c, growth_holds) for this long after it last
+/* A job "grows now" (suspend.c, order_holds) for this long after it last
  * asked for more where it held memory: jobs warming up ask every few
  * tens or hundreds of milliseconds; one that has not asked for a second
  * has settled (a service, a training loop past its first steps), and

@@ -192,9 +192,6 @@ static bool guard_waiting(struct cogpu_s *h, const ledger_waiter_t *wt,
              cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h)));
 }
 
-#define BIT_SET(map, i) ((map)[(i) / 8] |= (uint8_t)(1u << ((i) % 8)))
-#define BIT_GET(map, i) (((map)[(i) / 8] >> ((i) % 8)) & 1u)
-
 /* The job slot a member slot belongs to, or -1 (not a member, or its job
  * is gone, or it is a process whose job ended: then it is its own). */
 static int64_t member_of(struct cogpu_s *h, uint32_t m) {
@@ -226,11 +223,11 @@ static bool runnable_holder(struct cogpu_s *h, uint32_t g, uint64_t now,
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     const ledger_waiter_t *wt = &h->st->waiters[w];
     uint32_t o = wt->owner;
-    if (o >= LEDGER_MAX_SLOTS || !BIT_GET(owner_w, o) || BIT_GET(seen, o) ||
-        !guard_waiting(h, wt, g, now) ||
+    if (o >= LEDGER_MAX_SLOTS || !LEDGER_BIT_GET(owner_w, o) ||
+        LEDGER_BIT_GET(seen, o) || !guard_waiting(h, wt, g, now) ||
         cogpu__core_guard_due(wt->since_ns, now, bound))
       continue;
-    BIT_SET(seen, o);
+    LEDGER_BIT_SET(seen, o);
     /* A thread that waits for the ledger's lock (which this pass holds)
      * is about to act: it may be the release (seen: a holder's other
      * thread, done spinning, blocked on this lock and so asleep, and the
@@ -269,8 +266,8 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
     const ledger_waiter_t *wt = &h->st->waiters[w];
     if (wt->slot < LEDGER_MAX_SLOTS && wt->owner < LEDGER_MAX_SLOTS &&
         guard_waiting(h, wt, g, now)) {
-      BIT_SET(waits, wt->slot);
-      BIT_SET(owner_w, wt->owner);
+      LEDGER_BIT_SET(waits, wt->slot);
+      LEDGER_BIT_SET(owner_w, wt->owner);
       any = true;
     }
   }
@@ -278,8 +275,8 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
     return -1;
   LEDGER_FOR_SLOTS(h->st, m) {
     int64_t job = member_of(h, m);
-    if (job >= 0 && !BIT_GET(owner_w, m))
-      BIT_SET(running, (uint32_t)job);
+    if (job >= 0 && !LEDGER_BIT_GET(owner_w, m))
+      LEDGER_BIT_SET(running, (uint32_t)job);
   }
   LEDGER_FOR_SLOTS(h->st, s) {
     const ledger_slot_t *sl = &h->st->slots[s];
@@ -293,8 +290,8 @@ static int64_t deadlock_victim(struct cogpu_s *h, uint32_t g) {
      * its threads waits while others release. */
     bool moving = !cogpu__core_guard_due(
         sl->released_ns, now, cogpu__ms_to_ns(cogpu__ledger_guard_delay_ms(h)));
-    bool stuck = BIT_GET(waits, s) && !BIT_GET(running, s) && !moving &&
-                 (!own || BIT_GET(owner_w, s));
+    bool stuck = LEDGER_BIT_GET(waits, s) && !LEDGER_BIT_GET(running, s) &&
+                 !moving && (!own || LEDGER_BIT_GET(owner_w, s));
     if (!stuck)
       return -1; /* someone can still make progress and release */
   }

@@ -618,7 +618,7 @@ static bool in_order(struct cogpu_s *h, uint32_t g) {
   return at && !cogpu__core_guard_due(at, cogpu__now_ns(), order_hold_ns(h, g));
 }
 
-/* The jobs that grow now on g (growth_holds): those that asked for more
+/* The jobs that grow now on g (order_holds): those that asked for more
  * where they held memory since `since` (coarse ns), and those with a
  * request waiting there (still asking, however long ago). */
 typedef struct {
@@ -642,13 +642,13 @@ static void growing_init(struct cogpu_s *h, uint32_t g, uint64_t since,
     left--;
     if (!wt->resume && wt->slot < LEDGER_MAX_SLOTS &&
         (wt->gpu == COGPU_GPU_AUTO || wt->gpu == (int64_t)g))
-      f->waits[wt->slot / 8] |= (uint8_t)(1u << (wt->slot % 8));
+      LEDGER_BIT_SET(f->waits, wt->slot);
   }
 }
 
 static bool growing(const ledger_state_t *st, uint32_t t, const growing_t *f) {
   return st->slots[t].grew_ns >= f->since ||
-         (f->any_wait && ((f->waits[t / 8] >> (t % 8)) & 1u));
+         (f->any_wait && LEDGER_BIT_GET(f->waits, t));
 }
 
 /* What the jobs running on g ahead of slot s (every one but s, with all)
@@ -673,56 +673,52 @@ static uint64_t ahead_need(struct cogpu_s *h, uint32_t s, uint32_t g, bool all,
   return sum;
 }
 
-/* Growth on g in the order window: a job grows only into what the jobs
- * ahead of it (higher priority, then older) leave after their expected
- * growth. Without this, the memory a parked job gave up went one chunk
- * to each waiter, and the next deadlock parked another job: eight jobs
- * growing together parked four or five (28 GiB moved for a 16 GiB GPU).
- * In order, the leader gets what it needs, ends and gives everything
- * back, and the next one leads. */
+/* Growth on g in order: a job grows only into what the jobs ahead of it
+ * (higher priority, then older) leave after their expected growth (a
+ * learnt peak less what the job holds; for one of unknown peak, as much
+ * again as it holds). Granted, it would take what they are about to ask
+ * for, and the deadlock that follows parks somebody. In order, the
+ * leader gets what it needs, ends and gives everything back, and the
+ * next one leads. Two windows:
+ *  - after a parking on g (in_order), behind every job ahead: without
+ *    it, the memory a parked job gave up went one chunk to each waiter,
+ *    and the next deadlock parked another job (eight jobs growing
+ *    together parked four or five, 28 GiB moved for a 16 GiB GPU);
+ *  - before any deadlock (issue 25: the first run of jobs the node has
+ *    never seen), behind the jobs ahead that grow now (asked for more
+ *    than they had held within LEDGER_GROWING_MS, or wait for more):
+ *    eight jobs of unknown peak growing together deadlocked with 2 GiB
+ *    each and parked two of them, which at 0.5 GB/s took longer than
+ *    running them one at a time. Bounded like the order after a parking
+ *    (order_hold_ns: 5 s, or twice the last parking's copy on g): a
+ *    request that has waited that long (since: when it began to wait;
+ *    UINT64_MAX, one that asks now) goes on as if nobody grew. A job that
+ *    settled keeps nobody waiting, and a node where nothing grows (or
+ *    nothing is short) pays one scan of the slots per request that grows,
+ *    with the daemon's hooks only.
+ * Waiting costs a job nothing that parking would not cost more: a job
+ * held while it holds memory is still a waiter of the deadlock guard, so
+ * if the jobs ahead deadlock anyway the guard parks as before. Only growth
+ * is held (admit_holds): most jobs never grow, and one that does is held
+ * at its first growth, while it holds little (the cheapest to park). */
 static bool order_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
-                        uint32_t g) {
-  if (!in_order(h, g))
-    return false;
-  uint64_t need = ahead_need(h, s, g, false, true, NULL);
+                        uint32_t g, uint64_t since) {
+  bool window = in_order(h, g);
+  growing_t f;
+  if (!window) {
+    uint64_t now = cogpu__coarse_ns(),
+             grow = cogpu__ms_to_ns(LEDGER_GROWING_MS);
+    if (now <= grow ||
+        (since != UINT64_MAX &&
+         cogpu__core_guard_due(since, cogpu__now_ns(), order_hold_ns(h, g))))
+      return false;
+    growing_init(h, g, now - grow, &f);
+  }
+  uint64_t need = ahead_need(h, s, g, false, true, window ? NULL : &f);
+  if (!window && !need)
+    return false; /* nobody ahead grows now */
   return need > UINT64_MAX - bytes ||
          !cogpu__ledger_fits(h, g, s, bytes + need, false);
-}
-
-/* Growth in order before any deadlock (issue 25: the first run of jobs
- * the node has never seen). While jobs ahead of s on g (higher priority,
- * then older) grow now (asked for more within LEDGER_GROWING_MS, or
- * wait for more), a request of s for more there waits unless it fits
- * beside their expected growth: a learnt peak less what the job holds,
- * and for one of unknown peak as much again as it holds. Granted, it
- * would take what they are about to ask for, and the deadlock that
- * follows parks somebody: eight jobs of unknown peak growing together
- * deadlocked with 2 GiB each and parked two of them, gigabytes moved
- * out and back, which at 0.5 GB/s took longer than running the jobs one
- * at a time. Held, the jobs ahead grow, end and give everything back.
- * Waiting costs a job nothing that parking would not cost more: a job
- * held while it holds memory is still a waiter of the deadlock guard,
- * so if the jobs ahead deadlock anyway the guard parks as before. It is
- * bounded like the order after a parking (order_hold_ns: 5 s, or twice
- * the last parking's copy on g): a request that has waited that long
- * goes on as if nobody grew. A job that settled keeps nobody waiting, and
- * a node where nothing grows (or nothing is short) pays one scan of the
- * slots per request that grows, with the daemon's hooks only. A job's
- * first memory on g is never held here: most jobs never grow, and one
- * that does is held at its first growth, while it holds little (the
- * cheapest to park, if it comes to that). */
-static bool growth_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
-                         uint32_t g, uint64_t since) {
-  uint64_t now = cogpu__coarse_ns(), grow = cogpu__ms_to_ns(LEDGER_GROWING_MS);
-  if (now <= grow ||
-      (since != UINT64_MAX &&
-       cogpu__core_guard_due(since, cogpu__now_ns(), order_hold_ns(h, g))))
-    return false;
-  growing_t f;
-  growing_init(h, g, now - grow, &f);
-  uint64_t need = ahead_need(h, s, g, false, true, &f);
-  return need && (need > UINT64_MAX - bytes ||
-                  !cogpu__ledger_fits(h, g, s, bytes + need, false));
 }
 
 bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
@@ -733,7 +729,7 @@ bool cogpu__ledger_admit_holds(struct cogpu_s *h, uint32_t s, uint64_t bytes,
   if (host_holds(h, s, bytes, g))
     return true;
   if (h->st->slots[s].held[g] != 0)
-    return growth_holds(h, s, bytes, g, since) || order_holds(h, s, bytes, g);
+    return order_holds(h, s, bytes, g, since);
   uint64_t parked = parked_need(h, g, since);
   uint64_t e = expect_of(h, s, g);
   if (!parked && !e)
