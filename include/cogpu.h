@@ -173,7 +173,8 @@ typedef struct cogpu_client_info_s {
   bool own; /* the handle given to cogpu_status */
   /* Suspension (node mode): the job's state; while suspended its footprint
    * (suspended_bytes) is in host memory and reserved_bytes is 0. */
-  int state; /* COGPU_JOB_RUNNING, _SUSPENDING, _SUSPENDED, _RESUMING */
+  int state; /* COGPU_JOB_RUNNING, _SUSPENDING, _SUSPENDED, _RESUMING,
+                _EXITING */
   unsigned suspensions;     /* times it was suspended */
   uint64_t suspended_bytes; /* footprint moved to host memory */
   double suspended_seconds; /* how long it has been suspended */
@@ -194,7 +195,10 @@ enum {
   COGPU_JOB_RUNNING = 0,
   COGPU_JOB_SUSPENDING = 1,
   COGPU_JOB_SUSPENDED = 2,
-  COGPU_JOB_RESUMING = 3
+  COGPU_JOB_RESUMING = 3,
+  /* Its process closed its connection to the node daemon and has not gone:
+   * its memory stays booked until the driver has freed it. */
+  COGPU_JOB_EXITING = 4
 };
 
 typedef struct cogpu_waiter_info_s {

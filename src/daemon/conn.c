@@ -372,9 +372,15 @@ void cogpu__conn_readable(cogpu__daemon_t *d, dconn_t *c, uint32_t events) {
     return;
   }
   if (c->kind == DC_PIDFD) {
+    const ledger_slot_t *sl = d->dh ? &d->dh->st->slots[c->slot] : NULL;
+    bool leaving = sl && sl->state == SLOT_ACTIVE &&
+                   atomic_load(&sl->gen) == c->gen &&
+                   sl->leaving != LEDGER_LEAVING_NO;
     cogpu__log(COGPU_LOG_INFO,
-               "client pid %d ended while the daemon was away: its slot %u "
-               "is freed",
+               leaving ? "client pid %d has gone: the memory its slot %u "
+                         "kept is freed"
+                       : "client pid %d ended while the daemon was away: its "
+                         "slot %u is freed",
                (int)c->pid, c->slot);
     cogpu__conn_end(d, c);
     return;

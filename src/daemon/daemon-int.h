@@ -81,9 +81,12 @@ typedef struct dconn_s {
   bool hist_pending;
   uint32_t hist_seq; /* the HISTORY request's sequence number */
   uint64_t id;
-  int passed_fd;    /* a descriptor that came with the message (-1: none) */
-  bool counted;     /* in its user's count of connections (admins: not) */
-  bool closing;     /* to be ended after this batch of events */
+  int passed_fd; /* a descriptor that came with the message (-1: none) */
+  bool counted;  /* in its user's count of connections (admins: not) */
+  bool closing;  /* to be ended after this batch of events */
+  /* MAIN: the client said it detaches (DETACH): its memory is given back
+   * at the close, not kept until its process has gone. */
+  bool detached;
   bool dead;        /* ended: its record is freed after this batch */
   bool reap_listed; /* on the daemon's reap list */
   /* MAIN: the PIDFD connection watching its process (NULL: none); that

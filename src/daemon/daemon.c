@@ -236,6 +236,18 @@ static void on_tick(cogpu__daemon_t *d) {
     return;
   ledger_state_t *st = h->st;
   cogpu__ledger_foreign_refresh(h, false);
+  LEDGER_FOR_SLOTS(st, s) {
+    dconn_t *w = d->slot_conn[s];
+    if (st->slots[s].state != SLOT_ACTIVE ||
+        st->slots[s].leaving != LEDGER_LEAVING_GONE || !w ||
+        w->kind != DC_PIDFD)
+      continue;
+    cogpu__log(COGPU_LOG_INFO,
+               "client pid %d holds no GPU memory by NVML: the memory its "
+               "slot %u kept is freed",
+               (int)st->slots[s].pid, s);
+    cogpu__conn_end(d, w);
+  }
   cogpu__ledger_lock(h);
   LEDGER_FOR_SLOTS(st, s) {
     ledger_slot_t *sl = &st->slots[s];

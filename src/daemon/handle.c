@@ -277,6 +277,14 @@ static int on_resume(cogpu__daemon_t *d, dconn_t *c, const cogpu__msg_t *m) {
     d->slot_conn[c->slot] = NULL; /* stops watching the orphan */
     cogpu__daemon_end_later(d, old);
   }
+  ledger_slot_t *sl = &d->dh->st->slots[c->slot];
+  if (sl->leaving != LEDGER_LEAVING_NO) {
+    /* Its process is back (it lost its connection, it did not exit). */
+    cogpu__ledger_lock(d->dh);
+    cogpu__ledger_tx_set(d->dh, &sl->leaving, LEDGER_LEAVING_NO);
+    cogpu__ledger_tx_commit(d->dh);
+    cogpu__ledger_unlock(d->dh);
+  }
   c->kind = DC_MAIN;
   d->slot_conn[c->slot] = c;
   cogpu__daemon_watch_process(d, c);
@@ -1378,6 +1386,11 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
       rc = on_job_end(d, c, &m);
       break;
     case COGPU_M_DETACH:
+      /* No reply: the client waits for the close (node/client.c). */
+      c->detached = true;
+      c->closing = true;
+      rc = 0;
+      break;
     default:
       rc = -1;
     }
@@ -1398,10 +1411,45 @@ int cogpu__daemon_handle(cogpu__daemon_t *d, dconn_t *c, const void *buf,
 /* --- closing
  * ------------------------------------------------------------------ */
 
+/* A MAIN connection closed without DETACH while its process lives (its
+ * watcher has not fired) and its slot holds memory: the process is
+ * exiting (the kernel closes its descriptors one by one, the driver's
+ * after ours or not; PyTorch frees its cache at the driver's teardown, not
+ * before), or it closed the descriptor itself. Its memory is in use until
+ * the driver frees it: the slot keeps it, watched by the pidfd, and is
+ * freed when the process has gone (ledger_slot_t.leaving). True if so. */
+static bool keep_leaving(cogpu__daemon_t *d, dconn_t *c) {
+  ledger_state_t *st = d->dh->st;
+  ledger_slot_t *sl = &st->slots[c->slot];
+  dconn_t *w = c->watch;
+  if (c->kind != DC_MAIN || c->detached || !w || w->dead ||
+      d->slot_conn[c->slot] != c || sl->state != SLOT_ACTIVE ||
+      atomic_load(&sl->gen) != c->gen || !cogpu__ledger_slot_holds(st, c->slot))
+    return false;
+  struct cogpu_s *h = as(d, c);
+  w->watch = NULL;
+  c->watch = NULL;
+  d->slot_conn[c->slot] = w;
+  cogpu__ledger_lock(h);
+  cogpu__ledger_slot_leave(h, c->slot);
+  cogpu__ledger_serve(h);
+  cogpu__ledger_unlock(h);
+  cogpu__log(COGPU_LOG_INFO,
+             "client pid %d closed its connection holding memory: its slot "
+             "%u keeps it until the process has gone",
+             (int)c->pid, c->slot);
+  return true;
+}
+
 void cogpu__daemon_close(cogpu__daemon_t *d, dconn_t *c) {
   if (!d->dh)
     return;
   ledger_state_t *st = d->dh->st;
+  if (keep_leaving(d, c)) {
+    cogpu__daemon_answer_waiters(d);
+    drop_orphaned_waits(d);
+    return;
+  }
   if (c->watch) {
     /* A MAIN connection's watcher, or a watcher's MAIN connection: the
      * other ends with it (a watcher fired unlinks itself first). */

@@ -182,6 +182,23 @@ static void escaped_count(struct cogpu_s *h, const escapee_t *e, size_t n,
   }
 }
 
+/* Leaving slots (ledger_slot_t.leaving) whose process NVML lists on no GPU
+ * (listed: by client index, NVML having answered for every GPU): the
+ * driver holds nothing of theirs, though the process lives on (it made a
+ * new image without the preload library, or closed the driver's
+ * descriptors with ours). Marked for the daemon to free (lock held). */
+static void leaving_gone(struct cogpu_s *h, const int *pids,
+                         const uint32_t *slots, const bool *listed, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    ledger_slot_t *sl = &h->st->slots[slots[i]];
+    if (listed[i] || sl->state != SLOT_ACTIVE || sl->pid != pids[i] ||
+        sl->leaving != LEDGER_LEAVING)
+      continue;
+    cogpu__ledger_tx_set(h, &sl->leaving, LEDGER_LEAVING_GONE);
+    cogpu__ledger_tx_commit(h);
+  }
+}
+
 int cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (!foreign_claim(h, force))
     return 0;
@@ -191,11 +208,12 @@ int cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   uint32_t *slots = malloc(LEDGER_MAX_SLOTS * sizeof *slots);
   cogpu__gpu_proc_t *procs = malloc(FOREIGN_MAX_PROCS * sizeof *procs);
   escapee_t *esc = malloc(FOREIGN_MAX_PROCS * sizeof *esc);
+  bool *listed = calloc(LEDGER_MAX_SLOTS, sizeof *listed);
   size_t nesc = 0;
   int rc = 0;
   ledger_hdr_t *hd = &h->st->hdr;
   uint64_t foreign[LEDGER_MAX_GPUS];
-  if (!pids || !slots || !procs || !esc)
+  if (!pids || !slots || !procs || !esc || !listed)
     goto out; /* keep the last known figures */
   size_t np = client_pids(h, pids, slots);
   for (uint32_t g = 0; g < hd->ngpus; g++) {
@@ -210,8 +228,10 @@ int cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
     foreign[g] = 0;
     for (size_t i = 0; i < n; i++) {
       long c = pid_class(pids, np, (int)procs[i].pid);
-      if (c == -1)
+      if (c == -1) {
+        listed[client_index(pids, np, (int)procs[i].pid)] = true;
         continue; /* a client's: counted allocation by allocation */
+      }
       if (c == -2 || nesc == FOREIGN_MAX_PROCS) {
         foreign[g] += procs[i].used;
         continue;
@@ -226,6 +246,7 @@ int cogpu__ledger_foreign_refresh(struct cogpu_s *h, bool force) {
   if (rc)
     goto out; /* a stopped holder: keep the last known figures */
   escaped_count(h, esc, nesc, foreign);
+  leaving_gone(h, pids, slots, listed, np);
   bool grew = false;
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (hd->gpus[g].foreign == foreign[g])
@@ -242,6 +263,7 @@ out:
   free(slots);
   free(procs);
   free(esc);
+  free(listed);
   return rc;
 }
 

@@ -31,7 +31,7 @@
 
 #define LEDGER_MAGIC "COGPUST\0"
 /* 7: hdr.slot_map, the slots in use. */
-#define LEDGER_VERSION 9u
+#define LEDGER_VERSION 10u
 #define LEDGER_MAX_GPUS COGPU_NVML_MAX_GPUS
 /* Enough for the node daemon's 10,000 connected clients; a slot costs
  * nothing until it is used (the file's pages are touched on use). */
@@ -51,6 +51,9 @@
 #define LOCKW_GEN_MASK 0xffffu
 
 enum slot_state { SLOT_FREE = 0, SLOT_ACTIVE = 1 };
+/* ledger_slot_t.leaving: no; yes; yes, and NVML lists the process on none
+ * of the GPUs where the slot holds memory (the daemon frees it). */
+enum { LEDGER_LEAVING_NO = 0, LEDGER_LEAVING = 1, LEDGER_LEAVING_GONE = 2 };
 /* W_REFUSED: failed by the deadlock guard; the waiter returns
  * COGPU_EDEADLOCK. */
 enum waiter_state {
@@ -131,6 +134,18 @@ typedef struct ledger_slot_s {
    * in order behind it while its growth and the request do not both fit
    * (suspend.c, order_holds): the deadlock that would park someone. */
   uint64_t grew_ns;
+  /* Node mode: the process's connection closed while the slot held memory
+   * and the process had not gone (LEDGER_LEAVING_*). The driver frees a
+   * process's memory when the process has gone, after its connection
+   * closed (the kernel closes descriptors in turn at exit; a library's
+   * destructor may close first): granted to a waiter at the close, that
+   * memory was refused to it by the driver. The slot keeps its bookings
+   * until the daemon sees the process gone (its pidfd), the process
+   * connects again to the slot (it lost its connection), or NVML lists it
+   * on no GPU; meanwhile it neither grows, waits nor is parked. A new
+   * image (exec) attaches a slot of its own: whether the driver freed the
+   * old one's memory is not known here, so that slot stays booked. */
+  uint64_t leaving;
   uint64_t last_op;
   int64_t last_rc;
   int64_t last_gpu;
@@ -439,6 +454,12 @@ bool cogpu__ledger_verify(struct cogpu_s *h);
 void cogpu__ledger_recount(struct cogpu_s *h);
 /* Free one slot: its reservations, exclusivity and waiters. */
 void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s);
+/* Slot s's connection closed while its process lives and it holds memory
+ * (lock held): it keeps its bookings, its requests are cancelled, and it
+ * is neither grown, waited behind nor parked (ledger_slot_t.leaving). */
+void cogpu__ledger_slot_leave(struct cogpu_s *h, uint32_t s);
+/* Does slot s hold memory on some GPU, its own or claimed from its job? */
+bool cogpu__ledger_slot_holds(const ledger_state_t *st, uint32_t s);
 /* The slot map (hdr.slot_map), lock held: set slot s's bit (before the
  * slot becomes active); clear it, if the slot is free and accounts for no
  * escaped memory. */

@@ -77,6 +77,7 @@ void cogpu__ledger_slot_fill(struct cogpu_s *h, uint32_t slot, int pid,
   s->flags = s->susp = s->susp_gpu = s->parked = s->susp_manual = 0;
   s->susp_since_ns = s->susp_count = s->susp_retry_ns = 0;
   s->grew_ns = 0;
+  s->leaving = LEDGER_LEAVING_NO;
   for (uint32_t g = 0; g < LEDGER_MAX_GPUS; g++) {
     atomic_store_explicit(&s->usage.used[g], 0, memory_order_relaxed);
     atomic_store_explicit(&s->usage.peak[g], 0, memory_order_relaxed);

@@ -52,7 +52,9 @@ static void status_clients(struct cogpu_s *h, uint32_t g, size_t max,
     c->reserved_bytes = sl->held[g];
     c->exclusive = excl;
     c->own = s == h->res_slot;
-    c->state = (int)sl->susp;
+    c->state = sl->leaving != LEDGER_LEAVING_NO && sl->susp == SUSP_NONE
+                   ? COGPU_JOB_EXITING
+                   : (int)sl->susp;
     c->suspensions = (unsigned)sl->susp_count;
     c->used_bytes = used[s];
     c->peak_bytes = peak[s];

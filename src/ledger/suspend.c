@@ -121,6 +121,13 @@ int cogpu__ledger_suspendable(struct cogpu_s *h, uint32_t s, int *gpu,
                     : sl->susp == SUSP_SUSPENDING ? "being suspended"
                                                   : "being resumed"),
            -EALREADY;
+  LEDGER_FOR_SLOTS(st, m) {
+    if (of_job(st, s, m) && st->slots[m].leaving != LEDGER_LEAVING_NO)
+      return snprintf(why, len,
+                      "its process %d is exiting (its connection closed)",
+                      st->slots[m].pid),
+             -EPERM;
+  }
   int on = -1;
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (hd->gpus[g].excl_slot == s + 1)
@@ -399,7 +406,8 @@ static bool is_job(const ledger_state_t *st, uint32_t t) {
 static bool running_on(const ledger_state_t *st, uint32_t t, uint32_t g) {
   const ledger_slot_t *o = &st->slots[t];
   return o->state == SLOT_ACTIVE && o->held[g] != 0 && is_job(st, t) &&
-         o->susp != SUSP_SUSPENDING && o->susp != SUSP_SUSPENDED;
+         o->susp != SUSP_SUSPENDING && o->susp != SUSP_SUSPENDED &&
+         o->leaving == LEDGER_LEAVING_NO; /* it gives back, never grows */
 }
 
 /* Does job a go before job b ? Higher priority, then older. */
@@ -917,7 +925,8 @@ static bool suspend_some(struct cogpu_s *h, uint32_t g, victim_ok_fn ok,
     LEDGER_FOR_SLOTS(h->st, s) {
       const ledger_slot_t *sl = &h->st->slots[s];
       if (sl->state != SLOT_ACTIVE || sl->held[g] == 0 ||
-          sl->susp != SUSP_NONE || (tried[s / 8] >> (s % 8)) & 1u)
+          sl->susp != SUSP_NONE || sl->leaving != LEDGER_LEAVING_NO ||
+          (tried[s / 8] >> (s % 8)) & 1u)
         continue;
       if (sl->held[g] > room) {
         too_big = true;

@@ -606,8 +606,15 @@ static void hang_up(int fd) {
 void cogpu__node_detach(cogpu__node_t *n) {
   if (!n)
     return;
-  if (!n->forked && n->fd >= 0)
+  if (!n->forked && n->fd >= 0) {
+    /* Said, so that the daemon gives the memory back at once: a connection
+     * that closes unsaid is a process exiting, whose memory the daemon
+     * keeps booked until the process has gone (the driver frees it then). */
+    cogpu__msg_t m;
+    cogpu__msg_init(&m, COGPU_M_DETACH, ++n->seq);
+    (void)msg_send(n->fd, &m);
     hang_up(n->fd);
+  }
   if (n->usage)
     munmap(n->usage, sizeof(cogpu__usage_t));
   if (n->usage_fd >= 0)

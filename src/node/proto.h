@@ -77,7 +77,8 @@ enum cogpu__msg_type {
   COGPU_M_ROOM,    /* capacity and free bytes of a GPU; job's spare */
   COGPU_M_HELD,
   COGPU_M_FIND_JOB,
-  COGPU_M_DETACH,
+  COGPU_M_DETACH,  /* main connection: it detaches; its memory is freed at
+                      the close (unsaid, only once its process has gone) */
   COGPU_M_WAIT,    /* wait connection: a request that waits */
   COGPU_M_ACK,     /* wait connection: the grant was received */
   COGPU_M_STATUS,  /* query connection: snapshot in a memfd */
@@ -393,7 +394,7 @@ int cogpu__msg_fds(const struct msghdr *mh, int *fd);
   X(OWN, uint32_t, slot, own)                                                  \
   X(STR, 128, command, command)                                                \
   X(STR, 64, job_id, job_id)                                                   \
-  X(ENUM, uint32_t, state, state, COGPU_JOB_RESUMING)                          \
+  X(ENUM, uint32_t, state, state, COGPU_JOB_EXITING)                           \
   X(NUM, uint32_t, suspensions, suspensions)                                   \
   X(NUM, uint64_t, suspended_bytes, suspended_bytes)                           \
   X(NUM, double, suspended_seconds, suspended_seconds)                         \

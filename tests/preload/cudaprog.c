@@ -26,15 +26,19 @@
  *           graph:SIZE (build a graph that allocates and frees SIZE on the
  *           context's device, instantiate and launch it) graphtrim
  *           graphdestroy verify (the data each alloc wrote is intact)
+ *           closeconn (closes the process's Unix sockets: its connections
+ *           to cogpud; prints "closed N")
  * Exit: 0 done, 2 an allocation got CUDA_ERROR_OUT_OF_MEMORY, 3 other
  * error, 4 wrong data read back. Each action prints a line on stdout.
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,7 +195,7 @@ static void bind_direct(void) {
   api.primary_reset = cuDevicePrimaryCtxReset_v2;
 }
 
-static int bind(const char *route) {
+static int bind_route(const char *route) {
   lib = dlopen("libcuda.so.1", RTLD_NOW);
   if (!lib) {
     fprintf(stderr, "cudaprog: %s\n", dlerror());
@@ -648,6 +652,31 @@ static void *bg_main(void *arg) {
   return (void *)(intptr_t)act((const char *)arg);
 }
 
+/* closeconn: closes every Unix socket of the process, the preload
+ * library's connections to cogpud among them, as a program that closes
+ * the descriptors it does not know of (daemonising) does, and as the
+ * kernel does at exit before the driver has freed the process's memory.
+ * The device memory stays the process's. */
+static int act_closeconn(void) {
+  DIR *dir = opendir("/proc/self/fd");
+  if (!dir)
+    return 3;
+  int fds[256], n = 0;
+  for (struct dirent *e; (e = readdir(dir)) && n < 256;) {
+    int fd = atoi(e->d_name), dom = 0;
+    socklen_t len = sizeof dom;
+    if (e->d_name[0] != '.' && fd != dirfd(dir) &&
+        getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &len) == 0 &&
+        dom == AF_UNIX)
+      fds[n++] = fd;
+  }
+  closedir(dir);
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+  printf("closed %d\n", n);
+  return 0;
+}
+
 static int act(const char *a) {
   if (!strncmp(a, "bg:", 3)) {
     bg_running =
@@ -715,6 +744,8 @@ static int act(const char *a) {
   }
   if (!strcmp(a, "exporttable"))
     return act_export_table();
+  if (!strcmp(a, "closeconn"))
+    return act_closeconn();
   if (!strncmp(a, "threads:", 8))
     return act_threads(arg);
   if (!strncmp(a, "fork:", 5))
@@ -745,7 +776,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: cudaprog ROUTE ACTION...\n");
     return 3;
   }
-  int rc = bind(argv[1]);
+  int rc = bind_route(argv[1]);
   for (int i = 2; rc == 0 && i < argc; i++) {
     rc = act(argv[i]);
     fflush(stdout);

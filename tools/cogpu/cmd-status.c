@@ -13,8 +13,8 @@
 
 static const char *job_state(int state) {
   static const char *const names[] = {"running", "suspending", "suspended",
-                                      "resuming"};
-  return state >= 0 && state <= COGPU_JOB_RESUMING ? names[state] : "running";
+                                      "resuming", "exiting"};
+  return state >= 0 && state <= COGPU_JOB_EXITING ? names[state] : "running";
 }
 
 static void status_json_clients(FILE *f, const cogpu_gpu_info_t *g) {
@@ -203,6 +203,9 @@ static void status_table_gpu(FILE *f, const cogpu_gpu_info_t *g) {
       snprintf(state, sizeof state, " [suspended: %s in host memory, %.0f s]",
                cogpu__fmt_size(cl->suspended_bytes, c, sizeof c),
                cl->suspended_seconds);
+    else if (cl->state == COGPU_JOB_EXITING)
+      snprintf(state, sizeof state,
+               " [exiting: booked until the process has gone]");
     else if (cl->state != COGPU_JOB_RUNNING)
       snprintf(state, sizeof state, " [%s]", job_state(cl->state));
     char esc[96] = "";
