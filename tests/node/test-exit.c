@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -227,6 +228,167 @@ TEST_IMPL(exit_detach_gives_back_at_once) {
   }
   ASSERT_EQ(kill(p, 0), 0);
   th_write_file(end, "");
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(15000))), 0);
+  lt_check_invariants();
+}
+
+/* Waits (bounded) until `path` exists. */
+static void ex_wait_file(const char *path, int ms) {
+  for (int t = 0; access(path, F_OK) != 0; t += 5) {
+    if (t > th_ms(ms))
+      th_fail(__FILE__, __LINE__, "%s did not appear", path);
+    th_sleep_ms(5);
+  }
+}
+
+/* The files of a helper's steps, in the user's directory. */
+static const char *ex_file(const char *name) {
+  static char buf[8][4200];
+  static int k;
+  char *p = buf[k++ % 8];
+  snprintf(p, sizeof buf[0], "%s/%s", lt_user_dir(), name);
+  return p;
+}
+
+/* Waits (bounded) until pid's entry on GPU 0 is in `state`. */
+static void ex_wait_state(int pid, int state, int ms) {
+  uint64_t held = 0;
+  for (int t = 0; ex_state(pid, &held) != state; t += 20) {
+    if (t > th_ms(ms))
+      th_fail(__FILE__, __LINE__, "pid %d not in state %d (%d)", pid, state,
+              ex_state(pid, &held));
+    th_sleep_ms(20);
+  }
+}
+
+/* Holds 2 GiB with the API, then loses its connection: its third message
+ * is cut short (COGPU_FAULT=client_send:3:fail), and the daemon ends a
+ * connection that sends half a message. It goes on (argv[2], "go") and
+ * reconnects to its registration: it holds its 2 GiB, and grows. As the
+ * user argv[0] names; argv[1]: its directory. */
+HELPER_IMPL(ex_lost_conn) {
+  (void)argc;
+  lt_become(argv[0]);
+  char f[4][4200];
+  const char *names[] = {"broken", "go", "resumed", "end"};
+  for (int i = 0; i < 4; i++)
+    snprintf(f[i], sizeof f[i], "%s/%s", argv[1], names[i]);
+  cogpu_t *h;
+  if (cogpu_attach(NULL, &h) != 0)
+    return 10;
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = 2 * GiB,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = COGPU_NOWAIT};
+  if (cogpu_reserve(h, &r, NULL) != 0)
+    return 11;
+  r.bytes = GiB;
+  int rc = cogpu_reserve(h, &r, NULL);
+  if (rc != -EIO) {
+    fprintf(stderr, "lost_conn: the cut message: %d %s\n", rc,
+            cogpu_last_error());
+    return 12;
+  }
+  th_write_file(f[0], "broken");
+  while (access(f[1], F_OK) != 0)
+    usleep(2000);
+  uint64_t held = 0;
+  if ((rc = cogpu_held(h, 0, &held)) != 0 || held != 2 * GiB) {
+    fprintf(stderr, "lost_conn: held %llu: %d %s\n", (unsigned long long)held,
+            rc, cogpu_last_error());
+    return 13;
+  }
+  if (cogpu_reserve(h, &r, NULL) != 0)
+    return 14;
+  th_write_file(f[2], "resumed");
+  while (access(f[3], F_OK) != 0)
+    usleep(2000);
+  cogpu_detach(h);
+  return 0;
+}
+
+/* A client whose connection the daemon ended (it sent half a message)
+ * while it held memory: the memory stays booked, the client listed as
+ * exiting, and when the client reconnects to its registration it is an
+ * ordinary client again, holding what it held. */
+TEST_IMPL(exit_lost_connection_reconnects) {
+  ex_begin();
+  /* The helper's own: this process reads it at its next call, unset. */
+  setenv("COGPU_FAULT", "client_send:3:fail", 1);
+  pid_t p = th_spawn_helper(
+      "ex_lost_conn",
+      (const char *const[]){lt_user_ids(1), lt_user_dir(), NULL});
+  unsetenv("COGPU_FAULT");
+  ex_wait_file(ex_file("broken"), 15000);
+  ex_wait_state(p, COGPU_JOB_EXITING, 15000);
+  ASSERT_UEQ(ex_reserved(), 2 * GiB);
+  th_write_file(ex_file("go"), "");
+  ex_wait_file(ex_file("resumed"), 15000);
+  uint64_t held = 0;
+  ASSERT_EQ(ex_state(p, &held), COGPU_JOB_RUNNING);
+  ASSERT_UEQ(held, 3 * GiB);
+  th_write_file(ex_file("end"), "");
+  ASSERT_EQ(th_exit_code(th_wait(p, th_ms(15000))), 0);
+  ASSERT_UEQ(ex_reserved(), 0);
+  lt_check_invariants();
+}
+
+/* Holds 4 GiB with the API (no device memory: the driver does not list
+ * it), closes its connection without a word and lives on until argv[2]
+ * ("end"). As the user argv[0] names; argv[1]: its directory. */
+HELPER_IMPL(ex_silent) {
+  (void)argc;
+  lt_become(argv[0]);
+  char closed[4200], end[4200];
+  snprintf(closed, sizeof closed, "%s/closed", argv[1]);
+  snprintf(end, sizeof end, "%s/end", argv[1]);
+  cogpu_t *h;
+  if (cogpu_attach(NULL, &h) != 0)
+    return 10;
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = 4 * GiB,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = COGPU_NOWAIT};
+  if (cogpu_reserve(h, &r, NULL) != 0)
+    return 11;
+  /* Its Unix sockets, the connection among them (descriptors 3 on: the
+   * harness's own are files and pipes). */
+  for (int fd = 3; fd < 1024; fd++) {
+    int dom = 0;
+    socklen_t len = sizeof dom;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &len) == 0 &&
+        dom == AF_UNIX)
+      close(fd);
+  }
+  th_write_file(closed, "closed");
+  while (access(end, F_OK) != 0)
+    usleep(2000);
+  return 0;
+}
+
+/* A process that closed its connection holding memory the driver does not
+ * list it for (it reserved and never allocated, or it closed the driver's
+ * descriptors too) and lives on: its memory is not kept for its whole
+ * life. NVML, read when a request waits, lists it on no GPU, and the
+ * waiting job is served while the process still runs. */
+TEST_IMPL_T(exit_unlisted_by_nvml_freed, 60) {
+  ex_begin();
+  pid_t p = th_spawn_helper(
+      "ex_silent", (const char *const[]){lt_user_ids(1), lt_user_dir(), NULL});
+  ex_wait_file(ex_file("closed"), 15000);
+  ex_wait_state(p, COGPU_JOB_EXITING, 15000);
+  /* Another user's job asks for what only that memory leaves room for. */
+  const char *argv[] = {"cogpu",  "run",     "--",  lt_cudaprog(),
+                        "direct", "init",    "ctx", "alloc:13G",
+                        "verify", "freeall", NULL};
+  const char *as[24];
+  pid_t b = lt_spawn_logged("b", lt_as_user(2, argv, as, 24));
+  int code = th_exit_code(th_wait(b, th_ms(40000)));
+  if (code != 0)
+    th_fail(__FILE__, __LINE__, "b: exit %d\n%s", code, lt_slurp("b"));
+  ASSERT_CONTAINS(lt_slurp("b"), "verify ok");
+  ASSERT_EQ(kill(p, 0), 0); /* served while the process lived */
+  th_write_file(ex_file("end"), "");
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(15000))), 0);
   lt_check_invariants();
 }
