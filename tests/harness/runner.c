@@ -562,8 +562,9 @@ static struct {
 static int ngroups;
 
 void th_register_group(const char *file, const char *group, int most) {
-  if (ngroups < MAX_GROUPS)
-    groups[ngroups++] = (typeof(groups[0])){file, group, most < 1 ? 1 : most};
+  if (ngroups == MAX_GROUPS)
+    too_many("files in groups", file, MAX_GROUPS);
+  groups[ngroups++] = (typeof(groups[0])){file, group, most < 1 ? 1 : most};
 }
 
 static const char *group_of(const test_t *t) {
@@ -577,8 +578,9 @@ static const char *once_files[MAX_GROUPS];
 static int nonce;
 
 void th_register_file_once(const char *file) {
-  if (nonce < MAX_GROUPS)
-    once_files[nonce++] = file;
+  if (nonce == MAX_GROUPS)
+    too_many("files run once", file, MAX_GROUPS);
+  once_files[nonce++] = file;
 }
 
 static bool file_once(const test_t *t) {
