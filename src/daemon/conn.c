@@ -346,7 +346,10 @@ void cogpu__daemon_watch_process(cogpu__daemon_t *d, dconn_t *c) {
 bool cogpu__conn_answer_due(void *ctx, uint32_t s) {
   const cogpu__daemon_t *d = ctx;
   const dconn_t *c = s < LEDGER_MAX_SLOTS ? d->slot_conn[s] : NULL;
-  if (!c)
+  /* A PIDFD connection (a slot kept for a process that left, or one of a
+   * previous daemon's clients) reads as readable when the process has
+   * gone: no request of its can be due. */
+  if (!c || c->kind != DC_MAIN)
     return false;
   if (c == d->handling)
     return true;
