@@ -34,6 +34,30 @@
 
 #define NODE_MAX_GPUS COGPU_NVML_MAX_GPUS
 
+/* A descriptor kept across the program's own code, named by device and
+ * inode when it was made. A program that closes descriptors it does not
+ * know of (daemonising; a bug) may get the number again for a socket or
+ * file of its own: the library must then neither write its messages into
+ * it nor close it. */
+typedef struct {
+  dev_t dev;
+  ino_t ino;
+} fd_id_t;
+
+static fd_id_t fd_id(int fd) {
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb) != 0)
+    return (fd_id_t){0, 0};
+  return (fd_id_t){sb.st_dev, sb.st_ino};
+}
+
+/* Is fd still the descriptor named id? */
+static bool fd_is(int fd, fd_id_t id) {
+  struct stat sb;
+  return fd >= 0 && (id.dev || id.ino) && fstat(fd, &sb) == 0 &&
+         sb.st_dev == id.dev && sb.st_ino == id.ino;
+}
+
 struct cogpu__node_s {
   pthread_mutex_t mu; /* the main connection: one request at a time */
   int fd;
@@ -50,6 +74,9 @@ struct cogpu__node_s {
    * daemon that restarted; usage_state 0 not made, 1 passed, 2 failed. */
   int usage_fd;
   int usage_state;
+  /* What fd and usage_fd are (fd_is): the program may close them under
+   * the library and get their numbers for files of its own. */
+  fd_id_t fd_id, usage_id;
   cogpu__usage_t *usage;
   cogpu__m_gpu_t gpus[NODE_MAX_GPUS];
 };
@@ -344,6 +371,7 @@ int cogpu__node_attach(const cogpu__config_t *cfg, const cogpu_attach_opts_t *o,
     free(n);
     return rc;
   }
+  n->fd_id = fd_id(n->fd);
   cogpu__msg_t m, r;
   cogpu__msg_init(&m, COGPU_M_ATTACH, ++n->seq);
   cogpu__m_attach_t *a = &m.u.attach;
@@ -439,6 +467,8 @@ static int usage_pass(cogpu__node_t *n, uint64_t dl) {
   cogpu__msg_t m, r;
   cogpu__msg_init(&m, COGPU_M_USAGE, ++n->seq);
   m.u.usage.size = (uint32_t)sizeof(cogpu__usage_t);
+  if (!fd_is(n->usage_fd, n->usage_id))
+    return -EBADF; /* closed by the program: never pass its files */
   int rc = msg_send_fd(n->fd, &m, n->usage_fd);
   while (rc == 0) {
     rc = msg_recv(n->fd, &r, dl, NULL);
@@ -452,7 +482,7 @@ static int usage_pass(cogpu__node_t *n, uint64_t dl) {
  * while it restarts (a daemon can die again between accept and reply),
  * until the deadline. */
 static int node_resume(cogpu__node_t *n, uint64_t dl) {
-  if (n->fd >= 0)
+  if (fd_is(n->fd, n->fd_id))
     close(n->fd);
   n->fd = -1;
   if (n->lost)
@@ -477,8 +507,10 @@ static int node_resume(cogpu__node_t *n, uint64_t dl) {
        * reservations are gone with it, and nothing it does is accounted. */
       n->lost = true;
       cogpu__log(COGPU_LOG_ERROR,
-                 "the node daemon restarted without this process's "
-                 "registration (%s): its GPU memory is no longer accounted",
+                 "the node daemon no longer has this process's registration "
+                 "(%s: it restarted with a new state, or this process's "
+                 "connection closed while it held no memory): its GPU "
+                 "memory is no longer accounted",
                  r.u.reply.msg);
       close(fd);
       return cogpu__seterr(-ENOTCONN, "the node daemon no longer knows this "
@@ -486,6 +518,7 @@ static int node_resume(cogpu__node_t *n, uint64_t dl) {
     }
     if (rc == 0) {
       n->fd = fd;
+      n->fd_id = fd_id(fd);
       cogpu__log(COGPU_LOG_INFO, "reconnected to the node daemon");
       /* The new daemon reads this process's usage from its page too. */
       if (n->usage_state == 1 && usage_pass(n, dl) != 0)
@@ -539,6 +572,14 @@ static int rpc_bounded(cogpu__node_t *n, cogpu__msg_t *m, cogpu__msg_t *r,
   uint64_t dl = deadline_after(ms);
   pthread_mutex_lock(&n->mu);
   m->seq = ++n->seq;
+  if (n->fd >= 0 && !fd_is(n->fd, n->fd_id)) {
+    cogpu__log(COGPU_LOG_WARN,
+               "the program closed this process's connection to the node "
+               "daemon (descriptor %d is now another file): connecting "
+               "again",
+               n->fd);
+    n->fd = -1; /* the program's now: neither written nor closed */
+  }
   int rc = n->fd < 0 ? -EPIPE : 0;
   for (;;) {
     if (rc == 0)
@@ -606,7 +647,7 @@ static void hang_up(int fd) {
 void cogpu__node_detach(cogpu__node_t *n) {
   if (!n)
     return;
-  if (!n->forked && n->fd >= 0) {
+  if (!n->forked && fd_is(n->fd, n->fd_id)) {
     /* Said, so that the daemon gives the memory back at once: a connection
      * that closes unsaid is a process exiting, whose memory the daemon
      * keeps booked until the process has gone (the driver frees it then). */
@@ -617,21 +658,21 @@ void cogpu__node_detach(cogpu__node_t *n) {
   }
   if (n->usage)
     munmap(n->usage, sizeof(cogpu__usage_t));
-  if (n->usage_fd >= 0)
+  if (fd_is(n->usage_fd, n->usage_id))
     close(n->usage_fd);
   pthread_mutex_destroy(&n->mu);
   free(n);
 }
 
 void cogpu__node_forked(cogpu__node_t *n) {
-  if (n->fd >= 0)
+  if (fd_is(n->fd, n->fd_id))
     close(n->fd); /* the parent's connection stays open in the parent */
   n->fd = -1;
   n->forked = true;
   pthread_mutex_init(&n->mu, NULL);
   /* The parent's page stays the parent's: the child never writes it. */
   n->usage = NULL;
-  if (n->usage_fd >= 0)
+  if (fd_is(n->usage_fd, n->usage_id))
     close(n->usage_fd);
   n->usage_fd = -1;
   n->usage_state = 2;
@@ -983,6 +1024,7 @@ cogpu__usage_t *cogpu__node_usage_page(cogpu__node_t *n) {
     int rc = p == MAP_FAILED ? -errno : 0;
     if (rc == 0) {
       n->usage_fd = fd;
+      n->usage_id = fd_id(fd);
       n->usage = p;
       rc =
           n->fd < 0 ? -EPIPE : usage_pass(n, deadline_after(n->daemon_wait_ms));

@@ -392,3 +392,31 @@ TEST_IMPL_T(exit_unlisted_by_nvml_freed, 60) {
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(15000))), 0);
   lt_check_invariants();
 }
+
+/* A program closes the library's connection under it (it closes sockets it
+ * does not know of) and gets the descriptor's number for a socket of its
+ * own, then allocates more. The library neither writes into the program's
+ * socket nor closes it: it sees the descriptor is another file, connects
+ * again to its registration (kept, as the slot held memory) and goes on
+ * accounted. */
+TEST_IMPL_T(exit_program_reuses_connection_number, 60) {
+  ex_begin();
+  const char *argv[] = {"env",       ex_preload(), lt_cudaprog(), "direct",
+                        "init",      "ctx",        "alloc:1G",    "closeconn",
+                        "sockreuse", "alloc:1G",   "sockcheck",   "verify",
+                        "freeall",   NULL};
+  const char *as[24];
+  pid_t p = lt_spawn_logged("a", lt_as_user(1, argv, as, 24));
+  int code = th_exit_code(th_wait(p, th_ms(30000)));
+  const char *out = lt_slurp("a");
+  if (code != 0)
+    th_fail(__FILE__, __LINE__, "exit %d\n%s", code, out);
+  ASSERT_CONTAINS(out, "sockcheck 0 bytes open");
+  ASSERT_CONTAINS(out, "verify ok");
+  ASSERT_CONTAINS(out, "reconnected to the node daemon");
+  for (int t = 0; ex_reserved() != 0; t += 20) {
+    ASSERT_LT(t, th_ms(15000));
+    th_sleep_ms(20);
+  }
+  lt_check_invariants();
+}

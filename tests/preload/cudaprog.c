@@ -27,12 +27,15 @@
  *           context's device, instantiate and launch it) graphtrim
  *           graphdestroy verify (the data each alloc wrote is intact)
  *           closeconn (closes the process's Unix sockets: its connections
- *           to cogpud; prints "closed N")
+ *           to cogpud; prints "closed N") sockreuse sockcheck (a socket
+ *           pair of its own on the lowest free descriptors, and what
+ *           reached it: "sockcheck N bytes open|closed")
  * Exit: 0 done, 2 an allocation got CUDA_ERROR_OUT_OF_MEMORY, 3 other
  * error, 4 wrong data read back. Each action prints a line on stdout.
  */
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -677,6 +680,27 @@ static int act_closeconn(void) {
   return 0;
 }
 
+/* sockreuse: a socket pair of the program's own, which takes the lowest
+ * free descriptors (after closeconn, the number the library's connection
+ * had). sockcheck: what reached the pair's other end (the library's
+ * messages, if it wrote into the program's socket), and whether the
+ * program's end is still open: prints "sockcheck N bytes open|closed". */
+static int sock_pair[2] = {-1, -1};
+static int act_sock(bool check) {
+  if (!check) {
+    int rc = socketpair(AF_UNIX, SOCK_STREAM, 0, sock_pair);
+    printf("sockreuse fd=%d\n", rc == 0 ? sock_pair[0] : -1);
+    return rc == 0 ? 0 : 3;
+  }
+  char buf[4096];
+  ssize_t total = 0, k;
+  while ((k = recv(sock_pair[1], buf, sizeof buf, MSG_DONTWAIT)) > 0)
+    total += k;
+  bool open = fcntl(sock_pair[0], F_GETFD) != -1 && k != 0;
+  printf("sockcheck %zd bytes %s\n", total, open ? "open" : "closed");
+  return 0;
+}
+
 static int act(const char *a) {
   if (!strncmp(a, "bg:", 3)) {
     bg_running =
@@ -746,6 +770,8 @@ static int act(const char *a) {
     return act_export_table();
   if (!strcmp(a, "closeconn"))
     return act_closeconn();
+  if (!strcmp(a, "sockreuse") || !strcmp(a, "sockcheck"))
+    return act_sock(!strcmp(a, "sockcheck"));
   if (!strncmp(a, "threads:", 8))
     return act_threads(arg);
   if (!strncmp(a, "fork:", 5))
