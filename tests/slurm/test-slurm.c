@@ -1186,18 +1186,31 @@ TEST_IMPL_ONCE_T(slurm_deadlock_warning_names_own_job, 240) {
   th_setenv("COGPU_SUSPEND", "no");
   run_as = NULL; /* single-user mode: one user's jobs, here root's */
   start_cluster("16G");
-  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
   /* Each job takes all of its 6G (context and 5844M), then asks for 8G
-   * more: 4G are free. B, of higher priority, starts waiting later, so
-   * that its process is the one to find the deadlock. */
+   * more when told: 4G are free. A asks first and waits; B, of higher
+   * priority, asks once A waits, so that its process is the one to find
+   * the deadlock. On cues, not times: a `sleep 1` and `sleep 3.5` before
+   * the jobs let A take its 8G before B had started on a loaded machine. */
   for (int j = 0; j < 2; j++) {
     snprintf(cmd, sizeof cmd,
              "sbatch -D %s -o %s/dl%d.out --gpu-mem=6G --gpu-wait=2m "
-             "--gpu-priority=%d --wrap 'sleep %s; %s direct init ctx "
-             "alloc:5844M alloc:8G'",
-             th_tmpdir(), th_tmpdir(), j, j * 10, j ? "3.5" : "1", prog());
+             "--gpu-priority=%d --wrap '%s direct init ctx alloc:5844M "
+             "waitfile:%s/dl%d.go alloc:8G'",
+             th_tmpdir(), th_tmpdir(), j, j * 10, prog(), th_tmpdir(), j);
     ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   }
+  char go[PATH_MAX + 32];
+  for (int j = 0; j < 2; j++) {
+    snprintf(cmd, sizeof cmd, "cat %s/dl%d.out", th_tmpdir(), j);
+    wait_output(cmd, "alloc 6127878144 ok", 60000);
+  }
+  snprintf(go, sizeof go, "%s/dl0.go", th_tmpdir());
+  th_write_file(go, "");
+  snprintf(cmd, sizeof cmd, "cat %s/dl0.out", th_tmpdir());
+  wait_output(cmd, "waiting for 8.0 GiB", 60000);
+  snprintf(go, sizeof go, "%s/dl1.go", th_tmpdir());
+  th_write_file(go, "");
   wait_jobs_done(60000);
   const char *a = file("dl0.out");
   ASSERT_CONTAINS(a, "alloc: error 2"); /* the victim */
