@@ -30,6 +30,10 @@
  *                         refuses what it has a moment later); comma list. Read
  *                         at the process's first call (after a fork, the
  *                         child's first), as is FAKE_CUDA_SLOW.
+ *   FAKE_CUDA_EXPLAIN     "1": each refusal for want of memory says on
+ *                         stderr who held the GPU's memory and in what state
+ *                         each holder's process was (a diagnostic; the test
+ *                         runner keeps it in a test's environment).
  *   FAKE_CUDA_SLOW        "ENTRY:MS": every call of that entry point takes
  *                         MS milliseconds more, in flight (a Lock waits for
  *                         it); comma list.
