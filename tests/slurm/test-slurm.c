@@ -389,14 +389,16 @@ TEST_IMPL_ONCE_T(slurm_bad_values_refused_at_submission, 240) {
  * Slurm's queue; the running ones hold their reservations in cogpu. */
 static void packs_jobs(void) {
   start_cluster("80G");
-  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
   for (int i = 1; i <= 3; i++) {
     /* A gpumem count given by hand is replaced by --gpu-mem's. */
+    /* Each holds until the test has looked (a cue: a hold of 4 s ran out
+     * before the look on a loaded machine, and the third job ran). */
     snprintf(cmd, sizeof cmd,
              "sbatch -D %s -o %s/pack%d.out --gpu-mem=30G %s --wrap "
-             "'%s direct init ctx alloc:20G hold:4000'",
+             "'%s direct init ctx alloc:20G waitfile:%s/pack.go'",
              th_tmpdir(), th_tmpdir(), i, i == 3 ? "--gres=cogpumem:1G" : "",
-             prog());
+             prog(), th_tmpdir());
     ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   }
   wait_output("squeue -h -o '%i %t %r' | sort",
@@ -411,6 +413,9 @@ static void packs_jobs(void) {
   ASSERT_EQ(sh("cogpu status --json", out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "\"job_id\":\"1\"");
   ASSERT_CONTAINS(out, "\"job_id\":\"2\"");
+  char go[PATH_MAX + 32];
+  snprintf(go, sizeof go, "%s/pack.go", th_tmpdir());
+  th_write_file(go, "");
   wait_jobs_done(60000);
   for (int i = 1; i <= 3; i++) {
     char name[32];
@@ -445,11 +450,13 @@ static unsigned long long fake_peak(void) {
  * neighbour completes untouched, and the GPU is never over-committed. */
 TEST_IMPL_ONCE_T(slurm_under_declared_job_waits_or_ooms, 240) {
   start_cluster("80G");
-  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  /* The 40G job holds until told (a cue, not a hold of 6 s that a loaded
+   * machine's first step outlasted). */
   snprintf(cmd, sizeof cmd,
            "sbatch -D %s -o %s/big.out --gpu-mem=40G --wrap "
-           "'%s direct init ctx alloc:38G hold:6000'",
-           th_tmpdir(), th_tmpdir(), prog());
+           "'%s direct init ctx alloc:38G waitfile:%s/big.go'",
+           th_tmpdir(), th_tmpdir(), prog(), th_tmpdir());
   ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   wait_output("squeue -h -o '%i %t'", "1 R", 30000);
   wait_job_reserved("1", 40 * GiB, 20000);
@@ -459,11 +466,19 @@ TEST_IMPL_ONCE_T(slurm_under_declared_job_waits_or_ooms, 240) {
            prog());
   ASSERT_NE(sh(cmd, out, sizeof out, th_ms(60000)), 0);
   ASSERT_CONTAINS(out, "alloc: error 2"); /* CUDA_ERROR_OUT_OF_MEMORY */
+  /* With a bound it waits; the 40G job ends once it is seen waiting. */
   snprintf(cmd, sizeof cmd,
-           "srun --gpu-mem=10G --gpu-wait=2m %s direct init ctx alloc:8G "
-           "alloc:35G",
-           prog());
-  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(120000)), 0);
+           "(srun --gpu-mem=10G --gpu-wait=2m %s direct init ctx alloc:8G "
+           "alloc:35G; echo rc=$?) > %s/wait.out 2>&1 &",
+           prog(), th_tmpdir());
+  ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(60000)), 0);
+  char look[PATH_MAX + 32], go[PATH_MAX + 32];
+  snprintf(look, sizeof look, "cat %s/wait.out", th_tmpdir());
+  wait_output(look, "waiting for", 60000);
+  snprintf(go, sizeof go, "%s/big.go", th_tmpdir());
+  th_write_file(go, "");
+  snprintf(out, sizeof out, "%s", wait_output(look, "rc=", 120000));
+  ASSERT_CONTAINS(out, "rc=0");
   /* It waited, and could only grow once the 40G job had given its memory
    * back: the GPU was never over-committed (the fake driver's peak). Not
    * squeue's view of job 1, which may still say R a moment after its
@@ -1277,15 +1292,25 @@ TEST_IMPL_ONCE_T(slurm_growing_jobs_suspended, 240) {
   th_setenv("COGPU_SUSPEND_HOST_MARGIN", "0");
   th_setenv("COGPU_SUSPEND_MAX", "1T");
   start_cluster("16G");
-  char out[OUT_MAX], cmd[PATH_MAX * 2];
+  char out[OUT_MAX], cmd[PATH_MAX * 3];
+  /* Both hold their 6G before either grows (a cue, not a hold of 500 ms,
+   * which a job started late on a loaded machine outlasts): each then
+   * needs 4G more, with 3.4G free. */
   for (int i = 0; i < 2; i++) {
     snprintf(cmd, sizeof cmd,
              "sbatch -D %s -o %s/grow%d.out --gpu-mem=7G --wrap "
-             "'%s direct init ctx alloc:6G hold:500 alloc:4G hold:300 "
-             "verify freeall'",
-             th_tmpdir(), th_tmpdir(), i, prog());
+             "'%s direct init ctx alloc:6G waitfile:%s/grow.go alloc:4G "
+             "hold:300 verify freeall'",
+             th_tmpdir(), th_tmpdir(), i, prog(), th_tmpdir());
     ASSERT_EQ(sh(cmd, out, sizeof out, th_ms(30000)), 0);
   }
+  for (int i = 0; i < 2; i++) {
+    snprintf(cmd, sizeof cmd, "cat %s/grow%d.out", th_tmpdir(), i);
+    wait_output(cmd, "alloc 6442450944 ok", 60000);
+  }
+  char go[PATH_MAX + 32];
+  snprintf(go, sizeof go, "%s/grow.go", th_tmpdir());
+  th_write_file(go, "");
   wait_jobs_done(120000);
   char both[2 * OUT_MAX];
   snprintf(both, sizeof both, "%s", file("grow0.out"));
