@@ -551,26 +551,18 @@ static void slot_orphan_members(struct cogpu_s *h, uint32_t s) {
   }
 }
 
-/* Frees the queue entries of slot s: its own requests, and those made for
- * it (a job's resume). A waiter of a member for its job's reservation
- * waits on for the job if it can (waiter_retarget). */
-static void slot_drop_waiters(struct cogpu_s *h, uint32_t s) {
+/* Frees queue entry wt (lock held): a request that still waits leaves the
+ * queue, counted as cancelled unless it is a job's resume (no process
+ * asked for it). */
+static void waiter_drop(struct cogpu_s *h, ledger_waiter_t *wt) {
   ledger_hdr_t *hd = &h->st->hdr;
-  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
-    ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->state == W_FREE || (wt->slot != s && wt->owner != s))
-      continue;
-    if (wt->state == W_WAITING && wt->owner != s &&
-        waiter_retarget(h, wt, (uint32_t)w))
-      continue;
-    if (wt->state == W_WAITING) {
-      cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
-      if (!wt->resume) /* its process died or detached while it waited */
-        cogpu__ledger_count_admit(h, COGPU_ADMIT_CANCELLED);
-    }
-    cogpu__ledger_tx_set(h, &wt->state, W_FREE);
-    cogpu__ledger_tx_commit(h);
+  if (wt->state == W_WAITING) {
+    cogpu__ledger_tx_set(h, &hd->nwaiting, hd->nwaiting - 1);
+    if (!wt->resume) /* its process died or detached while it waited */
+      cogpu__ledger_count_admit(h, COGPU_ADMIT_CANCELLED);
   }
+  cogpu__ledger_tx_set(h, &wt->state, W_FREE);
+  cogpu__ledger_tx_commit(h);
 }
 
 bool cogpu__ledger_slot_holds(const ledger_state_t *st, uint32_t s) {
@@ -588,12 +580,8 @@ void cogpu__ledger_slot_leave(struct cogpu_s *h, uint32_t s) {
    * for the job's room whatever became of this process's connection. */
   for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
     ledger_waiter_t *wt = &h->st->waiters[w];
-    if (wt->state != W_WAITING || wt->slot != s || wt->resume)
-      continue;
-    cogpu__ledger_tx_set(h, &h->st->hdr.nwaiting, h->st->hdr.nwaiting - 1);
-    cogpu__ledger_count_admit(h, COGPU_ADMIT_CANCELLED);
-    cogpu__ledger_tx_set(h, &wt->state, W_FREE);
-    cogpu__ledger_tx_commit(h);
+    if (wt->state == W_WAITING && wt->slot == s && !wt->resume)
+      waiter_drop(h, wt);
   }
   cogpu__ledger_tx_set(h, &sl->leaving, LEDGER_LEAVING);
   cogpu__ledger_tx_commit(h);
@@ -627,7 +615,15 @@ void cogpu__ledger_slot_free(struct cogpu_s *h, uint32_t s) {
       cogpu__ledger_tx_set(h, &gp->excl_slot, 0);
     cogpu__ledger_tx_commit(h);
   }
-  slot_drop_waiters(h, s);
+  for (uint32_t w = 0; w < LEDGER_MAX_WAITERS; w++) {
+    ledger_waiter_t *wt = &h->st->waiters[w];
+    if (wt->state == W_FREE || (wt->slot != s && wt->owner != s))
+      continue;
+    if (wt->state == W_WAITING && wt->owner != s &&
+        waiter_retarget(h, wt, (uint32_t)w))
+      continue;
+    waiter_drop(h, wt);
+  }
   cogpu__ledger_tx_set(h, &sl->state, SLOT_FREE);
   cogpu__ledger_tx_commit(h);
   cogpu__ledger_slot_unmark(h, s);

@@ -121,13 +121,6 @@ int cogpu__ledger_suspendable(struct cogpu_s *h, uint32_t s, int *gpu,
                     : sl->susp == SUSP_SUSPENDING ? "being suspended"
                                                   : "being resumed"),
            -EALREADY;
-  LEDGER_FOR_SLOTS(st, m) {
-    if (of_job(st, s, m) && st->slots[m].leaving != LEDGER_LEAVING_NO)
-      return snprintf(why, len,
-                      "its process %d is exiting (its connection closed)",
-                      st->slots[m].pid),
-             -EPERM;
-  }
   int on = -1;
   for (uint32_t g = 0; g < hd->ngpus; g++) {
     if (hd->gpus[g].excl_slot == s + 1)
@@ -145,6 +138,11 @@ int cogpu__ledger_suspendable(struct cogpu_s *h, uint32_t s, int *gpu,
     if (!of_job(st, s, m))
       continue;
     const ledger_slot_t *ms = &st->slots[m];
+    if (ms->leaving != LEDGER_LEAVING_NO)
+      return snprintf(why, len,
+                      "its process %d is exiting (its connection closed)",
+                      ms->pid),
+             -EPERM;
     uint64_t bad = ms->flags & (COGPU_MARK_UNSUSPENDABLE | COGPU_MARK_BROKEN);
     if (bad)
       return snprintf(why, len, "its process %d used %s", ms->pid,

@@ -78,6 +78,67 @@ static uint64_t ex_reserved(void) {
   return r;
 }
 
+/* Waits (bounded) until `path` exists. */
+static void ex_wait_file(const char *path, int ms) {
+  for (int t = 0; access(path, F_OK) != 0; t += 5) {
+    if (t > th_ms(ms))
+      th_fail(__FILE__, __LINE__, "%s did not appear", path);
+    th_sleep_ms(5);
+  }
+}
+
+/* The files of a helper's steps, in the user's directory. */
+static const char *ex_file(const char *name) {
+  static char buf[8][4200];
+  static int k;
+  char *p = buf[k++ % 8];
+  snprintf(p, sizeof buf[0], "%s/%s", lt_user_dir(), name);
+  return p;
+}
+
+/* Waits (bounded) until pid's entry on GPU 0 is in `state`. */
+static void ex_wait_state(int pid, int state, int ms) {
+  uint64_t held = 0;
+  for (int t = 0; ex_state(pid, &held) != state; t += 20) {
+    if (t > th_ms(ms))
+      th_fail(__FILE__, __LINE__, "pid %d not in state %d (%d)", pid, state,
+              ex_state(pid, &held));
+    th_sleep_ms(20);
+  }
+}
+
+/* In a helper (as the user it became): attached, holding `bytes` on GPU 0
+ * at once; NULL if either failed. */
+static cogpu_t *ex_holding(uint64_t bytes) {
+  cogpu_t *h;
+  if (cogpu_attach(NULL, &h) != 0)
+    return NULL;
+  cogpu_request_t r = {.gpu = 0,
+                       .bytes = bytes,
+                       .priority = COGPU_PRIORITY_DEFAULT,
+                       .timeout_ms = COGPU_NOWAIT};
+  if (cogpu_reserve(h, &r, NULL) != 0) {
+    cogpu_detach(h);
+    return NULL;
+  }
+  return h;
+}
+
+/* In a helper: the file `name` of its directory `dir` (its steps). */
+static const char *ex_in(const char *dir, const char *name) {
+  static char buf[8][4200];
+  static int k;
+  char *p = buf[k++ % 8];
+  snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+  return p;
+}
+
+/* In a helper: waits for the test's cue, the file `name` of `dir`. */
+static void ex_cue(const char *dir, const char *name) {
+  while (access(ex_in(dir, name), F_OK) != 0)
+    usleep(2000);
+}
+
 /* A program holding 10 GiB (user 1, under the preload library alone, or
  * under `cogpu run`) loses its connection to cogpud and lives on holding
  * the memory, as a process does between the kernel's closing of its
@@ -182,116 +243,60 @@ TEST_IMPL_T(exit_memory_of_cogpu_run_job_booked, 90) {
 HELPER_IMPL(ex_detacher) {
   (void)argc;
   lt_become(argv[0]);
-  cogpu_t *h;
-  if (cogpu_attach(NULL, &h) != 0)
+  cogpu_t *h = ex_holding(4 * GiB);
+  if (!h)
     return 10;
-  cogpu_request_t r = {.gpu = 0,
-                       .bytes = 4 * GiB,
-                       .priority = COGPU_PRIORITY_DEFAULT,
-                       .timeout_ms = COGPU_NOWAIT};
-  if (cogpu_reserve(h, &r, NULL) != 0)
-    return 11;
-  th_write_file(argv[1], "held");
-  while (access(argv[2], F_OK) != 0)
-    usleep(2000);
+  th_write_file(ex_in(argv[1], "held"), "held");
+  ex_cue(argv[1], "detach");
   cogpu_detach(h);
-  th_write_file(argv[3], "detached");
-  while (access(argv[4], F_OK) != 0)
-    usleep(2000);
+  th_write_file(ex_in(argv[1], "detached"), "detached");
+  ex_cue(argv[1], "end");
   return 0;
 }
 
 TEST_IMPL(exit_detach_gives_back_at_once) {
   ex_begin();
-  char held[4200], det[4200], detached[4200], end[4200];
-  snprintf(held, sizeof held, "%s/held", lt_user_dir());
-  snprintf(det, sizeof det, "%s/detach", lt_user_dir());
-  snprintf(detached, sizeof detached, "%s/detached", lt_user_dir());
-  snprintf(end, sizeof end, "%s/end", lt_user_dir());
   pid_t p = th_spawn_helper(
       "ex_detacher",
-      (const char *const[]){lt_user_ids(1), held, det, detached, end, NULL});
-  for (int t = 0; access(held, F_OK) != 0; t += 5) {
-    ASSERT_LT(t, th_ms(15000));
-    th_sleep_ms(5);
-  }
+      (const char *const[]){lt_user_ids(1), lt_user_dir(), NULL});
+  ex_wait_file(ex_file("held"), 15000);
   ASSERT_ULE(4 * GiB, ex_reserved());
-  th_write_file(det, "");
-  for (int t = 0; access(detached, F_OK) != 0; t += 5) {
-    ASSERT_LT(t, th_ms(15000));
-    th_sleep_ms(5);
-  }
+  th_write_file(ex_file("detach"), "");
+  ex_wait_file(ex_file("detached"), 15000);
   /* The process lives (it waits for `end`): nothing of it is booked. */
   for (int t = 0; ex_reserved() != 0; t += 20) {
     ASSERT_LT(t, th_ms(5000));
     th_sleep_ms(20);
   }
   ASSERT_EQ(kill(p, 0), 0);
-  th_write_file(end, "");
+  th_write_file(ex_file("end"), "");
   ASSERT_EQ(th_exit_code(th_wait(p, th_ms(15000))), 0);
   lt_check_invariants();
 }
 
-/* Waits (bounded) until `path` exists. */
-static void ex_wait_file(const char *path, int ms) {
-  for (int t = 0; access(path, F_OK) != 0; t += 5) {
-    if (t > th_ms(ms))
-      th_fail(__FILE__, __LINE__, "%s did not appear", path);
-    th_sleep_ms(5);
-  }
-}
-
-/* The files of a helper's steps, in the user's directory. */
-static const char *ex_file(const char *name) {
-  static char buf[8][4200];
-  static int k;
-  char *p = buf[k++ % 8];
-  snprintf(p, sizeof buf[0], "%s/%s", lt_user_dir(), name);
-  return p;
-}
-
-/* Waits (bounded) until pid's entry on GPU 0 is in `state`. */
-static void ex_wait_state(int pid, int state, int ms) {
-  uint64_t held = 0;
-  for (int t = 0; ex_state(pid, &held) != state; t += 20) {
-    if (t > th_ms(ms))
-      th_fail(__FILE__, __LINE__, "pid %d not in state %d (%d)", pid, state,
-              ex_state(pid, &held));
-    th_sleep_ms(20);
-  }
-}
-
 /* Holds 2 GiB with the API, then loses its connection: its third message
  * is cut short (COGPU_FAULT=client_send:3:fail), and the daemon ends a
- * connection that sends half a message. It goes on (argv[2], "go") and
+ * connection that sends half a message. It goes on (its cue "go") and
  * reconnects to its registration: it holds its 2 GiB, and grows. As the
  * user argv[0] names; argv[1]: its directory. */
 HELPER_IMPL(ex_lost_conn) {
   (void)argc;
   lt_become(argv[0]);
-  char f[4][4200];
-  const char *names[] = {"broken", "go", "resumed", "end"};
-  for (int i = 0; i < 4; i++)
-    snprintf(f[i], sizeof f[i], "%s/%s", argv[1], names[i]);
-  cogpu_t *h;
-  if (cogpu_attach(NULL, &h) != 0)
+  cogpu_t *h = ex_holding(2 * GiB);
+  if (!h)
     return 10;
   cogpu_request_t r = {.gpu = 0,
-                       .bytes = 2 * GiB,
+                       .bytes = GiB,
                        .priority = COGPU_PRIORITY_DEFAULT,
                        .timeout_ms = COGPU_NOWAIT};
-  if (cogpu_reserve(h, &r, NULL) != 0)
-    return 11;
-  r.bytes = GiB;
   int rc = cogpu_reserve(h, &r, NULL);
   if (rc != -EIO) {
     fprintf(stderr, "lost_conn: the cut message: %d %s\n", rc,
             cogpu_last_error());
     return 12;
   }
-  th_write_file(f[0], "broken");
-  while (access(f[1], F_OK) != 0)
-    usleep(2000);
+  th_write_file(ex_in(argv[1], "broken"), "broken");
+  ex_cue(argv[1], "go");
   uint64_t held = 0;
   if ((rc = cogpu_held(h, 0, &held)) != 0 || held != 2 * GiB) {
     fprintf(stderr, "lost_conn: held %llu: %d %s\n", (unsigned long long)held,
@@ -300,9 +305,8 @@ HELPER_IMPL(ex_lost_conn) {
   }
   if (cogpu_reserve(h, &r, NULL) != 0)
     return 14;
-  th_write_file(f[2], "resumed");
-  while (access(f[3], F_OK) != 0)
-    usleep(2000);
+  th_write_file(ex_in(argv[1], "resumed"), "resumed");
+  ex_cue(argv[1], "end");
   cogpu_detach(h);
   return 0;
 }
@@ -334,23 +338,13 @@ TEST_IMPL(exit_lost_connection_reconnects) {
 }
 
 /* Holds 4 GiB with the API (no device memory: the driver does not list
- * it), closes its connection without a word and lives on until argv[2]
+ * it), closes its connection without a word and lives on until its cue
  * ("end"). As the user argv[0] names; argv[1]: its directory. */
 HELPER_IMPL(ex_silent) {
   (void)argc;
   lt_become(argv[0]);
-  char closed[4200], end[4200];
-  snprintf(closed, sizeof closed, "%s/closed", argv[1]);
-  snprintf(end, sizeof end, "%s/end", argv[1]);
-  cogpu_t *h;
-  if (cogpu_attach(NULL, &h) != 0)
+  if (!ex_holding(4 * GiB))
     return 10;
-  cogpu_request_t r = {.gpu = 0,
-                       .bytes = 4 * GiB,
-                       .priority = COGPU_PRIORITY_DEFAULT,
-                       .timeout_ms = COGPU_NOWAIT};
-  if (cogpu_reserve(h, &r, NULL) != 0)
-    return 11;
   /* Its Unix sockets, the connection among them (descriptors 3 on: the
    * harness's own are files and pipes). */
   for (int fd = 3; fd < 1024; fd++) {
@@ -360,9 +354,8 @@ HELPER_IMPL(ex_silent) {
         dom == AF_UNIX)
       close(fd);
   }
-  th_write_file(closed, "closed");
-  while (access(end, F_OK) != 0)
-    usleep(2000);
+  th_write_file(ex_in(argv[1], "closed"), "closed");
+  ex_cue(argv[1], "end");
   return 0;
 }
 
